@@ -1,0 +1,112 @@
+"""Autograd: one table of local derivatives on the tensor-level IR, and the reverse walk that applies it.
+
+`pm_gradient` maps a node `ret` and the gradient flowing into it (`ctx`) to one gradient per source (None where a source
+gets no gradient). Everything the Tensor frontend builds is made of these few ops, so this table is all of autograd.
+"""
+from __future__ import annotations
+
+import math
+
+from fusegrad.dtype import dtypes
+from fusegrad.ir import build
+from fusegrad.ir.ops import GroupOp, Ops, UOp
+from fusegrad.ir.pattern import PatternMatcher, UPat
+
+
+def _c(like: UOp, val: float) -> UOp:
+    assert like.shape is not None and like.device is not None
+    return build.const(val, like.dtype, like.device, like.shape)
+
+
+def _mul(a: UOp, b: UOp) -> UOp: return build.alu(Ops.MUL, a, b)
+def _add(a: UOp, b: UOp) -> UOp: return build.alu(Ops.ADD, a, b)
+
+
+def _max_grad(ret: UOp, ctx: UOp) -> tuple[UOp, UOp]:
+    # ties split the gradient evenly, as torch.maximum does
+    a, b = ret.src
+    gt = build.cast(build.alu(Ops.CMPLT, b, a), ctx.dtype)
+    eq = build.cast(build.alu(Ops.CMPNE, build.alu(Ops.CMPNE, a, b), build.const(True, dtypes.bool, a.device, a.shape)),
+                    ctx.dtype)
+    half = _mul(eq, _c(ctx, 0.5))
+    wa = _add(gt, half)
+    wb = _add(build.cast(build.alu(Ops.CMPLT, a, b), ctx.dtype), half)
+    return _mul(ctx, wa), _mul(ctx, wb)
+
+
+def _reduce_max_grad(ret: UOp, ctx: UOp) -> tuple[UOp]:
+    # the gradient goes to every maximal element, split evenly (torch.amax semantics)
+    src = ret.src[0]
+    assert src.shape is not None
+    is_max = build.alu(Ops.CMPNE, build.alu(Ops.CMPNE, src, build.expand(ret, src.shape)),
+                       build.const(True, dtypes.bool, src.device, src.shape))
+    mask = build.cast(is_max, ctx.dtype)
+    count = build.reduce_axis(mask, Ops.ADD, ret.arg[1])
+    share = _mul(mask, build.expand(build.alu(Ops.RECIPROCAL, count), src.shape))
+    return (_mul(share, build.expand(ctx, src.shape)),)
+
+
+def _pad_grad(ret: UOp, ctx: UOp) -> tuple[UOp]:
+    assert ret.shape is not None
+    return (build.shrink(ctx, [(b, s - a) for (b, a), s in zip(ret.arg, ret.shape)]),)
+
+
+def _shrink_grad(ret: UOp, ctx: UOp) -> tuple[UOp]:
+    src_shape = ret.src[0].shape
+    assert src_shape is not None
+    return (build.pad(ctx, [(b, s - e) for (b, e), s in zip(ret.arg, src_shape)]),)
+
+
+LN2 = math.log(2)
+
+pm_gradient = PatternMatcher([
+    (UPat(Ops.ADD), lambda ctx: (ctx, ctx)),                                          # d(a+b) = (g, g)
+    (UPat(Ops.MUL, name="ret"), lambda ret, ctx: (_mul(ctx, ret.src[1]), _mul(ctx, ret.src[0]))),  # d(a*b) = (gb, ga)
+    (UPat(Ops.NEG), lambda ctx: (build.alu(Ops.NEG, ctx),)),                           # d(-x) = -g
+    (UPat(Ops.RECIPROCAL, name="ret"),
+     lambda ret, ctx: (build.alu(Ops.NEG, _mul(ctx, _mul(ret, ret))),)),               # d(1/x) = -g/x^2
+    (UPat(Ops.SQRT, name="ret"),
+     lambda ret, ctx: (_mul(ctx, build.alu(Ops.RECIPROCAL, _mul(ret, _c(ret, 2)))),)),  # d(sqrt x) = g/(2 sqrt x)
+    (UPat(Ops.EXP2, name="ret"), lambda ret, ctx: (_mul(ctx, _mul(ret, _c(ret, LN2))),)),  # d(2^x) = g 2^x ln2
+    (UPat(Ops.LOG2, name="ret"),
+     lambda ret, ctx: (_mul(ctx, build.alu(Ops.RECIPROCAL, _mul(ret.src[0], _c(ret, LN2)))),)),  # d(log2 x) = g/(x ln2)
+    (UPat(Ops.SIN, name="ret"),                                                        # d(sin x) = g cos x
+     lambda ret, ctx: (_mul(ctx, build.alu(Ops.SIN, _add(build.alu(Ops.NEG, ret.src[0]), _c(ret, math.pi / 2)))),)),
+    (UPat(Ops.MAX, name="ret"), _max_grad),                                            # ties split evenly
+    (UPat(Ops.WHERE, name="ret"),                                                      # d where(c,a,b) = (-, cg, !cg)
+     lambda ret, ctx: (None, build.alu(Ops.WHERE, ret.src[0], ctx, _c(ctx, 0)),
+                       build.alu(Ops.WHERE, ret.src[0], _c(ctx, 0), ctx))),
+    (UPat(GroupOp.Comparison | {Ops.IDIV, Ops.MOD, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR, Ops.TRUNC}, name="ret"),
+     lambda ret: (None,) * len(ret.src)),                                              # not differentiable
+    (UPat(Ops.CAST, name="ret"),
+     lambda ret, ctx: (build.cast(ctx, ret.src[0].dtype) if dtypes.is_float(ret.src[0].dtype) else None,)),
+    (UPat(Ops.REDUCE_AXIS, name="ret"), lambda ret, ctx: (build.expand(ctx, ret.src[0].shape),)
+     if ret.arg[0] is Ops.ADD else _reduce_max_grad(ret, ctx) if ret.arg[0] is Ops.MAX else None),
+    (UPat(Ops.RESHAPE, name="ret"), lambda ret, ctx: (build.reshape(ctx, ret.src[0].shape),)),
+    (UPat(Ops.PERMUTE, name="ret"), lambda ret, ctx: (build.permute(ctx, build.inverse_permute(ret.arg)),)),
+    (UPat(Ops.EXPAND, name="ret"), lambda ret, ctx: (build.reduce_to(ctx, ret.src[0].shape),)),
+    (UPat(Ops.PAD, name="ret"), _pad_grad),
+    (UPat(Ops.SHRINK, name="ret"), _shrink_grad),
+    (UPat(Ops.FLIP, name="ret"), lambda ret, ctx: (build.flip(ctx, ret.arg),)),
+    (UPat(Ops.CONTIGUOUS), lambda ctx: (ctx,)),
+    (UPat(Ops.COPY, name="ret"), lambda ret, ctx: (UOp(Ops.COPY, ctx.dtype, (ctx,), ret.src[0].device),)),
+    (UPat(Ops.DETACH, name="ret"), lambda ret: (None,)),
+])
+
+
+def compute_gradient(root: UOp, root_grad: UOp, targets: set[UOp]) -> dict[UOp, UOp]:
+    """Reverse-mode gradients of `root` (seeded with `root_grad`) for every node on a path to a target."""
+    topo = list(root.toposort(gate=lambda u: u.op is not Ops.DETACH))
+    on_path: set[UOp] = set()
+    for n in topo:  # children first, so a node is on a path if it is a target or a source is
+        if n in targets or any(s in on_path for s in n.src): on_path.add(n)
+    grads: dict[UOp, UOp] = {root: root_grad}
+    for n in reversed(topo):
+        if n not in grads or n not in on_path or not n.src: continue
+        local = pm_gradient.rewrite(n, ctx=grads[n])
+        if local is None: raise RuntimeError(f"no gradient rule for {n.op}")
+        for s, g in zip(n.src, local):
+            if g is None or s not in on_path: continue
+            if g.shape != s.shape: raise RuntimeError(f"gradient shape {g.shape} != {s.shape} for {n.op}")
+            grads[s] = _add(grads[s], g) if s in grads else g
+    return grads

@@ -1,0 +1,43 @@
+"""Codegen: kernel AST -> simplified index math -> optimizations -> linear program -> rendered source.
+
+`to_program` is the one entry point; each step is a named pass so DEBUG/VIZ can show it.
+"""
+from __future__ import annotations
+
+from fusegrad.helpers import DEBUG, NOOPT, SPEC, colored
+from fusegrad.ir.ops import Ops, UOp, print_tree
+from fusegrad.ir.pattern import graph_rewrite
+from fusegrad.ir.symbolic import pm_symbolic
+from fusegrad.codegen.linearize import linearize
+from fusegrad.codegen.opt import apply_opts
+from fusegrad.renderer import ProgramSpec, Renderer
+
+
+def kernel_name(ast: UOp) -> str:
+    """E_<output sizes> for elementwise kernels, r_<output sizes>_<reduce sizes> for kernels with a reduce."""
+    rngs = sorted({n for n in ast.toposort() if n.op is Ops.RANGE}, key=lambda r: r.arg[0])
+    glob = [str(r.src[0].arg) for r in rngs if r.arg[1] != "reduce"]
+    red = [str(r.src[0].arg) for r in rngs if r.arg[1] == "reduce"]
+    prefix = "r" if any(n.op is Ops.REDUCE for n in ast.toposort()) else "E"
+    return "_".join([prefix] + (glob or ["1"]) + red)
+
+
+def to_program(ast: UOp, renderer: Renderer) -> ProgramSpec:
+    if SPEC:
+        from fusegrad.ir.spec import verify_kernel
+        verify_kernel(ast)
+    if DEBUG >= 5: print(colored("kernel AST:", "cyan") + "\n" + print_tree(ast))
+    sink = graph_rewrite(ast, pm_symbolic, name="kernel symbolic")
+    name = kernel_name(sink)
+    if not NOOPT: sink = apply_opts(sink, renderer)
+    uops, est = linearize(sink)
+    if SPEC:
+        from fusegrad.ir.spec import verify_linear
+        verify_linear(uops)
+    if DEBUG >= 5:
+        print(colored(f"linear program of {name}:", "cyan"))
+        for i, u in enumerate(uops): print(f"{i:4d} {u.op.name:<12} {str(u.dtype):<22} {u.arg!r}")
+    src = renderer.render(name, uops)
+    if DEBUG >= 4: print(src)
+    nbufs = sum(1 for u in uops if u.op is Ops.PARAM)
+    return ProgramSpec(name, src, uops, nbufs, est.ops, est.mem, display_name=name)

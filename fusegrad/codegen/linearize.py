@@ -1,0 +1,126 @@
+"""Linearize: kernel AST (a DAG with RANGE and REDUCE nodes) -> the linear program, a flat list of primitive ops.
+
+Loops are placed from data dependencies alone. Every node depends on a set of RANGEs; the output RANGEs nest in order,
+and a REDUCE's own RANGEs nest under the deepest output RANGE its value depends on. A node is emitted in the loop of the
+deepest RANGE it depends on, so loop-invariant work (a row's max in softmax, a bias load) is hoisted automatically.
+A REDUCE becomes a register accumulator: init before its loops, update in the innermost one, read after them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fusegrad.dtype import dtypes
+from fusegrad.ir.ops import GroupOp, Ops, UOp
+
+
+@dataclass
+class Estimates:
+    ops: int = 0    # ALU operations on data, loop trip counts included
+    mem: int = 0    # bytes of the buffers the kernel touches
+
+
+def reduce_identity(op: Ops, dtype: object) -> float | int | bool:
+    if op is Ops.ADD: return 0
+    if op is Ops.MUL: return 1
+    return dtypes.min(dtype)  # type: ignore[arg-type]
+
+
+class Linearizer:
+    def __init__(self, ast: UOp):
+        self.ast = ast
+        self.topo = list(ast.toposort())
+        self.ranges_of: dict[UOp, frozenset[UOp]] = {}
+        for n in self.topo:
+            if n.op is Ops.RANGE: self.ranges_of[n] = frozenset([n])
+            else:
+                rs = frozenset().union(*[self.ranges_of[s] for s in n.src]) if n.src else frozenset()
+                self.ranges_of[n] = rs - frozenset(n.src[1:]) if n.op is Ops.REDUCE else rs
+        # the loop tree: output ranges nest in id order; a reduce's ranges nest under its deepest context range
+        self.parent: dict[UOp, UOp | None] = {}
+        self.depth: dict[UOp | None, int] = {None: 0}
+        glob = sorted((n for n in self.topo if n.op is Ops.RANGE and n.arg[1] != "reduce"), key=lambda r: r.arg[0])
+        self._chain(glob, None)
+        for n in self.topo:
+            if n.op is Ops.REDUCE: self._chain(list(n.src[1:]), self.deepest(self.ranges_of[n]))
+        self.block = {n: self.deepest(self.ranges_of[n]) for n in self.topo}
+        self.out: list[UOp] = []
+        self.val: dict[UOp, UOp] = {}
+        self.mult = 1
+        self.est = Estimates()
+        self.n_acc = 0
+        self.data_dep: set[UOp] = set()
+
+    def _chain(self, ranges: list[UOp], parent: UOp | None) -> None:
+        for r in ranges:
+            if r in self.parent: raise RuntimeError(f"range {r} is used by two reduces")
+            self.parent[r], self.depth[r] = parent, self.depth[parent] + 1
+            parent = r
+
+    def deepest(self, rs: frozenset[UOp]) -> UOp | None:
+        return max(rs, key=lambda r: self.depth[r]) if rs else None
+
+    # ----- emission -----
+    def push(self, u: UOp) -> UOp:
+        self.out.append(u)
+        if u.op in GroupOp.ALU and u in self.data_dep: self.est.ops += self.mult
+        return u
+
+    def emit_node(self, n: UOp) -> None:
+        if n.op is Ops.REDUCE: return self.emit_reduce(n)
+        new = n.replace(src=tuple(self.val[s] for s in n.src)) if n.src else n
+        if n.op in (Ops.LOAD,) or any(s in self.data_dep for s in n.src): self.data_dep.add(new)
+        self.val[n] = self.push(new)
+
+    def emit_block(self, b: UOp | None) -> None:
+        for n in self.topo:
+            if self.block[n] is b and n not in self.val and n.op is not Ops.RANGE and n is not self.ast:
+                self.emit_node(n)
+        for r, p in self.parent.items():
+            if p is b and r.arg[1] != "reduce": self.emit_loop(r, lambda r=r: self.emit_block(r))
+
+    def emit_loop(self, r: UOp, body: "object") -> None:
+        self.val[r] = self.push(r)
+        size = int(r.src[0].arg)
+        self.mult *= size
+        body()  # type: ignore[operator]
+        self.mult //= size
+        self.push(UOp(Ops.END, dtypes.void, (r,)))
+
+    def emit_reduce(self, red: UOp) -> None:
+        op, rngs = red.arg, list(red.src[1:])
+        acc = self.push(UOp(Ops.DEFINE_REG, red.dtype.ptr(1, "reg"), (), self.n_acc))
+        self.n_acc += 1
+        zero, ident = UOp.const(dtypes.int32, 0), UOp.const(red.dtype, reduce_identity(op, red.dtype))
+        for c in (zero, ident):
+            if c not in self.val: self.val[c] = self.push(c)
+        slot = self.push(UOp(Ops.INDEX, red.dtype, (acc, zero)))
+        init = self.push(UOp(Ops.STORE, dtypes.void, (slot, ident)))
+
+        def body(i: int) -> None:
+            r = rngs[i]
+            for n in self.topo:
+                if self.block[n] is r and n not in self.val and n.op is not Ops.RANGE: self.emit_node(n)
+            if i + 1 < len(rngs): self.emit_loop(rngs[i + 1], lambda: body(i + 1))
+            else:
+                cur = self.push(UOp(Ops.LOAD, red.dtype, (slot, init)))
+                new = UOp(op, red.dtype, (cur, self.val[red.src[0]]))
+                self.data_dep.add(new)
+                self.push(new)
+                self.push(UOp(Ops.STORE, dtypes.void, (slot, new)))
+        if rngs: self.emit_loop(rngs[0], lambda: body(0))
+        end = self.out[-1]
+        res = UOp(Ops.LOAD, red.dtype, (slot, end))
+        self.data_dep.add(res)
+        self.val[red] = self.push(res)
+
+    def run(self) -> tuple[list[UOp], Estimates]:
+        params = sorted((n for n in self.topo if n.op is Ops.PARAM), key=lambda p: p.arg)
+        for p in params:
+            self.val[p] = self.push(p)
+            self.est.mem += p.dtype.size * p.dtype.itemsize
+        self.emit_block(None)
+        return self.out, self.est
+
+
+def linearize(ast: UOp) -> tuple[list[UOp], Estimates]:
+    return Linearizer(ast).run()

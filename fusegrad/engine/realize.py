@@ -1,0 +1,56 @@
+"""Engine: run a schedule item by item. Kernels are compiled once per (AST, device) and cached in-process (the
+compiler caches binaries on disk). Updates GlobalCounters and prints the DEBUG=1/2 lines.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fusegrad.device import Device
+from fusegrad.helpers import DEBUG, GlobalCounters, colored
+from fusegrad.ir.ops import UOp
+from fusegrad.schedule import ScheduleItem
+
+_programs: dict[tuple[UOp, str], Any] = {}
+
+
+def get_runner(ast: UOp, device: str) -> Any:
+    """The loaded program for a kernel AST on a device (render + compile on first use)."""
+    key = (ast, device)
+    if (prg := _programs.get(key)) is None:
+        from fusegrad.codegen import to_program
+        dev = Device[device]
+        spec = to_program(ast, dev.renderer)
+        lib = dev.compiler.compile_cached(spec.src)
+        prg = _programs[key] = dev.runtime(spec, lib)
+    return prg
+
+
+def run_schedule(items: list[ScheduleItem]) -> None:
+    st = time.perf_counter()
+    kernels = 0
+    for si in items:
+        dev = si.bufs[0].device
+        wait = DEBUG >= 2
+        t0 = time.perf_counter()
+        if si.is_copy:
+            dst, src = si.bufs
+            dst.copyin(memoryview(src.as_bytes()))
+            et = time.perf_counter() - t0
+            name, ops, mem = f"copy {src.nbytes:8d} bytes {src.device} -> {dst.device}", 0, src.nbytes
+        else:
+            prg = get_runner(si.ast, dev)
+            et = prg(*[b.opaque for b in si.bufs], wait=True) or 0.0
+            name, ops, mem = prg.spec.display_name, prg.spec.ops, prg.spec.mem
+            kernels += 1
+        GlobalCounters.kernel_count += 0 if si.is_copy else 1
+        GlobalCounters.global_ops += ops
+        GlobalCounters.global_mem += mem
+        GlobalCounters.time_sum_s += et
+        if wait:
+            gflops = ops / et * 1e-9 if et > 0 else 0
+            gbs = mem / et * 1e-9 if et > 0 else 0
+            print(f"*** {dev:7s} {GlobalCounters.kernel_count:4d} {colored(f'{name:30s}', 'green' if si.is_copy else None)}"
+                  f" bufs {len(si.bufs):2d}  tm {et * 1e6:9.2f} us  {gflops:8.2f} GFLOPS  {gbs:7.2f} GB/s")
+    if DEBUG >= 1 and items:
+        print(f"realized {len(items)} items ({kernels} kernels) in {(time.perf_counter() - st) * 1e3:.2f} ms")

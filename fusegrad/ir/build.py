@@ -1,0 +1,74 @@
+"""Constructors for tensor-level graph nodes, shared by the Tensor frontend and the gradient rules.
+
+They check arguments and skip no-ops (a reshape to the same shape returns its input), so the graph stays small.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from fusegrad.dtype import ConstType, DType, dtypes
+from fusegrad.helpers import argsort
+from fusegrad.ir.ops import GroupOp, Ops, UOp
+
+
+def const(val: ConstType, dtype: DType, device: str, shape: tuple[int, ...] = ()) -> UOp:
+    c = UOp(Ops.CONST, dtype, (UOp(Ops.DEVICE, arg=device),), dtypes.as_const(val, dtype))
+    return expand(reshape(c, (1,) * len(shape)), shape) if shape else c
+
+
+def reshape(x: UOp, shape: Sequence[int]) -> UOp:
+    shape = tuple(shape)
+    if x.shape == shape: return x
+    return UOp(Ops.RESHAPE, x.dtype, (x,), shape)
+
+
+def permute(x: UOp, order: Sequence[int]) -> UOp:
+    order = tuple(order)
+    if order == tuple(range(len(order))): return x
+    return UOp(Ops.PERMUTE, x.dtype, (x,), order)
+
+
+def expand(x: UOp, shape: Sequence[int]) -> UOp:
+    shape = tuple(shape)
+    return x if x.shape == shape else UOp(Ops.EXPAND, x.dtype, (x,), shape)
+
+
+def pad(x: UOp, arg: Sequence[tuple[int, int]]) -> UOp:
+    arg = tuple((int(b), int(a)) for b, a in arg)
+    return x if all(b == 0 and a == 0 for b, a in arg) else UOp(Ops.PAD, x.dtype, (x,), arg)
+
+
+def shrink(x: UOp, arg: Sequence[tuple[int, int]]) -> UOp:
+    arg = tuple((int(b), int(e)) for b, e in arg)
+    assert x.shape is not None
+    return x if all(b == 0 and e == s for (b, e), s in zip(arg, x.shape)) else UOp(Ops.SHRINK, x.dtype, (x,), arg)
+
+
+def flip(x: UOp, axes: Sequence[bool]) -> UOp:
+    return x if not any(axes) else UOp(Ops.FLIP, x.dtype, (x,), tuple(axes))
+
+
+def reduce_axis(x: UOp, op: Ops, axes: Sequence[int]) -> UOp:
+    assert op in GroupOp.Reduce and x.shape is not None
+    axes = tuple(sorted(a for a in axes if x.shape[a] != 1))
+    if not axes: return x
+    return UOp(Ops.REDUCE_AXIS, x.dtype, (x,), (op, axes))
+
+
+def alu(op: Ops, *srcs: UOp) -> UOp:
+    out_dtype = dtypes.bool if op in GroupOp.Comparison else srcs[-1].dtype
+    return UOp(op, out_dtype, tuple(srcs))
+
+
+def cast(x: UOp, dtype: DType) -> UOp:
+    return x if x.dtype == dtype else UOp(Ops.CAST, dtype, (x,))
+
+
+def inverse_permute(order: Sequence[int]) -> tuple[int, ...]:
+    return tuple(argsort(list(order)))
+
+
+def reduce_to(g: UOp, shape: tuple[int, ...]) -> UOp:
+    """Sum `g` over the axes where `shape` is 1 (the adjoint of expand)."""
+    assert g.shape is not None
+    return reduce_axis(g, Ops.ADD, [i for i, (s, gs) in enumerate(zip(shape, g.shape)) if s == 1 and gs != 1])

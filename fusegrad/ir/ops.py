@@ -1,0 +1,309 @@
+"""The IR: the `Ops` enum (grouped by kind, with declared categories) and `UOp`, the one immutable, hash-consed node type.
+
+The same node type serves every level: the lazy tensor graph, kernel ASTs and the linear program.
+Because nodes are hash-consed, structural equality is identity: `UOp(...) is UOp(...)` for equal arguments.
+"""
+from __future__ import annotations
+
+import enum
+import functools
+import math
+import weakref
+from typing import Any, Callable, Iterator
+
+from fusegrad.dtype import ConstType, DType, PtrDType, dtypes
+from fusegrad.helpers import prod
+
+
+class Ops(enum.Enum):
+    # --- tensor graph (never reach a kernel) ---
+    SINK = enum.auto()          # groups roots: src = roots
+    DEVICE = enum.auto()        # arg = device name; source of a BUFFER/CONST/IOTA on the tensor level
+    BUFFER = enum.auto()        # a 1-d buffer of arg[1] elements: arg = (unique id, size), src = (DEVICE,)
+    COPY = enum.auto()          # copy src to device arg
+    CONTIGUOUS = enum.auto()    # ask for src to be materialized
+    DETACH = enum.auto()        # stop gradients
+    IOTA = enum.auto()          # 0, 1, ..., arg-1 (the tensor-level view of an index); src = (DEVICE,)
+    REDUCE_AXIS = enum.auto()   # arg = (reduce op, axes); reduced axes keep size 1
+
+    # --- movement: views, folded into index math at codegen ---
+    RESHAPE = enum.auto()
+    PERMUTE = enum.auto()
+    EXPAND = enum.auto()
+    PAD = enum.auto()
+    SHRINK = enum.auto()
+    FLIP = enum.auto()
+
+    # --- kernel structure ---
+    PARAM = enum.auto()         # kernel argument buffer; arg = slot
+    DEFINE_VAR = enum.auto()    # a symbolic integer; arg = (name, min, max)
+    DEFINE_REG = enum.auto()    # a register array (accumulators); arg = id
+    DEFINE_LOCAL = enum.auto()  # workgroup-shared memory; arg = id
+    RANGE = enum.auto()         # a loop index; src = (size,), arg = (id, kind)
+    SPECIAL = enum.auto()       # a hardware index (thread/group id); src = (size,), arg = name
+    REDUCE = enum.auto()        # src = (value, *ranges), arg = the ALU op that accumulates
+    INDEX = enum.auto()         # src = (buffer, index) or (buffer, index, gate): the address of one element
+    LOAD = enum.auto()          # src = (INDEX,) [, alt value when gated]
+    STORE = enum.auto()         # src = (INDEX, value)
+    END = enum.auto()           # closes the RANGE in src[1] (linear program)
+    IF = enum.auto()
+    ENDIF = enum.auto()
+    BARRIER = enum.auto()
+    VECTORIZE = enum.auto()     # build a vector from scalars
+    GEP = enum.auto()           # get element arg of a vector
+
+    # --- values ---
+    CONST = enum.auto()
+    CAST = enum.auto()
+    BITCAST = enum.auto()
+
+    # --- ALU: the primitive math every backend renders ---
+    NEG = enum.auto()
+    RECIPROCAL = enum.auto()
+    SQRT = enum.auto()
+    EXP2 = enum.auto()
+    LOG2 = enum.auto()
+    SIN = enum.auto()
+    TRUNC = enum.auto()
+    ADD = enum.auto()
+    MUL = enum.auto()
+    IDIV = enum.auto()          # integer division, truncating toward zero (C semantics)
+    MOD = enum.auto()           # integer remainder with the sign of the dividend (C semantics)
+    MAX = enum.auto()           # NaN-propagating maximum
+    CMPLT = enum.auto()
+    CMPNE = enum.auto()
+    AND = enum.auto()
+    OR = enum.auto()
+    XOR = enum.auto()
+    SHL = enum.auto()
+    SHR = enum.auto()
+    WHERE = enum.auto()
+    MULACC = enum.auto()        # a*b+c
+
+    def __repr__(self) -> str: return f"Ops.{self.name}"
+
+
+class GroupOp:
+    """Declared categories of ops. A new op joins the sets it belongs to here."""
+    Unary = {Ops.NEG, Ops.RECIPROCAL, Ops.SQRT, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.TRUNC}
+    Binary = {Ops.ADD, Ops.MUL, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.CMPLT, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL,
+              Ops.SHR}
+    Ternary = {Ops.WHERE, Ops.MULACC}
+    ALU = Unary | Binary | Ternary
+    Movement = {Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.PAD, Ops.SHRINK, Ops.FLIP}
+    Commutative = {Ops.ADD, Ops.MUL, Ops.MAX, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR}
+    Associative = {Ops.ADD, Ops.MUL, Ops.AND, Ops.OR, Ops.MAX}
+    Comparison = {Ops.CMPLT, Ops.CMPNE}
+    Reduce = {Ops.ADD, Ops.MUL, Ops.MAX}  # the ALU ops a reduction may use
+    TensorOnly = {Ops.SINK, Ops.DEVICE, Ops.BUFFER, Ops.COPY, Ops.CONTIGUOUS, Ops.DETACH, Ops.IOTA, Ops.REDUCE_AXIS} | Movement
+    # ops of the linear program (the backend contract); see docs/runtime.md
+    Linear = {Ops.PARAM, Ops.DEFINE_VAR, Ops.DEFINE_REG, Ops.DEFINE_LOCAL, Ops.RANGE, Ops.END, Ops.IF, Ops.ENDIF,
+              Ops.BARRIER, Ops.SPECIAL, Ops.INDEX, Ops.LOAD, Ops.STORE, Ops.CONST, Ops.CAST, Ops.BITCAST, Ops.VECTORIZE,
+              Ops.GEP} | ALU
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+
+class UOpMetaClass(type):
+    """Hash-consing: constructing a UOp with the same (op, dtype, src, arg) returns the existing node."""
+    ucache: "weakref.WeakValueDictionary[tuple, UOp]" = weakref.WeakValueDictionary()
+
+    def __call__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple["UOp", ...] = (), arg: Any = None) -> "UOp":
+        key = (op, dtype, src, arg)
+        if (ret := UOpMetaClass.ucache.get(key)) is not None: return ret
+        ret = super().__call__(op, dtype, src, arg)
+        UOpMetaClass.ucache[key] = ret
+        return ret
+
+
+def _as_uop(x: "UOp | ConstType", dtype: DType) -> "UOp":
+    return x if isinstance(x, UOp) else UOp.const(dtype, x)
+
+
+class UOp(metaclass=UOpMetaClass):
+    """An IR node. Immutable; identity is structure (hash-consed), so nodes are usable as dict keys."""
+    __slots__ = ("op", "dtype", "src", "arg", "__weakref__", "__dict__")
+
+    def __init__(self, op: Ops, dtype: DType = dtypes.void, src: tuple["UOp", ...] = (), arg: Any = None):
+        self.op, self.dtype, self.src, self.arg = op, dtype, src, arg
+
+    def __reduce__(self) -> tuple:
+        return (UOp, (self.op, self.dtype, self.src, self.arg))
+
+    def replace(self, **kwargs: Any) -> "UOp":
+        args = {"op": self.op, "dtype": self.dtype, "src": self.src, "arg": self.arg}
+        args.update(kwargs)
+        return UOp(args["op"], args["dtype"], tuple(args["src"]), args["arg"])
+
+    # ----- graph walking -----
+    def toposort(self, gate: Callable[["UOp"], bool] | None = None) -> dict["UOp", None]:
+        """All nodes reachable from self, children before parents (iterative: deep graphs don't recurse).
+
+        `gate(node) -> False` stops the walk below that node (the node itself is still included)."""
+        out: dict[UOp, None] = {}
+        stack: list[tuple[UOp, bool]] = [(self, False)]
+        while stack:
+            node, visited = stack.pop()
+            if node in out: continue
+            if visited:
+                out[node] = None
+                continue
+            stack.append((node, True))
+            if gate is None or gate(node):
+                for s in reversed(node.src):
+                    if s not in out: stack.append((s, False))
+        return out
+
+    @functools.cached_property
+    def key(self) -> bytes:
+        """A structural hash stable across processes (for disk caches and process replay)."""
+        import hashlib
+        h = hashlib.sha256(f"{self.op}|{self.dtype}|{self.arg!r}".encode())
+        for s in self.src: h.update(s.key)
+        return h.digest()
+
+    def __repr__(self) -> str:
+        return pretty(self)
+
+    # ----- tensor-level properties -----
+    @functools.cached_property
+    def shape(self) -> tuple[int, ...] | None:
+        from fusegrad.ir.shape import infer_shape
+        return infer_shape(self)
+
+    @property
+    def size(self) -> int:
+        assert self.shape is not None
+        return prod(self.shape)
+
+    @functools.cached_property
+    def device(self) -> str | None:
+        if self.op is Ops.DEVICE: return self.arg
+        if self.op is Ops.COPY: return self.arg
+        for s in self.src:
+            if (d := s.device) is not None: return d
+        return None
+
+    @property
+    def base(self) -> "UOp":
+        """The node under any movement ops."""
+        x = self
+        while x.op in GroupOp.Movement: x = x.src[0]
+        return x
+
+    # ----- constructors -----
+    @staticmethod
+    def const(dtype: DType, val: ConstType) -> "UOp":
+        """A kernel-level scalar constant (wrapped to dtype's range)."""
+        return UOp(Ops.CONST, dtype, (), dtypes.as_const(val, dtype))
+
+    @staticmethod
+    def range(size: "int | UOp", rid: int, kind: str = "loop") -> "UOp":
+        return UOp(Ops.RANGE, dtypes.int32, (_as_uop(size, dtypes.int32),), (rid, kind))
+
+    @staticmethod
+    def variable(name: str, min_val: int, max_val: int, dtype: DType = dtypes.int32) -> "UOp":
+        return UOp(Ops.DEFINE_VAR, dtype, (), (name, min_val, max_val))
+
+    def alu(self, op: Ops, *srcs: "UOp | ConstType") -> "UOp":
+        out_dtype = dtypes.bool if op in GroupOp.Comparison else self.dtype
+        return UOp(op, out_dtype, (self,) + tuple(_as_uop(s, self.dtype) for s in srcs))
+
+    def cast(self, dtype: DType) -> "UOp":
+        return self if self.dtype == dtype else UOp(Ops.CAST, dtype, (self,))
+
+    def bitcast(self, dtype: DType) -> "UOp":
+        return UOp(Ops.BITCAST, dtype, (self,))
+
+    def where(self, a: "UOp | ConstType", b: "UOp | ConstType") -> "UOp":
+        av = _as_uop(a, b.dtype if isinstance(b, UOp) else dtypes.int32)
+        return UOp(Ops.WHERE, av.dtype, (self, av, _as_uop(b, av.dtype)))
+
+    # arithmetic sugar, used by symbolic index math and by rules (`x * 2 + y`)
+    def __add__(self, x: "UOp | ConstType") -> "UOp": return self.alu(Ops.ADD, x)
+    def __radd__(self, x: "UOp | ConstType") -> "UOp": return _as_uop(x, self.dtype).alu(Ops.ADD, self)
+    def __mul__(self, x: "UOp | ConstType") -> "UOp": return self.alu(Ops.MUL, x)
+    def __rmul__(self, x: "UOp | ConstType") -> "UOp": return _as_uop(x, self.dtype).alu(Ops.MUL, self)
+    def __sub__(self, x: "UOp | ConstType") -> "UOp": return self.alu(Ops.ADD, -x if not isinstance(x, UOp) else x.neg())
+    def __rsub__(self, x: "UOp | ConstType") -> "UOp": return _as_uop(x, self.dtype).alu(Ops.ADD, self.neg())
+    def __floordiv__(self, x: "UOp | ConstType") -> "UOp": return self.alu(Ops.IDIV, x)
+    def __mod__(self, x: "UOp | ConstType") -> "UOp": return self.alu(Ops.MOD, x)
+    def __neg__(self) -> "UOp": return self.neg()
+    def neg(self) -> "UOp":
+        return self.alu(Ops.MUL, -1) if dtypes.is_int(self.dtype) else self.alu(Ops.NEG)
+    def lt(self, x: "UOp | ConstType") -> "UOp": return self.alu(Ops.CMPLT, x)
+    def ne(self, x: "UOp | ConstType") -> "UOp": return self.alu(Ops.CMPNE, x)
+    def maximum(self, x: "UOp | ConstType") -> "UOp": return self.alu(Ops.MAX, x)
+    def logical_and(self, x: "UOp") -> "UOp": return self.alu(Ops.AND, x)
+
+    # ----- symbolic bounds (integers and bools) -----
+    @functools.cached_property
+    def vmin_vmax(self) -> tuple[ConstType, ConstType]:
+        from fusegrad.ir.symbolic import bounds
+        return bounds(self)
+
+    @property
+    def vmin(self) -> ConstType: return self.vmin_vmax[0]
+
+    @property
+    def vmax(self) -> ConstType: return self.vmin_vmax[1]
+
+    @property
+    def const_arg(self) -> ConstType | None:
+        return self.arg if self.op is Ops.CONST else None
+
+
+def pretty(u: UOp, max_depth: int = 3) -> str:
+    """Render index math as an expression (`((r0*16)+r1)`), any other node as UOp(op, dtype, src, arg)."""
+    if u.op is Ops.CONST: return repr(u.arg)
+    if u.op is Ops.RANGE: return f"r{u.arg[0]}"
+    if u.op is Ops.DEFINE_VAR: return u.arg[0]
+    if u.op is Ops.SPECIAL: return u.arg
+    syms = {Ops.ADD: "+", Ops.MUL: "*", Ops.IDIV: "//", Ops.MOD: "%", Ops.CMPLT: "<", Ops.CMPNE: "!=", Ops.AND: "&",
+            Ops.OR: "|", Ops.XOR: "^"}
+    if u.op in syms and max_depth > 0:
+        return f"({pretty(u.src[0], max_depth - 1)}{syms[u.op]}{pretty(u.src[1], max_depth - 1)})"
+    if u.op is Ops.MAX and max_depth > 0:
+        return f"max({pretty(u.src[0], max_depth - 1)}, {pretty(u.src[1], max_depth - 1)})"
+    if max_depth <= 0: return f"UOp({u.op.name}, ...)"
+    srcs = ", ".join(pretty(s, max_depth - 1) for s in u.src)
+    return f"UOp({u.op}, {u.dtype}, ({srcs}), {u.arg!r})"
+
+
+def print_tree(u: UOp) -> str:
+    """A multi-line listing of the graph under `u`, one numbered node per line (DEBUG=5)."""
+    nodes = list(u.toposort())
+    num = {n: i for i, n in enumerate(nodes)}
+    lines = []
+    for n in nodes:
+        srcs = ", ".join(f"%{num[s]}" for s in n.src)
+        arg = "" if n.arg is None else f" {n.arg!r}" if not isinstance(n.arg, tuple) or len(repr(n.arg)) < 60 \
+            else f" {repr(n.arg)[:60]}..."
+        lines.append(f"%{num[n]:<4} {n.op.name:<12} {str(n.dtype):<18} [{srcs}]{arg}")
+    return "\n".join(lines)
+
+
+def ssimplify(u: UOp) -> UOp:
+    from fusegrad.ir.symbolic import simplify
+    return simplify(u)
+
+
+def sym_infer(u: UOp | int, var_vals: dict[UOp, int]) -> int:
+    """Evaluate an integer expression given values for its variables."""
+    if isinstance(u, int): return u
+    from fusegrad.ir.alu import exec_alu
+    if u.op is Ops.CONST: return int(u.arg)
+    if u.op is Ops.DEFINE_VAR: return var_vals[u]
+    return int(exec_alu(u.op, u.dtype, [sym_infer(s, var_vals) for s in u.src]))
+
+
+def iter_nodes(roots: list[UOp]) -> Iterator[UOp]:
+    seen: set[UOp] = set()
+    for r in roots:
+        for n in r.toposort():
+            if n not in seen:
+                seen.add(n)
+                yield n
+
+
+__all__ = ["Ops", "GroupOp", "UOp", "PtrDType", "print_tree", "pretty", "sym_infer", "math"]

@@ -1,0 +1,49 @@
+"""Renderers: linear program -> source text for one target. `ProgramSpec` is what codegen hands to a runtime."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fusegrad.dtype import DType, dtypes
+from fusegrad.ir.ops import Ops, UOp
+
+
+@dataclass
+class ProgramSpec:
+    """A compiled-to-source kernel: its name, source, and what a launch needs to know."""
+    name: str
+    src: str
+    uops: list[UOp]
+    nbufs: int
+    ops: int = 0            # estimated ALU ops (for GFLOPS)
+    mem: int = 0            # estimated bytes touched (for GB/s)
+    global_size: tuple[int, ...] = (1, 1, 1)
+    local_size: tuple[int, ...] = (1, 1, 1)
+    vars: list[UOp] = field(default_factory=list)
+    display_name: str = ""
+
+
+class Renderer:
+    """Base class: a target's name for the device it renders for, and which dtypes it supports."""
+    device: str = ""
+    has_local: bool = False
+    global_max: tuple[int, ...] | None = None
+
+    def supported_dtypes(self) -> list[DType]:
+        return list(dtypes.all)
+
+    def render(self, name: str, uops: list[UOp]) -> str:
+        raise NotImplementedError
+
+    def __repr__(self) -> str: return f"{type(self).__name__}()"
+
+
+def uop_uses(uops: list[UOp]) -> dict[UOp, int]:
+    cnt: dict[UOp, int] = {}
+    for u in uops:
+        for s in u.src: cnt[s] = cnt.get(s, 0) + 1
+    return cnt
+
+
+def is_pure(u: UOp) -> bool:
+    from fusegrad.ir.ops import GroupOp
+    return u.op in GroupOp.ALU or u.op in (Ops.CAST, Ops.BITCAST, Ops.CONST, Ops.INDEX)

@@ -1,0 +1,165 @@
+"""The C-style renderer: linear program -> C source. Other C-like targets (OpenCL, CUDA, Metal) subclass it and change
+a few strings: the kernel prefix, buffer qualifiers, type names and math functions.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+from fusegrad.dtype import DType, dtypes
+from fusegrad.ir.ops import GroupOp, Ops, UOp
+from fusegrad.renderer import Renderer, is_pure, uop_uses
+
+
+class CStyleLanguage(Renderer):
+    kernel_prefix = "void "
+    buffer_prefix = ""
+    buffer_suffix = " restrict"
+    arg_int_prefix = "const int"
+    type_map: dict[DType, str] = {
+        dtypes.bool: "_Bool", dtypes.int8: "signed char", dtypes.uint8: "unsigned char", dtypes.int16: "short",
+        dtypes.uint16: "unsigned short", dtypes.int32: "int", dtypes.uint32: "unsigned int", dtypes.int64: "long long",
+        dtypes.uint64: "unsigned long long", dtypes.float32: "float", dtypes.float64: "double",
+        dtypes.float16: "_Float16"}
+    infinity = "__builtin_inff()"
+    nan = "__builtin_nanf(\"\")"
+    # math functions on float; other float dtypes compute through float (double uses its own)
+    float_fn = {Ops.SQRT: "__builtin_sqrtf", Ops.EXP2: "__builtin_exp2f", Ops.LOG2: "__builtin_log2f",
+                Ops.SIN: "__builtin_sinf", Ops.TRUNC: "__builtin_truncf"}
+    double_fn = {Ops.SQRT: "__builtin_sqrt", Ops.EXP2: "__builtin_exp2", Ops.LOG2: "__builtin_log2",
+                 Ops.SIN: "__builtin_sin", Ops.TRUNC: "__builtin_trunc"}
+
+    def supported_dtypes(self) -> list[DType]:
+        return [d for d in dtypes.all if d in self.type_map]
+
+    def render_dtype(self, dt: DType) -> str:
+        if dt.scalar() not in self.type_map: raise RuntimeError(f"{type(self).__name__} has no type for {dt}")
+        return self.type_map[dt.scalar()]
+
+    def render_const(self, val: object, dt: DType) -> str:
+        if dtypes.is_float(dt):
+            assert isinstance(val, float)
+            if math.isnan(val): s = self.nan
+            elif math.isinf(val): s = ("-" if val < 0 else "") + self.infinity
+            else: s = repr(val) + ("" if dt == dtypes.float64 else "f")
+            return s if dt in (dtypes.float32, dtypes.float64) else f"(({self.render_dtype(dt)}){s})"
+        if dtypes.is_bool(dt): return "1" if val else "0"
+        assert isinstance(val, int)
+        if val == dtypes.min(dt) and not dtypes.is_unsigned(dt):
+            return f"({self.render_const(val + 1, dt)}-1)"
+        suffix = {dtypes.int64: "ll", dtypes.uint64: "ull", dtypes.uint32: "u"}.get(dt.scalar(), "")
+        return f"{val}{suffix}" if dt.itemsize >= 4 else f"(({self.render_dtype(dt)}){val})"
+
+    def render_alu(self, op: Ops, dt: DType, a: list[str], src_dtype: DType) -> str:
+        binops = {Ops.ADD: "+", Ops.MUL: "*", Ops.IDIV: "/", Ops.MOD: "%", Ops.CMPLT: "<", Ops.CMPNE: "!=",
+                  Ops.AND: "&", Ops.OR: "|", Ops.XOR: "^", Ops.SHL: "<<", Ops.SHR: ">>"}
+        if op in binops: return f"({a[0]}{binops[op]}{a[1]})"
+        if op is Ops.NEG: return f"(-{a[0]})"
+        if op is Ops.WHERE: return f"({a[0]}?{a[1]}:{a[2]})"
+        if op is Ops.MULACC: return f"(({a[0]}*{a[1]})+{a[2]})"
+        if op is Ops.MAX:
+            if dtypes.is_float(dt): return f"((({a[0]})!=({a[0]})||({a[0]})>({a[1]}))?({a[0]}):({a[1]}))"
+            return f"((({a[0]})>({a[1]}))?({a[0]}):({a[1]}))"
+        if op is Ops.RECIPROCAL: return f"({self.render_const(1.0, dt)}/{a[0]})"
+        return self.render_math(op, dt, a[0])
+
+    def render_math(self, op: Ops, dt: DType, x: str) -> str:
+        if dt == dtypes.float64: return f"{self.double_fn[op]}({x})"
+        if dt == dtypes.float32: return f"{self.float_fn[op]}({x})"
+        return f"(({self.render_dtype(dt)}){self.float_fn[op]}((float)({x})))"
+
+    def render_cast(self, dt: DType, x: str, src_dt: DType) -> str:
+        return f"(({self.render_dtype(dt)})({x}))"
+
+    def render_bitcast(self, dt: DType, x: str, src_dt: DType) -> str:
+        return f"((union {{{self.render_dtype(src_dt)} a; {self.render_dtype(dt)} b;}}){{.a={x}}}).b"
+
+    def render_kernel(self, name: str, args: list[str], body: list[str]) -> str:
+        return f"{self.kernel_prefix}{name}({', '.join(args)}) {{\n" + "\n".join(body) + "\n}\n"
+
+    def render(self, name: str, uops: list[UOp]) -> str:
+        uses = uop_uses(uops)
+        depth_of: dict[UOp, int] = {}
+        use_depth: dict[UOp, int] = {}
+        repeated: set[UOp] = set()  # operands of templates that mention them twice (MAX) get a variable
+        d = 0
+        for u in uops:
+            if u.op is Ops.END: d -= 1
+            depth_of[u] = d
+            for s in u.src: use_depth[s] = d
+            if u.op is Ops.MAX: repeated.update(u.src)
+            if u.op is Ops.RANGE: d += 1
+        r: dict[UOp, str] = {}
+        args: list[str] = []
+        body: list[str] = []
+        counters: dict[str, int] = {}
+
+        def new_name(prefix: str) -> str:
+            counters[prefix] = counters.get(prefix, 0) + 1
+            return f"{prefix}{counters[prefix] - 1}"
+
+        def line(s: str) -> None: body.append("  " * (depth_of[u] + 1) + s)
+
+        for u in uops:
+            op, dt = u.op, u.dtype
+            if op is Ops.PARAM:
+                r[u] = f"data{u.arg}"
+                args.append(f"{self.buffer_prefix}{self.render_dtype(dt.base)}*{self.buffer_suffix} data{u.arg}")
+            elif op is Ops.DEFINE_VAR:
+                r[u] = u.arg[0]
+                args.append(f"{self.arg_int_prefix} {u.arg[0]}")
+            elif op is Ops.CONST:
+                r[u] = self.render_const(u.arg, dt)
+            elif op is Ops.DEFINE_REG:
+                r[u] = new_name("acc")
+                line(f"{self.render_dtype(dt.base)} {r[u]}[{dt.size}];")
+            elif op is Ops.RANGE:
+                r[u] = f"{'r' if u.arg[1] == 'reduce' else 'g'}idx{u.arg[0]}"
+                line(f"for (int {r[u]} = 0; {r[u]} < {r[u.src[0]]}; {r[u]}++) {{")
+            elif op is Ops.END:
+                line("}")
+            elif op is Ops.INDEX:
+                r[u] = f"{r[u.src[0]]}[{_strip(r[u.src[1]])}]"
+            elif op is Ops.LOAD:
+                idx = u.src[0]
+                expr = r[idx] if len(idx.src) < 3 else f"({r[idx.src[2]]}?{r[idx]}:{self.render_const(_zero(dt), dt)})"
+                if idx.src[0].op is Ops.DEFINE_REG: r[u] = expr  # accumulators are read in place
+                else:
+                    r[u] = new_name("val")
+                    line(f"{self.render_dtype(dt)} {r[u]} = {_strip(expr)};")
+            elif op is Ops.STORE:
+                line(f"{r[u.src[0]]} = {_strip(r[u.src[1]])};")
+            elif op in GroupOp.ALU or op in (Ops.CAST, Ops.BITCAST):
+                a = [r[s] for s in u.src]
+                if op is Ops.CAST: expr = self.render_cast(dt, a[0], u.src[0].dtype)
+                elif op is Ops.BITCAST: expr = self.render_bitcast(dt, a[0], u.src[0].dtype)
+                else: expr = self.render_alu(op, dt, a, u.src[-1].dtype)
+                if uses.get(u, 0) == 1 and use_depth.get(u) == depth_of[u] and u not in repeated: r[u] = expr
+                else:
+                    r[u] = new_name("alu")
+                    line(f"{self.render_dtype(dt)} {r[u]} = {_strip(expr)};")
+            else:
+                raise RuntimeError(f"{type(self).__name__} can't render {op}")
+        return self.render_kernel(name, args, body)
+
+
+def _strip(s: str) -> str:
+    if not (s.startswith("(") and s.endswith(")")): return s
+    depth = 0
+    for i, c in enumerate(s):
+        depth += c == "("
+        depth -= c == ")"
+        if depth == 0 and i != len(s) - 1: return s
+    return s[1:-1]
+
+
+def _zero(dt: DType) -> object:
+    return 0.0 if dtypes.is_float(dt) else False if dtypes.is_bool(dt) else 0
+
+
+class ClangRenderer(CStyleLanguage):
+    """C for the CPU device, compiled by the system C compiler."""
+    device = "CPU"
+
+
+__all__ = ["CStyleLanguage", "ClangRenderer", "is_pure", "Callable"]

@@ -1,0 +1,135 @@
+"""CPU device: C source from the C-style renderer, compiled by the system C compiler into a shared object, loaded
+with ctypes. Compiled objects are cached on disk keyed by source + compiler identity + CPU.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import time
+from typing import Any
+
+from fusegrad.device import Allocator, Compiled, CompileError, Compiler
+from fusegrad.renderer import ProgramSpec
+from fusegrad.renderer.cstyle import ClangRenderer
+
+_CANDIDATES = ("cc", "gcc", "clang")
+
+
+def find_compiler(raise_error: bool = True) -> str | None:
+    """The C compiler to use: $CC, else the first of cc/gcc/clang on PATH."""
+    tried = []
+    if (cc := os.getenv("CC")):
+        tried.append(f"$CC={cc}")
+        if shutil.which(cc.split()[0]): return cc
+    for c in _CANDIDATES:
+        tried.append(c)
+        if shutil.which(c): return c
+    if raise_error:
+        raise RuntimeError(f"no C compiler found for the CPU device (tried {', '.join(tried)}). Install one "
+                           "(e.g. `apt-get install gcc` or `apt-get install clang`) or set CC; "
+                           "DEV=PYTHON works without a compiler (slowly).")
+    return None
+
+
+@functools.cache
+def _cpu_identity() -> str:
+    """What the binary depends on: machine, CPU model and flags (we compile with -march=native)."""
+    info = platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("model name", "flags", "Features", "CPU part")): info += line
+                if line.strip() == "": break
+    except OSError:
+        info += platform.processor()
+    return info
+
+
+@functools.cache
+def _compiler_identity(cc: str) -> str:
+    try: return subprocess.run([*cc.split(), "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError): return cc
+
+
+class CPUCompiler(Compiler):
+    flags = ["-O2", "-march=native", "-shared", "-fPIC", "-fno-math-errno", "-fno-strict-aliasing"]
+
+    def __init__(self) -> None:
+        self.cc = find_compiler()
+        assert self.cc is not None
+        ident = hashlib.sha256((_compiler_identity(self.cc) + _cpu_identity() + " ".join(self.flags)).encode())
+        super().__init__(f"cpu_{ident.hexdigest()[:16]}")
+
+    def compile(self, src: str) -> bytes:
+        with tempfile.TemporaryDirectory() as d:
+            out = os.path.join(d, "k.so")
+            proc = subprocess.run([*self.cc.split(), *self.flags, "-x", "c", "-", "-o", out, "-lm"], input=src,
+                                  capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise CompileError(f"C compile failed ({self.cc}):\n{proc.stderr}\n--- source ---\n{src}")
+            with open(out, "rb") as f: return f.read()
+
+
+class CPUProgram:
+    """A loaded kernel. Call with buffer addresses; returns the time in seconds when wait=True."""
+
+    def __init__(self, spec: ProgramSpec, lib: bytes):
+        self.name, self.spec = spec.name, spec
+        self.lib = _load_shared_object(lib)
+        try: self.fxn = getattr(self.lib, spec.name)
+        except AttributeError as e: raise CompileError(f"kernel {spec.name} missing from its compiled object") from e
+        self.fxn.argtypes = [ctypes.c_void_p] * spec.nbufs + [ctypes.c_int] * len(spec.vars)
+        self.fxn.restype = None
+
+    def __call__(self, *bufs: Any, vals: tuple[int, ...] = (), wait: bool = False) -> float | None:
+        st = time.perf_counter()
+        self.fxn(*bufs, *vals)
+        return time.perf_counter() - st if wait else None
+
+
+def _load_shared_object(lib: bytes) -> ctypes.CDLL:
+    # a fresh random file name each time: the dynamic loader returns an already-loaded library for a reused name
+    with tempfile.NamedTemporaryFile(suffix=".so", prefix="fusegrad-", delete=False) as f:
+        f.write(lib)
+    try: return ctypes.CDLL(f.name)
+    finally: os.unlink(f.name)
+
+
+class CPUAllocator(Allocator):
+    """Host memory from the C library (64-byte aligned); buffers are raw addresses."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.libc = ctypes.CDLL(None)
+        self.libc.posix_memalign.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t, ctypes.c_size_t]
+        self.libc.free.argtypes = [ctypes.c_void_p]
+
+    def _alloc(self, nbytes: int) -> int:
+        ptr = ctypes.c_void_p()
+        if self.libc.posix_memalign(ctypes.byref(ptr), 64, nbytes) != 0 or not ptr.value:
+            raise MemoryError(f"CPU allocation of {nbytes} bytes failed")
+        return ptr.value
+
+    def _free(self, opaque: int, nbytes: int) -> None:
+        self.libc.free(opaque)
+
+    def _copyin(self, dest: int, src: memoryview) -> None:
+        if src.readonly: ctypes.memmove(dest, src.tobytes(), src.nbytes)
+        else: ctypes.memmove(dest, (ctypes.c_char * src.nbytes).from_buffer(src), src.nbytes)
+
+    def _copyout(self, dest: memoryview, src: int) -> None:
+        ctypes.memmove((ctypes.c_char * dest.nbytes).from_buffer(dest), src, dest.nbytes)
+
+    def _offset(self, opaque: int, offset: int, nbytes: int) -> int:
+        return opaque + offset
+
+
+class CPUDevice(Compiled):
+    def __init__(self, device: str):
+        super().__init__(device, CPUAllocator(), ClangRenderer(), CPUCompiler(), CPUProgram)

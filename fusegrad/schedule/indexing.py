@@ -1,0 +1,180 @@
+"""Lower one kernel from the tensor graph: index propagation.
+
+Starting from the loop indices of the kernel's output (one RANGE per axis), each tensor-level node is asked for "your
+value at index (i0, i1, ...)". Movement ops rewrite the index (that is how views cost nothing), ALU ops ask their sources
+at the same index, a REDUCE_AXIS opens fresh reduce RANGEs for its reduced axes, and realized nodes become LOADs. The
+result is the kernel AST: SINK(STORE(INDEX(PARAM 0, flat index), value)).
+
+While lowering, the indexer reports reduces that must not be fused (`violations`): a reduce that would be recomputed
+inside another reduce's loop, at two different indices, or inside an output loop it doesn't depend on.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fusegrad.dtype import dtypes
+from fusegrad.helpers import prod
+from fusegrad.ir.ops import GroupOp, Ops, UOp
+from fusegrad.ir.symbolic import simplify
+
+TRUE = UOp.const(dtypes.bool, True)
+Index = tuple[UOp, ...]
+
+
+def strides_for(shape: tuple[int, ...]) -> tuple[int, ...]:
+    out, acc = [], 1
+    for s in reversed(shape):
+        out.append(acc)
+        acc *= s
+    return tuple(reversed(out))
+
+
+def flat_index(idx: Index, shape: tuple[int, ...]) -> UOp:
+    acc = UOp.const(dtypes.int32, 0)
+    for i, st, s in zip(idx, strides_for(shape), shape):
+        if s != 1: acc = acc + i * st
+    return simplify(acc)
+
+
+def unflatten(flat: UOp, shape: tuple[int, ...]) -> Index:
+    out = []
+    for j, (st, s) in enumerate(zip(strides_for(shape), shape)):
+        if s == 1: out.append(UOp.const(dtypes.int32, 0)); continue
+        e = flat // st if st != 1 else flat
+        out.append(simplify(e % s if j != 0 else e))
+    return tuple(out)
+
+
+def range_leaves(idx: Index) -> set[UOp]:
+    return {n for i in idx for n in i.toposort() if n.op is Ops.RANGE}
+
+
+@dataclass
+class KernelBuild:
+    ast: UOp
+    inputs: list[UOp]                       # tensor-level nodes loaded, in PARAM slot order (slot 0 is the output)
+    tensor_ops: list[str] = field(default_factory=list)
+
+
+class Indexer:
+    def __init__(self, root: UOp, realize_points: set[UOp]):
+        self.root, self.rp = root, realize_points
+        self.params: dict[UOp, UOp] = {}
+        self.inputs: list[UOp] = []
+        self.memo: dict[tuple[UOp, Index, UOp], UOp] = {}
+        self.n_ranges = 0
+        self.reduce_seen: dict[UOp, tuple[Index, UOp]] = {}
+        self.violations: set[UOp] = set()
+        self.ops_seen: dict[str, None] = {}
+
+    def new_range(self, size: int, kind: str) -> UOp:
+        r = UOp.range(size, self.n_ranges, kind)
+        self.n_ranges += 1
+        return r
+
+    def param(self, node: UOp) -> UOp:
+        if node not in self.params:
+            slot = len(self.params) + 1
+            self.params[node] = UOp(Ops.PARAM, node.dtype.ptr(node.size), (), slot)
+            self.inputs.append(node)
+        return self.params[node]
+
+    def build(self) -> KernelBuild:
+        shape = self.root.shape
+        assert shape is not None
+        out_idx = tuple(self.new_range(s, "global") if s != 1 else UOp.const(dtypes.int32, 0) for s in shape)
+        self.global_order = [i for i in out_idx if i.op is Ops.RANGE]
+        value_node = self.root.src[0] if self.root.op is Ops.CONTIGUOUS else self.root
+        val = self.index(value_node, out_idx, TRUE)
+        out = UOp(Ops.PARAM, self.root.dtype.ptr(prod(shape)), (), 0)
+        store = UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, self.root.dtype, (out, flat_index(out_idx, shape))), val))
+        ast = UOp(Ops.SINK, dtypes.void, (store,))
+        return KernelBuild(ast, self.inputs, list(self.ops_seen))
+
+    def index(self, x: UOp, idx: Index, valid: UOp) -> UOp:
+        key = (x, idx, valid)
+        if (ret := self.memo.get(key)) is not None: return ret
+        ret = self._index(x, idx, valid)
+        self.memo[key] = ret
+        return ret
+
+    def _load(self, node: UOp, flat: UOp, valid: UOp) -> UOp:
+        p = self.param(node)
+        srcs = (p, flat) if valid is TRUE else (p, flat, valid)
+        return UOp(Ops.LOAD, node.dtype, (UOp(Ops.INDEX, node.dtype, srcs),))
+
+    def _index(self, x: UOp, idx: Index, valid: UOp) -> UOp:
+        op = x.op
+        if op is Ops.BUFFER: return self._load(x, idx[0], valid)
+        if x in self.rp and x is not self.root:
+            assert x.shape is not None
+            return self._load(x, flat_index(idx, x.shape), valid)
+        self.ops_seen[op.name if op is not Ops.REDUCE_AXIS else f"REDUCE_AXIS({x.arg[0].name})"] = None
+        if op is Ops.CONST: return UOp.const(x.dtype, x.arg)
+        if op is Ops.IOTA: return idx[0].cast(x.dtype)
+        if op in (Ops.DETACH, Ops.CONTIGUOUS): return self.index(x.src[0], idx, valid)
+        if op in GroupOp.Movement: return self._movement(x, idx, valid)
+        if op is Ops.REDUCE_AXIS: return self._reduce(x, idx, valid)
+        if op in GroupOp.ALU or op in (Ops.CAST, Ops.BITCAST):
+            return UOp(op, x.dtype, tuple(self.index(s, idx, valid) for s in x.src), None)
+        raise RuntimeError(f"can't lower {op} inside a kernel")
+
+    def _movement(self, x: UOp, idx: Index, valid: UOp) -> UOp:
+        src = x.src[0]
+        ss, arg = src.shape, x.arg
+        assert ss is not None and x.shape is not None
+        zero = UOp.const(dtypes.int32, 0)
+        if x.op is Ops.RESHAPE:
+            new = unflatten(flat_index(idx, x.shape), ss)
+        elif x.op is Ops.PERMUTE:
+            new_l = [zero] * len(ss)
+            for i, a in enumerate(arg): new_l[a] = idx[i]
+            new = tuple(new_l)
+        elif x.op is Ops.EXPAND:
+            new = tuple(zero if s == 1 else i for i, s in zip(idx, ss))
+        elif x.op is Ops.SHRINK:
+            new = tuple(simplify(i + b) if b else i for i, (b, _) in zip(idx, arg))
+        elif x.op is Ops.FLIP:
+            new = tuple(simplify((s - 1) - i) if f else i for i, s, f in zip(idx, ss, arg))
+        else:  # PAD: outside the source's extent the value is 0 and its loads are masked off
+            conds = []
+            new_l = []
+            for i, s, (b, _) in zip(idx, ss, arg):
+                j = simplify(i - b) if b else i
+                new_l.append(j)
+                conds += [UOp.const(dtypes.int32, -1).lt(j), j.lt(s)]
+            new = tuple(new_l)
+            in_range = TRUE
+            for c in conds: in_range = in_range.logical_and(c)
+            in_range = simplify(in_range)
+            if in_range is TRUE: return self.index(src, new, valid)
+            inner = self.index(src, new, simplify(valid.logical_and(in_range)))
+            return UOp(Ops.WHERE, x.dtype, (in_range, inner, UOp.const(x.dtype, 0)))
+        return self.index(src, new, valid)
+
+    def _reduce(self, x: UOp, idx: Index, valid: UOp) -> UOp:
+        op, axes = x.arg
+        src = x.src[0]
+        assert src.shape is not None
+        leaves = range_leaves(idx + (valid,))
+        # fusing is only safe when this reduce runs once per iteration of an outer prefix of the output loops
+        if any(r.arg[1] != "global" for r in leaves) or \
+           leaves != set(self.global_order[:len(leaves)]) or \
+           (x in self.reduce_seen and self.reduce_seen[x] != (idx, valid)):
+            self.violations.add(x)
+        self.reduce_seen.setdefault(x, (idx, valid))
+        new = list(idx)
+        rngs = []
+        for a in axes:
+            r = self.new_range(src.shape[a], "reduce")
+            rngs.append(r)
+            new[a] = r
+        inner = self.index(src, tuple(new), valid)
+        return UOp(Ops.REDUCE, x.dtype, (inner, *rngs), op)
+
+
+def lower_kernel(root: UOp, realize_points: set[UOp]) -> tuple[KernelBuild, set[UOp]]:
+    """The kernel AST computing `root`, plus the reduces that must be realized first (empty when fusion is fine)."""
+    ix = Indexer(root, realize_points)
+    kb = ix.build()
+    return kb, ix.violations

@@ -1,0 +1,792 @@
+"""The Tensor frontend: a PyTorch-style lazy tensor. Every op builds tensor-level IR nodes; nothing runs until
+`realize()`, `numpy()`, `item()` or `tolist()`, which hand the graph to the scheduler (schedule/) and the engine (engine/).
+"""
+from __future__ import annotations
+
+import math
+import struct
+import weakref
+from typing import Any, Callable, ClassVar, Sequence
+
+from fusegrad import autograd
+from fusegrad.device import Buffer, Device
+from fusegrad.dtype import ConstType, DType, DTypeLike, dtypes, least_upper_dtype, least_upper_float, \
+    strong_dtype, sum_acc_dtype, to_dtype
+from fusegrad.helpers import TRAINING, all_int, argfix, make_tuple, prod
+from fusegrad.ir import build
+from fusegrad.ir.ops import Ops, UOp
+
+_buffer_ids = iter(range(1, 1 << 62))
+# BUFFER node -> its device memory; an entry lives as long as some graph references the node
+buffers: "weakref.WeakKeyDictionary[UOp, Buffer]" = weakref.WeakKeyDictionary()
+# a lazy node that was computed -> the node of its buffer, so no graph computes it twice
+realized: "weakref.WeakKeyDictionary[UOp, UOp]" = weakref.WeakKeyDictionary()
+# tensors whose .grad backward() fills
+_grad_tensors: "weakref.WeakSet[Tensor]" = weakref.WeakSet()
+
+
+def buffer_uop(buf: Buffer) -> UOp:
+    """A new BUFFER node backed by `buf`."""
+    u = UOp(Ops.BUFFER, buf.dtype, (UOp(Ops.DEVICE, arg=buf.device),), (next(_buffer_ids), buf.size))
+    buffers[u] = buf
+    return u
+
+
+def _flatten_list(data: Any) -> tuple[list[Any], tuple[int, ...]]:
+    """Nested Python lists -> (flat values, shape); ragged lists raise ValueError."""
+    if not isinstance(data, (list, tuple)): return [data], ()
+    if len(data) == 0: return [], (0,)
+    parts = [_flatten_list(d) for d in data]
+    shape = parts[0][1]
+    if any(p[1] != shape for p in parts):
+        raise ValueError(f"expected a rectangular nested list, got sub-shapes {sorted({p[1] for p in parts})}")
+    return [v for p in parts for v in p[0]], (len(data),) + shape
+
+
+def _pack(values: list[Any], dtype: DType) -> bytes:
+    if dtype == dtypes.bfloat16:
+        from fusegrad.dtype import float_to_bf16_bits
+        return struct.pack(f"{len(values)}H", *(float_to_bf16_bits(float(v)) for v in values))
+    assert dtype.fmt is not None
+    return struct.pack(f"{len(values)}{dtype.fmt}", *(dtypes.as_const(v, dtype) for v in values))
+
+
+def _unpack(data: bytes, dtype: DType) -> list[Any]:
+    if dtype == dtypes.bfloat16:
+        from fusegrad.dtype import bf16_to_float
+        return [bf16_to_float(v) for v in struct.unpack(f"{len(data) // 2}H", data)]
+    assert dtype.fmt is not None
+    return list(struct.unpack(f"{len(data) // dtype.itemsize}{dtype.fmt}", data))
+
+
+def _broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
+    n = max(len(s) for s in shapes)
+    padded = [(1,) * (n - len(s)) + s for s in shapes]
+    out = []
+    for i, dims in enumerate(zip(*padded)):
+        non1 = {d for d in dims if d != 1}
+        if len(non1) > 1:
+            a, b = [d for d in dims if d != 1][:2]
+            raise RuntimeError(f"The size of tensor a ({a}) must match the size of tensor b ({b}) at non-singleton "
+                               f"dimension {i}: shapes {' and '.join(str(s) for s in shapes)} can't broadcast")
+        out.append(non1.pop() if non1 else 1)
+    return tuple(out)
+
+
+class Tensor:
+    """A lazy n-dimensional array with autograd.
+
+    >>> (Tensor([1.0, 2.0]) * 3).tolist()
+    [3.0, 6.0]
+    """
+    __slots__ = ("uop", "grad", "requires_grad", "_grad_uop", "is_param", "__weakref__")
+    training: ClassVar[bool] = False
+    no_grad: ClassVar[bool] = False
+    _seed: ClassVar[int] = 0
+    _rng_counter: ClassVar[int] = 0
+
+    def __init__(self, data: Any, device: str | None = None, dtype: DTypeLike | None = None,
+                 requires_grad: bool | None = None):
+        dt = to_dtype(dtype) if dtype is not None else None
+        dev = Device.canonicalize(device)
+        if isinstance(data, UOp):
+            self.uop = data
+        elif data is None or isinstance(data, (int, float, bool)):
+            d = dt or dtypes.from_py(0.0 if data is None else data)
+            self.uop = build.const(0.0 if data is None else data, d, dev)
+        elif isinstance(data, bytes):
+            self.uop = self._from_bytes(data, dt or dtypes.uint8, (len(data) // (dt or dtypes.uint8).itemsize,), dev)
+        elif isinstance(data, (list, tuple)):
+            flat, shape = _flatten_list(data)
+            d = dt or (dtypes.from_py(flat) if flat else dtypes.default_float)
+            for v in flat:
+                if not isinstance(v, (int, float, bool)) and not hasattr(v, "item"):
+                    raise TypeError(f"can't make a Tensor from a list containing {type(v).__name__}")
+            self.uop = self._from_bytes(_pack(flat, d), d, shape, dev)
+        elif type(data).__module__ == "numpy" and hasattr(data, "shape"):
+            import numpy as np
+            from fusegrad.dtype import from_np_dtype, to_np_dtype
+            arr = np.asarray(data)
+            d = dt or from_np_dtype(arr.dtype)
+            arr = np.ascontiguousarray(arr.astype(to_np_dtype(d)) if d != dtypes.bfloat16 else arr)
+            self.uop = self._from_bytes(arr.tobytes(), d, arr.shape, dev)
+        else:
+            raise TypeError(f"can't create a Tensor from {type(data).__name__}")
+        if dt is not None and self.uop.dtype != dt: self.uop = build.cast(self.uop, dt)
+        self.grad: Tensor | None = None
+        self.requires_grad: bool | None = requires_grad
+        self._grad_uop: UOp | None = None
+        self.is_param = False
+        if requires_grad: _grad_tensors.add(self)
+
+    @staticmethod
+    def _from_bytes(data: bytes, dtype: DType, shape: tuple[int, ...], device: str) -> UOp:
+        n = prod(shape)
+        if len(data) != n * dtype.itemsize: raise ValueError(f"{len(data)} bytes don't make {n} elements of {dtype}")
+        buf = Buffer(device, n, dtype).copyin(data)
+        return build.reshape(buffer_uop(buf), shape)
+
+    @staticmethod
+    def _wrap(u: UOp, *parents: "Tensor") -> "Tensor":
+        t = Tensor.__new__(Tensor)
+        t.uop, t.grad, t._grad_uop, t.is_param = u, None, None, False
+        t.requires_grad = True if not Tensor.no_grad and any(p.requires_grad for p in parents) else None
+        return t
+
+    # ----- properties -----
+    @property
+    def shape(self) -> tuple[int, ...]:
+        s = self.uop.shape
+        assert s is not None
+        return s
+
+    @property
+    def dtype(self) -> DType: return self.uop.dtype
+
+    @property
+    def device(self) -> str:
+        d = self.uop.device
+        assert d is not None
+        return d
+
+    @property
+    def ndim(self) -> int: return len(self.shape)
+
+    def numel(self) -> int: return prod(self.shape)
+    def element_size(self) -> int: return self.dtype.itemsize
+    def nbytes(self) -> int: return self.numel() * self.element_size()
+    def is_floating_point(self) -> bool: return dtypes.is_float(self.dtype)
+
+    def size(self, dim: int | None = None) -> int | tuple[int, ...]:
+        return self.shape if dim is None else self.shape[self._axis(dim)]
+
+    def __len__(self) -> int:
+        if not self.shape: raise TypeError("len() of a 0-d tensor")
+        return self.shape[0]
+
+    def __bool__(self) -> bool:
+        raise TypeError("the truth value of a Tensor is ambiguous; use .item(), .any() or .all()")
+
+    def __hash__(self) -> int: return id(self)
+
+    def __repr__(self) -> str:
+        return f"<Tensor {self.uop.op.name} {self.shape} {self.dtype} on {self.device} with grad " \
+               f"{self.grad.uop.op.name if self.grad is not None else None}>"
+
+    def requires_grad_(self, requires_grad: bool = True) -> "Tensor":
+        self.requires_grad = requires_grad
+        if requires_grad: _grad_tensors.add(self)
+        else: _grad_tensors.discard(self)
+        return self
+
+    # ----- realize and data access -----
+    def schedule(self, *lst: "Tensor") -> list[Any]:
+        """The kernels realize() would run, without running them."""
+        from fusegrad.schedule import create_schedule
+        return create_schedule([t.uop for t in (self,) + lst])[0]
+
+    def realize(self, *lst: "Tensor") -> "Tensor":
+        """Compute this tensor (and `lst`) now; later uses read the stored result."""
+        Tensor._realize_all([self, *lst])
+        return self
+
+    @staticmethod
+    def _realize_all(tensors: Sequence["Tensor"]) -> None:
+        from fusegrad.engine.realize import run_schedule
+        from fusegrad.schedule import create_schedule
+        todo = [t for t in tensors if not _is_realized(t.uop)]
+        if not todo: return
+        sched, results = create_schedule([t.uop for t in todo])
+        run_schedule(sched)
+        for t in todo:
+            new = results[t.uop]
+            if t.requires_grad and t._grad_uop is None: t._grad_uop = t.uop
+            realized[t.uop] = new
+            t.uop = new
+
+    def _buffer(self) -> Buffer:
+        """The realized, contiguous buffer holding this tensor's data."""
+        t = self if _is_contiguous_buffer(self.uop) else self.contiguous()
+        t.realize()
+        if not _is_contiguous_buffer(t.uop): t = Tensor._wrap(UOp(Ops.CONTIGUOUS, t.dtype, (t.uop,))).realize()
+        return buffers[t.uop.base]
+
+    def data(self) -> memoryview:
+        buf = self._buffer()
+        mv = memoryview(buf.as_bytes())
+        if self.dtype.fmt is None: return mv
+        return mv.cast(self.dtype.fmt, self.shape) if self.shape and 0 not in self.shape else mv.cast(self.dtype.fmt)
+
+    def numpy(self) -> Any:
+        """A NumPy copy of the data."""
+        import numpy as np
+        from fusegrad.dtype import to_np_dtype
+        if self.dtype == dtypes.bfloat16: return self.float().numpy()
+        out = np.empty(self.shape, dtype=to_np_dtype(self.dtype))
+        if out.size: self._buffer().copyout(memoryview(out.reshape(-1).view(np.uint8)))
+        return out
+
+    def tolist(self) -> Any:
+        vals = _unpack(self._buffer().as_bytes(), self.dtype) if self.numel() else []
+        if dtypes.is_bool(self.dtype): vals = [bool(v) for v in vals]
+        if not self.shape: return vals[0]
+
+        def nest(flat: list[Any], shape: tuple[int, ...]) -> list[Any]:
+            if len(shape) == 1: return flat
+            step = prod(shape[1:])
+            return [nest(flat[i * step:(i + 1) * step], shape[1:]) for i in range(shape[0])]
+        return nest(vals, self.shape)
+
+    def item(self) -> ConstType:
+        if self.numel() != 1:
+            raise RuntimeError(f"a Tensor with {self.numel()} elements cannot be converted to a Python scalar")
+        return self.reshape(()).tolist()
+
+    def contiguous(self) -> "Tensor":
+        """A tensor whose data is materialized in row-major order (a realize point for the scheduler)."""
+        if _is_contiguous_buffer(self.uop): return self
+        return Tensor._wrap(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)), self)
+
+    def detach(self) -> "Tensor":
+        return Tensor._wrap(UOp(Ops.DETACH, self.dtype, (self.uop,)))
+
+    def to(self, device: str | None) -> "Tensor":
+        device = Device.canonicalize(device)
+        if device == self.device: return self
+        return Tensor._wrap(UOp(Ops.COPY, self.dtype, (self.uop,), device), self)
+
+    def clone(self, device: str | None = None) -> "Tensor":
+        return self.to(device) if device is not None and Device.canonicalize(device) != self.device \
+            else Tensor._wrap(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)), self)
+
+    # ----- creation -----
+    @staticmethod
+    def _shape_arg(shape: tuple[Any, ...]) -> tuple[int, ...]:
+        s = argfix(*shape)
+        if not all_int(s) or any(x < 0 for x in s): raise ValueError(f"invalid shape {s}")
+        return tuple(s)
+
+    @classmethod
+    def empty(cls, *shape: Any, device: str | None = None, dtype: DTypeLike | None = None) -> "Tensor":
+        s = cls._shape_arg(shape)
+        dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
+        return Tensor(build.reshape(buffer_uop(Buffer(Device.canonicalize(device), prod(s), dt)), s))
+
+    @classmethod
+    def full(cls, shape: tuple[int, ...] | int, fill_value: ConstType, dtype: DTypeLike | None = None,
+             device: str | None = None, requires_grad: bool | None = None) -> "Tensor":
+        s = cls._shape_arg((shape,) if isinstance(shape, int) else tuple(shape))
+        dt = to_dtype(dtype) if dtype is not None else dtypes.from_py(fill_value)
+        return Tensor(build.const(fill_value, dt, Device.canonicalize(device), s), requires_grad=requires_grad)
+
+    @classmethod
+    def zeros(cls, *shape: Any, **kwargs: Any) -> "Tensor":
+        return cls.full(cls._shape_arg(shape), 0.0, **{"dtype": dtypes.default_float, **kwargs})
+
+    @classmethod
+    def ones(cls, *shape: Any, **kwargs: Any) -> "Tensor":
+        return cls.full(cls._shape_arg(shape), 1.0, **{"dtype": dtypes.default_float, **kwargs})
+
+    def full_like(self, fill_value: ConstType, **kwargs: Any) -> "Tensor":
+        return Tensor.full(self.shape, fill_value, **{"dtype": self.dtype, "device": self.device, **kwargs})
+
+    def zeros_like(self, **kwargs: Any) -> "Tensor": return self.full_like(0, **kwargs)
+    def ones_like(self, **kwargs: Any) -> "Tensor": return self.full_like(1, **kwargs)
+
+    @classmethod
+    def arange(cls, start: int | float, stop: int | float | None = None, step: int | float = 1,
+               dtype: DTypeLike | None = None, device: str | None = None) -> "Tensor":
+        """Values start, start+step, ... < stop (like torch.arange)."""
+        if stop is None: start, stop = 0, start
+        if step == 0: raise ValueError("arange step must be nonzero")
+        dt = to_dtype(dtype) if dtype is not None else dtypes.from_py([start, stop, step])
+        n = max(math.ceil((stop - start) / step), 0)
+        dev = Device.canonicalize(device)
+        iota = UOp(Ops.IOTA, dt, (UOp(Ops.DEVICE, arg=dev),), n)
+        return Tensor(iota) * step + start if (step, start) != (1, 0) else Tensor(iota)
+
+    @classmethod
+    def eye(cls, n: int, m: int | None = None, dtype: DTypeLike | None = None, device: str | None = None,
+            requires_grad: bool | None = None) -> "Tensor":
+        m = n if m is None else m
+        if n < 0 or m < 0: raise ValueError(f"eye of negative size {(n, m)}")
+        rows = Tensor.arange(n, device=device).reshape(n, 1)
+        cols = Tensor.arange(m, device=device).reshape(1, m)
+        out = (rows == cols).cast(to_dtype(dtype) if dtype is not None else dtypes.default_float)
+        return Tensor(out.uop, requires_grad=requires_grad)
+
+    @staticmethod
+    def manual_seed(seed: int = 0) -> None:
+        """Seed the counter-based RNG: the same seed gives the same numbers on every backend."""
+        Tensor._seed, Tensor._rng_counter = int(seed), 0
+
+    @classmethod
+    def _random_bits(cls, n: int, device: str) -> "Tensor":
+        """n uint32 values from a counter-based hash of (seed, counter): no state lives on the device."""
+        base = Tensor._rng_counter
+        Tensor._rng_counter += n
+        key = Tensor([base & 0xFFFFFFFF, (Tensor._seed ^ (base >> 32) * 0x9E3779B9) & 0xFFFFFFFF], dtype=dtypes.uint32,
+                     device=device)
+        ctr = Tensor(UOp(Ops.IOTA, dtypes.uint32, (UOp(Ops.DEVICE, arg=device),), n)) + key[0:1].expand(n)
+        x = _mix32(ctr ^ _mix32(key[1:2].expand(n) + 0x632BE5AB))
+        return _mix32(x + 0x85157AF5)
+
+    @classmethod
+    def rand(cls, *shape: Any, device: str | None = None, dtype: DTypeLike | None = None,
+             requires_grad: bool | None = None) -> "Tensor":
+        """Uniform samples in [0, 1)."""
+        s = cls._shape_arg(shape)
+        dev = Device.canonicalize(device)
+        bits = cls._random_bits(prod(s), dev)
+        out = (bits >> 8).cast(dtypes.float32) * (2.0 ** -24)
+        dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
+        return Tensor(out.reshape(s).cast(dt).uop, requires_grad=requires_grad)
+
+    @classmethod
+    def randn(cls, *shape: Any, device: str | None = None, dtype: DTypeLike | None = None,
+              requires_grad: bool | None = None) -> "Tensor":
+        """Standard normal samples (Box-Muller on two uniform draws)."""
+        s = cls._shape_arg(shape)
+        u = Tensor.rand(2, prod(s), device=device)
+        r = (-2.0 * (1.0 - u[0:1]).log()).sqrt()
+        z = r * (u[1:2] * (2 * math.pi)).cos()
+        dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
+        return Tensor(z.reshape(s).cast(dt).uop, requires_grad=requires_grad)
+
+    # ----- internal helpers -----
+    def _axis(self, axis: int, ndim: int | None = None) -> int:
+        n = self.ndim if ndim is None else ndim
+        lo, hi = (-max(n, 1), max(n, 1) - 1)
+        if not isinstance(axis, int) or not lo <= axis <= hi:
+            raise IndexError(f"Dimension out of range (expected to be in range of [{lo}, {hi}], but got {axis})")
+        return axis + n if axis < 0 else axis
+
+    def _const(self, val: ConstType, dtype: DType | None = None, shape: tuple[int, ...] | None = None) -> UOp:
+        return build.const(val, dtype or self.dtype, self.device, self.shape if shape is None else shape)
+
+    def _apply(self, fn: Callable[..., UOp], *others: "Tensor") -> "Tensor":
+        return Tensor._wrap(fn(self.uop, *[o.uop for o in others]), self, *others)
+
+    def _broadcasted(self, y: "Tensor | ConstType", reverse: bool = False,
+                     match_dtype: bool = True) -> tuple["Tensor", "Tensor"]:
+        """Both operands broadcast to one shape and (if match_dtype) promoted to one dtype; scalars are weak."""
+        x = self
+        if not isinstance(y, Tensor):
+            if not isinstance(y, (int, float, bool)): raise TypeError(f"unsupported operand type {type(y).__name__}")
+            weak = dtypes.weakfloat if isinstance(y, float) else dtypes.bool if isinstance(y, bool) else dtypes.weakint
+            dt = strong_dtype(least_upper_dtype(x.dtype, weak)) if match_dtype else dtypes.from_py(y)
+            if isinstance(y, bool) and match_dtype: dt = x.dtype
+            yt = Tensor._wrap(build.const(y, dt, x.device))
+        else:
+            yt = y
+            if yt.device != x.device:
+                raise RuntimeError(f"Expected all tensors to be on the same device, but found {x.device} and {yt.device}")
+        if match_dtype:
+            dt = least_upper_dtype(x.dtype, yt.dtype)
+            x, yt = x.cast(dt), yt.cast(dt)
+        if reverse: x, yt = yt, x
+        shape = _broadcast_shape(x.shape, yt.shape)
+        return x._broadcast_to(shape), yt._broadcast_to(shape)
+
+    def _broadcast_to(self, shape: tuple[int, ...]) -> "Tensor":
+        if self.shape == shape: return self
+        x = self.reshape((1,) * (len(shape) - self.ndim) + self.shape) if self.ndim < len(shape) else self
+        return x.expand(shape)
+
+    def _alu(self, op: Ops, *others: "Tensor") -> "Tensor":
+        return self._apply(lambda *us: build.alu(op, *us), *others)
+
+    # ----- movement (views) -----
+    def reshape(self, shape: Any, *args: int) -> "Tensor":
+        """A view with a new shape; one dimension may be -1."""
+        new = argfix(shape, *args)
+        if any(not isinstance(s, int) for s in new): raise TypeError(f"reshape takes ints, got {new}")
+        if new.count(-1) > 1: raise RuntimeError("only one dimension can be inferred")
+        if -1 in new:
+            rest = prod(s for s in new if s != -1)
+            if rest == 0 or self.numel() % rest:
+                raise RuntimeError(f"shape '{list(new)}' is invalid for input of size {self.numel()}")
+            new = tuple(self.numel() // rest if s == -1 else s for s in new)
+        if any(s < 0 for s in new) or prod(new) != self.numel():
+            raise RuntimeError(f"shape '{list(new)}' is invalid for input of size {self.numel()} (shape {self.shape})")
+        return self._apply(lambda u: build.reshape(u, new))
+
+    def view(self, shape: Any, *args: int) -> "Tensor": return self.reshape(shape, *args)
+
+    def permute(self, order: Any, *args: int) -> "Tensor":
+        o = argfix(order, *args)
+        if len(o) != self.ndim:
+            raise RuntimeError(f"permute: number of dims don't match: order {o} for shape {self.shape}")
+        o = tuple(self._axis(a) for a in o)
+        if sorted(o) != list(range(self.ndim)): raise RuntimeError(f"permute: repeated dim in order {o}")
+        return self._apply(lambda u: build.permute(u, o))
+
+    def expand(self, shape: Any, *args: int) -> "Tensor":
+        new = argfix(shape, *args)
+        if len(new) < self.ndim:
+            raise RuntimeError(f"expand: the number of sizes provided ({len(new)}) must be greater or equal to the "
+                               f"number of dimensions in the tensor ({self.ndim}), shape {self.shape}")
+        old = (1,) * (len(new) - self.ndim) + self.shape
+        new = tuple(o if n == -1 else n for o, n in zip(old, new))
+        for o, n in zip(old, new):
+            if o != n and o != 1:
+                raise RuntimeError(f"The expanded size of the tensor ({n}) must match the existing size ({o}) at "
+                                   f"non-singleton dimension: shape {self.shape} to {new}")
+        return self.reshape(old)._apply(lambda u: build.expand(u, new)) if old != self.shape else \
+            self._apply(lambda u: build.expand(u, new))
+
+    def pad(self, padding: Sequence[int] | Sequence[tuple[int, int] | None], value: float = 0.0) -> "Tensor":
+        """Pad with `value`. `padding` is per-axis (before, after) pairs, or torch's flat form from the last axis."""
+        if all(isinstance(p, int) for p in padding):
+            flat = list(padding)
+            if len(flat) % 2 or len(flat) // 2 > self.ndim: raise ValueError(f"bad padding {padding} for {self.shape}")
+            pairs = [(0, 0)] * self.ndim
+            for i in range(len(flat) // 2): pairs[self.ndim - 1 - i] = (flat[2 * i], flat[2 * i + 1])
+        else:
+            if len(padding) != self.ndim: raise ValueError(f"padding {padding} needs one entry per axis of {self.shape}")
+            pairs = [(0, 0) if p is None else tuple(p) for p in padding]  # type: ignore[misc]
+        if any(b < 0 or a < 0 for b, a in pairs):  # negative padding crops
+            x = self.shrink([(-min(b, 0), s + min(a, 0)) for (b, a), s in zip(pairs, self.shape)])
+            return x.pad([(max(b, 0), max(a, 0)) for b, a in pairs], value)
+        out = self._apply(lambda u: build.pad(u, pairs))
+        if value == 0: return out
+        mask = Tensor.ones(self.shape, dtype=dtypes.bool, device=self.device)._apply(lambda u: build.pad(u, pairs))
+        return mask.where(out, value)
+
+    def shrink(self, arg: Sequence[tuple[int, int] | None]) -> "Tensor":
+        if len(arg) != self.ndim: raise ValueError(f"shrink {arg} needs one entry per axis of {self.shape}")
+        a = [(0, s) if x is None else x for x, s in zip(arg, self.shape)]
+        for (b, e), s in zip(a, self.shape):
+            if not 0 <= b <= e <= s: raise IndexError(f"shrink {arg} out of bounds for shape {self.shape}")
+        return self._apply(lambda u: build.shrink(u, a))
+
+    def flip(self, axis: Any, *args: int) -> "Tensor":
+        axes = {self._axis(a) for a in argfix(axis, *args)}
+        return self._apply(lambda u: build.flip(u, [i in axes for i in range(self.ndim)]))
+
+    def transpose(self, dim0: int = 1, dim1: int = 0) -> "Tensor":
+        order = list(range(self.ndim))
+        d0, d1 = self._axis(dim0), self._axis(dim1)
+        order[d0], order[d1] = order[d1], order[d0]
+        return self.permute(order)
+
+    @property
+    def T(self) -> "Tensor":
+        return self.permute(list(range(self.ndim))[::-1])
+
+    def flatten(self, start_dim: int = 0, end_dim: int = -1) -> "Tensor":
+        if self.ndim == 0: return self.reshape(1)
+        s, e = self._axis(start_dim), self._axis(end_dim)
+        return self.reshape(self.shape[:s] + (prod(self.shape[s:e + 1]),) + self.shape[e + 1:])
+
+    def unsqueeze(self, dim: int) -> "Tensor":
+        d = self._axis(dim, self.ndim + 1)
+        return self.reshape(self.shape[:d] + (1,) + self.shape[d:])
+
+    def squeeze(self, dim: int | None = None) -> "Tensor":
+        if dim is None: return self.reshape(tuple(s for s in self.shape if s != 1))
+        d = self._axis(dim)
+        return self if self.shape[d] != 1 else self.reshape(self.shape[:d] + self.shape[d + 1:])
+
+    def __getitem__(self, idx: Any) -> "Tensor":
+        """Basic indexing with ints, slices (positive steps) and None; advanced indexing is in the next slice."""
+        idx = idx if isinstance(idx, tuple) else (idx,)
+        if any(i is Ellipsis for i in idx):
+            k = idx.index(Ellipsis)
+            fill = self.ndim - (len(idx) - 1 - sum(i is None for i in idx))
+            idx = idx[:k] + (slice(None),) * fill + idx[k + 1:]
+        real = [i for i in idx if i is not None]
+        if len(real) > self.ndim: raise IndexError(f"too many indices for tensor of dimension {self.ndim}")
+        real += [slice(None)] * (self.ndim - len(real))
+        bounds, flips, squeeze, steps = [], [], [], []
+        for ax, (i, s) in enumerate(zip(real, self.shape)):
+            if isinstance(i, int):
+                if not -s <= i < s: raise IndexError(f"index {i} is out of bounds for dimension {ax} with size {s}")
+                i = i + s if i < 0 else i
+                bounds.append((i, i + 1)); squeeze.append(ax); steps.append(1); flips.append(False)
+            elif isinstance(i, slice):
+                start, stop, step = i.indices(s)
+                if step < 0:
+                    n = len(range(start, stop, step))
+                    lo = start + (n - 1) * step if n else 0
+                    bounds.append((lo, lo + (n - 1) * -step + 1) if n else (0, 0)); flips.append(True); steps.append(-step)
+                else:
+                    n = len(range(start, stop, step))
+                    bounds.append((start, start + (n - 1) * step + 1) if n else (0, 0)); flips.append(False)
+                    steps.append(step)
+            else:
+                raise TypeError(f"unsupported index type {type(i).__name__} (advanced indexing comes with the Tensor API)")
+        x = self.shrink(bounds)
+        if any(flips): x = x.flip([a for a, f in enumerate(flips) if f])
+        if any(st != 1 for st in steps):  # stride by padding to a multiple of the step, reshaping and taking index 0
+            new_shape = []
+            for s, st in zip(x.shape, steps):
+                n = -(-s // st)
+                new_shape.append(n)
+            padded = x.pad([(0, n * st - s) for s, st, n in zip(x.shape, steps, new_shape)])
+            x = padded.reshape(tuple(v for n, st in zip(new_shape, steps) for v in (n, st)))
+            x = x.shrink([p for n, _ in zip(new_shape, steps) for p in ((0, n), (0, 1))])
+            x = x.reshape(new_shape)
+        shape = [s for a, s in enumerate(x.shape) if a not in squeeze]
+        # put back the None axes
+        out_shape, k = [], 0
+        for i in idx:
+            if i is None: out_shape.append(1)
+            elif isinstance(i, int): continue
+            else:
+                out_shape.append(shape[k]); k += 1
+        out_shape += shape[k:]
+        return x.reshape(out_shape)
+
+    # ----- elementwise -----
+    def cast(self, dtype: DTypeLike) -> "Tensor":
+        dt = to_dtype(dtype)
+        return self if self.dtype == dt else self._apply(lambda u: build.cast(u, dt))
+
+    def float(self) -> "Tensor": return self.cast(dtypes.float32)
+    def half(self) -> "Tensor": return self.cast(dtypes.float16)
+    def int(self) -> "Tensor": return self.cast(dtypes.int32)
+    def long(self) -> "Tensor": return self.cast(dtypes.int64)
+    def bool(self) -> "Tensor": return self.cast(dtypes.bool)
+    def double(self) -> "Tensor": return self.cast(dtypes.float64)
+
+    def _float_or_self(self) -> "Tensor":
+        return self.cast(least_upper_float(self.dtype)) if not dtypes.is_float(self.dtype) else self
+
+    def add(self, x: "Tensor | ConstType", reverse: bool = False) -> "Tensor":
+        a, b = self._broadcasted(x, reverse)
+        return a._alu(Ops.ADD, b)
+
+    def sub(self, x: "Tensor | ConstType", reverse: bool = False) -> "Tensor":
+        a, b = self._broadcasted(x, reverse)
+        if dtypes.is_bool(a.dtype): raise TypeError("subtraction of bool tensors is not supported; use logical ops")
+        return a._alu(Ops.ADD, b.neg())
+
+    def mul(self, x: "Tensor | ConstType", reverse: bool = False) -> "Tensor":
+        a, b = self._broadcasted(x, reverse)
+        return a._alu(Ops.MUL, b)
+
+    def div(self, x: "Tensor | ConstType", reverse: bool = False) -> "Tensor":
+        """True division (ints promote to float), like torch's `/`."""
+        a, b = self._broadcasted(x, reverse)
+        a, b = a._float_or_self(), b._float_or_self()
+        return a._alu(Ops.MUL, b.reciprocal())
+
+    def floordiv(self, x: "Tensor | ConstType", reverse: bool = False) -> "Tensor":
+        a, b = self._broadcasted(x, reverse)
+        if dtypes.is_float(a.dtype): return (a / b).floor()
+        q = a._alu(Ops.IDIV, b)  # truncates; step down when the signs differ and there is a remainder
+        fix = ((a._alu(Ops.MOD, b) != 0) & ((a < 0) != (b < 0))).cast(q.dtype)
+        return q - fix
+
+    def neg(self) -> "Tensor":
+        if dtypes.is_bool(self.dtype): raise TypeError("negation of a bool tensor is not supported; use logical_not")
+        return self * -1 if dtypes.is_int(self.dtype) else self._alu(Ops.NEG)
+
+    def reciprocal(self) -> "Tensor": return self._float_or_self()._alu(Ops.RECIPROCAL)
+    def sqrt(self) -> "Tensor": return self._float_or_self()._alu(Ops.SQRT)
+    def rsqrt(self) -> "Tensor": return self.sqrt().reciprocal()
+    def exp2(self) -> "Tensor": return self._float_or_self()._alu(Ops.EXP2)
+    def log2(self) -> "Tensor": return self._float_or_self()._alu(Ops.LOG2)
+    def exp(self) -> "Tensor": return (self._float_or_self() * (1 / math.log(2))).exp2()
+    def log(self) -> "Tensor": return self.log2() * math.log(2)
+    def sin(self) -> "Tensor": return self._float_or_self()._alu(Ops.SIN)
+    def cos(self) -> "Tensor": return ((math.pi / 2) - self._float_or_self()).sin()
+    def square(self) -> "Tensor": return self * self
+    def trunc(self) -> "Tensor": return self._alu(Ops.TRUNC) if dtypes.is_float(self.dtype) else self
+
+    def floor(self) -> "Tensor":
+        if not dtypes.is_float(self.dtype): return self
+        t = self.trunc()
+        return t - ((self < t).cast(self.dtype))
+
+    def relu(self) -> "Tensor": return (self > 0).where(self, 0)
+
+    def sigmoid(self) -> "Tensor":
+        return (1 + (-self._float_or_self()).exp()).reciprocal()
+
+    def tanh(self) -> "Tensor":
+        return 2.0 * (2.0 * self._float_or_self()).sigmoid() - 1.0
+
+    def abs(self) -> "Tensor": return self.relu() + (-self).relu() if not dtypes.is_unsigned(self.dtype) else self
+
+    def maximum(self, x: "Tensor | ConstType") -> "Tensor":
+        a, b = self._broadcasted(x)
+        if dtypes.is_bool(a.dtype): return a | b
+        return a._alu(Ops.MAX, b)
+
+    def minimum(self, x: "Tensor | ConstType") -> "Tensor":
+        a, b = self._broadcasted(x)
+        if dtypes.is_bool(a.dtype): return a & b
+        return -((-a).maximum(-b)) if not dtypes.is_unsigned(a.dtype) else (a < b).where(a, b)
+
+    def where(self, x: "Tensor | ConstType", y: "Tensor | ConstType") -> "Tensor":
+        """`x` where self is true, else `y` (self is cast to bool)."""
+        if isinstance(x, Tensor): xb, yb = x._broadcasted(y)
+        elif isinstance(y, Tensor): yb, xb = y._broadcasted(x)
+        else:
+            dt = dtypes.from_py(x) if type(x) is type(y) else least_upper_dtype(dtypes.from_py(x), dtypes.from_py(y))
+            xb, yb = Tensor(x, device=self.device, dtype=dt), Tensor(y, device=self.device, dtype=dt)
+        cond, xb = self.cast(dtypes.bool)._broadcasted(xb, match_dtype=False)
+        cond, yb = cond._broadcasted(yb, match_dtype=False)
+        xb, yb = xb._broadcast_to(cond.shape), yb._broadcast_to(cond.shape)
+        return cond._alu(Ops.WHERE, xb, yb)
+
+    # comparisons return bool tensors
+    def __lt__(self, x: "Tensor | ConstType") -> "Tensor": return Tensor._cmp(*self._broadcasted(x), Ops.CMPLT)
+    def __gt__(self, x: "Tensor | ConstType") -> "Tensor": return Tensor._cmp(*self._broadcasted(x, True), Ops.CMPLT)
+    def __ge__(self, x: "Tensor | ConstType") -> "Tensor": return (self < x).logical_not()
+    def __le__(self, x: "Tensor | ConstType") -> "Tensor": return (self > x).logical_not()
+    def __ne__(self, x: "Tensor | ConstType") -> "Tensor": return Tensor._cmp(*self._broadcasted(x), Ops.CMPNE)  # type: ignore[override]
+    def __eq__(self, x: "Tensor | ConstType") -> "Tensor": return (self != x).logical_not()  # type: ignore[override]
+    def eq(self, x: "Tensor | ConstType") -> "Tensor": return self == x
+    def ne(self, x: "Tensor | ConstType") -> "Tensor": return self != x
+
+    @staticmethod
+    def _cmp(a: "Tensor", b: "Tensor", op: Ops) -> "Tensor":
+        return a._alu(op, b)
+
+    def logical_not(self) -> "Tensor":
+        return self.cast(dtypes.bool)._alu(Ops.CMPNE, Tensor._wrap(self._const(True, dtypes.bool)))
+
+    def _bitwise(self, x: "Tensor | ConstType", op: Ops, reverse: bool = False) -> "Tensor":
+        a, b = self._broadcasted(x, reverse)
+        if dtypes.is_float(a.dtype): raise TypeError(f"bitwise op {op.name} needs int or bool tensors, got {a.dtype}")
+        return a._alu(op, b)
+
+    def __and__(self, x: "Tensor | ConstType") -> "Tensor": return self._bitwise(x, Ops.AND)
+    def __or__(self, x: "Tensor | ConstType") -> "Tensor": return self._bitwise(x, Ops.OR)
+    def __xor__(self, x: "Tensor | ConstType") -> "Tensor": return self._bitwise(x, Ops.XOR)
+    def __lshift__(self, x: int) -> "Tensor": return self._bitwise(x, Ops.SHL)
+    def __rshift__(self, x: int) -> "Tensor": return self._bitwise(x, Ops.SHR)
+
+    def __add__(self, x: "Tensor | ConstType") -> "Tensor": return self.add(x)
+    def __radd__(self, x: "Tensor | ConstType") -> "Tensor": return self.add(x, True)
+    def __sub__(self, x: "Tensor | ConstType") -> "Tensor": return self.sub(x)
+    def __rsub__(self, x: "Tensor | ConstType") -> "Tensor": return self.sub(x, True)
+    def __mul__(self, x: "Tensor | ConstType") -> "Tensor": return self.mul(x)
+    def __rmul__(self, x: "Tensor | ConstType") -> "Tensor": return self.mul(x, True)
+    def __truediv__(self, x: "Tensor | ConstType") -> "Tensor": return self.div(x)
+    def __rtruediv__(self, x: "Tensor | ConstType") -> "Tensor": return self.div(x, True)
+    def __floordiv__(self, x: "Tensor | ConstType") -> "Tensor": return self.floordiv(x)
+    def __rfloordiv__(self, x: "Tensor | ConstType") -> "Tensor": return self.floordiv(x, True)
+    def __neg__(self) -> "Tensor": return self.neg()
+    def __matmul__(self, x: "Tensor") -> "Tensor": return self.matmul(x)
+    def __rmatmul__(self, x: "Tensor") -> "Tensor": return x.matmul(self)
+
+    # ----- reductions -----
+    def _reduce(self, op: Ops, axis: int | Sequence[int] | None, keepdim: bool) -> "Tensor":
+        axes = tuple(range(self.ndim)) if axis is None else \
+            tuple(self._axis(a) for a in ((axis,) if isinstance(axis, int) else axis))
+        if self.ndim == 0: axes = ()
+        if op is Ops.MAX and any(self.shape[a] == 0 for a in axes):
+            raise RuntimeError(f"max/min of an empty dimension: shape {self.shape}, axes {axes}")
+        out = self._apply(lambda u: build.reduce_axis(u, op, axes)) if any(self.shape[a] != 1 for a in axes) else self
+        if op is Ops.ADD and any(self.shape[a] == 0 for a in axes):  # empty sum is 0
+            out = Tensor._wrap(self._const(0, shape=tuple(1 if i in axes else s for i, s in enumerate(self.shape))))
+        return out if keepdim else out.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
+
+    def sum(self, axis: int | Sequence[int] | None = None, keepdim: bool = False,
+            dtype: DTypeLike | None = None) -> "Tensor":
+        x = self.cast(to_dtype(dtype) if dtype is not None else sum_acc_dtype(self.dtype))
+        return x._reduce(Ops.ADD, axis, keepdim)
+
+    def max(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> "Tensor":
+        if dtypes.is_bool(self.dtype): return self.cast(dtypes.uint8)._reduce(Ops.MAX, axis, keepdim).cast(dtypes.bool)
+        return self._reduce(Ops.MAX, axis, keepdim)
+
+    def min(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> "Tensor":
+        if dtypes.is_bool(self.dtype): return self.logical_not().max(axis, keepdim).logical_not()
+        if dtypes.is_unsigned(self.dtype): return (self.dtype.max - (self.dtype.max - self).max(axis, keepdim))
+        return -((-self).max(axis, keepdim))
+
+    def mean(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> "Tensor":
+        x = self._float_or_self()
+        s = x.sum(axis, keepdim)
+        n = prod(self.shape) // max(prod(s.shape), 1) if self.numel() else 0
+        return s.cast(x.dtype) * (1 / n if n else math.nan)
+
+    # ----- matmul -----
+    def dot(self, w: "Tensor", dtype: DTypeLike | None = None) -> "Tensor":
+        """Matrix product with broadcasting over batch dims, as a broadcast multiply and a sum (one kernel)."""
+        x = self
+        if x.ndim == 0 or w.ndim == 0:
+            raise RuntimeError(f"both arguments to matmul need at least 1 dimension, got {x.shape} and {w.shape}")
+        k_x, k_w = x.shape[-1], w.shape[-min(w.ndim, 2)]
+        if k_x != k_w:
+            xs = "x".join(map(str, x.shape))
+            ws = "x".join(map(str, w.shape))
+            raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied ({xs} and {ws})")
+        if w.ndim == 1:
+            return (x * w._broadcast_to(x.shape)).sum(-1, dtype=dtype) if x.ndim > 1 else (x * w).sum(-1, dtype=dtype)
+        xr = x.reshape(x.shape[:-1] + (1,) + x.shape[-1:])                        # (..., n, 1, k)
+        wr = w.transpose(-1, -2).reshape(w.shape[:-2] + (1,) + (w.shape[-1], w.shape[-2]))  # (..., 1, m, k)
+        if x.ndim == 1: xr = x.reshape(1, k_x)
+        out = (xr * wr).sum(-1, dtype=dtype)
+        return out.cast(least_upper_dtype(x.dtype, w.dtype)) if dtype is None else out
+
+    def matmul(self, x: "Tensor", reverse: bool = False, dtype: DTypeLike | None = None) -> "Tensor":
+        return x.dot(self, dtype) if reverse else self.dot(x, dtype)
+
+    # ----- autograd -----
+    def backward(self, gradient: "Tensor | None" = None) -> "Tensor":
+        """Fill `.grad` of every tensor with requires_grad=True that this one depends on."""
+        if gradient is None:
+            if self.numel() != 1:
+                raise RuntimeError(f"grad can be implicitly created only for scalar outputs, got shape {self.shape}")
+            gradient = Tensor.ones(self.shape, dtype=self.dtype, device=self.device)
+        if gradient.shape != self.shape:
+            raise RuntimeError(f"gradient shape {gradient.shape} doesn't match tensor shape {self.shape}")
+        root = self._grad_uop if self._grad_uop is not None else self.uop
+        targets = {t: (t._grad_uop if t._grad_uop is not None else t.uop) for t in list(_grad_tensors)}
+        grads = autograd.compute_gradient(root, gradient.uop, set(targets.values()) | {t.uop for t in targets})
+        for t, u in targets.items():
+            found = [grads[x] for x in dict.fromkeys((u, t.uop)) if x in grads]
+            if not found: continue
+            g = Tensor._wrap(found[0] if len(found) == 1 else build.alu(Ops.ADD, *found))
+            if g.dtype != t.dtype: g = g.cast(t.dtype)
+            t.grad = g if t.grad is None else (t.grad + g)
+        return self
+
+    def gradient(self, *targets: "Tensor", gradient: "Tensor | None" = None) -> list["Tensor"]:
+        """Gradients of self with respect to each target (without touching .grad)."""
+        g = gradient if gradient is not None else Tensor.ones(self.shape, dtype=self.dtype, device=self.device)
+        root = self._grad_uop if self._grad_uop is not None else self.uop
+        tu = [t._grad_uop if t._grad_uop is not None else t.uop for t in targets]
+        grads = autograd.compute_gradient(root, g.uop, set(tu))
+        return [Tensor._wrap(grads[u]) if u in grads else t.zeros_like() for t, u in zip(targets, tu)]
+
+    # train/test mode: tinygrad's old and new spellings
+    class train:
+        """`with Tensor.train():` sets Tensor.training (and the TRAINING flag) for the block."""
+        def __init__(self, mode: bool = True): self.mode = mode
+        def __enter__(self) -> None:
+            self.prev, self.prev_flag = Tensor.training, TRAINING.value
+            Tensor.training, TRAINING.value = self.mode, int(self.mode)
+        def __exit__(self, *exc: Any) -> None:
+            Tensor.training, TRAINING.value = self.prev, self.prev_flag
+
+    class test(train):
+        def __init__(self) -> None: super().__init__(False)
+
+
+def _mix32(x: Tensor) -> Tensor:
+    """A 32-bit integer hash finalizer (xor-shift-multiply), applied elementwise."""
+    x = x ^ (x >> 16)
+    x = x * 0x7FEB352D
+    x = x ^ (x >> 15)
+    x = x * 0x846CA68B
+    return x ^ (x >> 16)
+
+
+def _is_contiguous_buffer(u: UOp) -> bool:
+    return u.op is Ops.BUFFER or (u.op is Ops.RESHAPE and u.src[0].op is Ops.BUFFER)
+
+
+def _is_realized(u: UOp) -> bool:
+    """Already computed: a whole buffer, or a constant broadcast to a shape (never materialized)."""
+    if _is_contiguous_buffer(u): return True
+    return all(x.op in (Ops.RESHAPE, Ops.EXPAND, Ops.CONST, Ops.DEVICE) for x in u.toposort())
+
+
+__all__ = ["Tensor", "make_tuple"]
