@@ -340,7 +340,8 @@ class Tensor:
         bits = cls._random_bits(prod(s), dev)
         out = (bits >> 8).cast(dtypes.float32) * (2.0 ** -24)
         dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
-        return Tensor(out.reshape(s).cast(dt).uop, requires_grad=requires_grad)
+        # contiguous: the hash is worth storing, never recomputing inside a consumer's loops
+        return Tensor(out.reshape(s).cast(dt).contiguous().uop, requires_grad=requires_grad)
 
     @classmethod
     def randn(cls, *shape: Any, device: str | None = None, dtype: DTypeLike | None = None,
@@ -351,7 +352,7 @@ class Tensor:
         r = (-2.0 * (1.0 - u[0:1]).log()).sqrt()
         z = r * (u[1:2] * (2 * math.pi)).cos()
         dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
-        return Tensor(z.reshape(s).cast(dt).uop, requires_grad=requires_grad)
+        return Tensor(z.reshape(s).cast(dt).contiguous().uop, requires_grad=requires_grad)
 
     # ----- internal helpers -----
     def _axis(self, axis: int, ndim: int | None = None) -> int:
