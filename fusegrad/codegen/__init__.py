@@ -22,6 +22,13 @@ def kernel_name(ast: UOp) -> str:
     return "_".join([prefix] + (glob or ["1"]) + red)
 
 
+def format_linear(uops: list[UOp]) -> str:
+    """One numbered line per op of a linear program: op, dtype, sources by number, arg."""
+    num = {u: i for i, u in enumerate(uops)}
+    return "\n".join(f"{i:4d} {u.op.name:<11} {str(u.dtype):<22} {' '.join(f'%{num[s]}' for s in u.src if s in num):<16}"
+                     f" {'' if u.arg is None else repr(u.arg)}" for i, u in enumerate(uops))
+
+
 def to_program(ast: UOp, renderer: Renderer) -> ProgramSpec:
     if SPEC:
         from fusegrad.ir.spec import verify_kernel
@@ -36,7 +43,7 @@ def to_program(ast: UOp, renderer: Renderer) -> ProgramSpec:
         verify_linear(uops)
     if DEBUG >= 5:
         print(colored(f"linear program of {name}:", "cyan"))
-        for i, u in enumerate(uops): print(f"{i:4d} {u.op.name:<12} {str(u.dtype):<22} {u.arg!r}")
+        print(format_linear(uops))
     src = renderer.render(name, uops)
     if DEBUG >= 4: print(src)
     nbufs = sum(1 for u in uops if u.op is Ops.PARAM)

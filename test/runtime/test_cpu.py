@@ -1,0 +1,100 @@
+"""CPU backend: compiler discovery, the on-disk compile cache (atomic writes, corrupt entries), device selection."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from fusegrad import Device, Tensor
+from fusegrad.device import diskcache_get, diskcache_put
+from fusegrad.runtime.ops_cpu import CPUCompiler, find_compiler
+
+SRC = "void add1(float* restrict a) { a[0] = a[0] + 1.0f; }\n"
+
+
+def test_find_compiler_prefers_cc_env(monkeypatch):
+    monkeypatch.setenv("CC", "gcc")
+    assert find_compiler() == "gcc"
+
+
+def test_no_compiler_clear_error(monkeypatch):
+    monkeypatch.setenv("CC", "definitely-not-a-compiler")
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(RuntimeError) as e:
+        find_compiler()
+    msg = str(e.value)
+    assert "definitely-not-a-compiler" in msg and "gcc" in msg and "clang" in msg and "DEV=PYTHON" in msg
+
+
+def test_cache_roundtrip_and_corruption(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    diskcache_put("t", "k", b"payload")
+    files = list((tmp_path / "fusegrad" / "t").iterdir())
+    assert [f.name for f in files] == ["k"]  # no temp file left behind
+    assert diskcache_get("t", "k") == b"payload"
+    (tmp_path / "fusegrad" / "t" / "k").write_bytes(b"garbage that is not a valid entry")
+    assert diskcache_get("t", "k") is None   # corrupt -> miss, so the caller recompiles
+
+
+def test_compile_cached_recompiles_corrupt_entry(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    comp = CPUCompiler()
+    lib = comp.compile_cached(SRC)
+    d = tmp_path / "fusegrad" / comp.cachekey
+    (entry,) = list(d.iterdir())
+    entry.write_bytes(entry.read_bytes()[:100])  # truncated write
+    lib2 = comp.compile_cached(SRC)
+    assert lib2 == lib  # recompiled and identical
+    assert diskcache_get(comp.cachekey, entry.name) == lib
+
+
+def test_cache_key_includes_compiler_and_cpu():
+    comp = CPUCompiler()
+    assert comp.cachekey.startswith("cpu_") and len(comp.cachekey) > 8
+
+
+def test_concurrent_processes_share_cache(tmp_path):
+    """Two processes compiling the same kernels at once both get correct results (atomic cache writes)."""
+    code = ("import numpy as np; from fusegrad import Tensor; x = np.arange(64, dtype=np.float32);"
+            "r = (Tensor(x).reshape(8, 8) * 3 + 1).sum(1).numpy(); "
+            "assert np.allclose(r, (x.reshape(8, 8) * 3 + 1).sum(1)), r; print('ok')")
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for _ in range(3)]
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err.decode()
+        assert out.decode().strip() == "ok"
+
+
+def test_dev_env_selects_python():
+    code = "from fusegrad import Tensor, Device; t = Tensor([1.0, 2.0]) * 2; print(Device.DEFAULT, t.device, t.tolist())"
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "DEV": "PYTHON"}, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["PYTHON", "PYTHON", "[2.0,", "4.0]"]
+
+
+def test_device_canonicalize_and_errors():
+    assert Device.canonicalize("cpu") == "CPU" and Device.canonicalize("cpu:0") == "CPU"
+    assert Device.canonicalize("cpu:1") == "CPU:1"
+    assert Device["cpu"] is Device["CPU"]
+    with pytest.raises(RuntimeError, match="unknown device 'TPU9'"):
+        Device["TPU9"]
+    with pytest.raises(AttributeError):
+        Device.DEFAULT = "PYTHON"
+
+
+def test_copy_between_devices():
+    x = np.random.rand(5, 3).astype(np.float32)
+    a = Tensor(x)
+    b = (a.to("PYTHON") * 2).to("CPU") + 1
+    assert b.device == "CPU"
+    np.testing.assert_allclose(b.numpy(), x * 2 + 1, rtol=1e-6)
+
+
+def test_compile_error_is_clear():
+    from fusegrad.device import CompileError
+    with pytest.raises(CompileError, match="C compile failed"):
+        CPUCompiler().compile("this is not C")
