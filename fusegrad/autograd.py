@@ -102,7 +102,7 @@ def compute_gradient(root: UOp, root_grad: UOp, targets: set[UOp]) -> dict[UOp, 
         if n in targets or any(s in on_path for s in n.src): on_path.add(n)
     grads: dict[UOp, UOp] = {root: root_grad}
     for n in reversed(topo):
-        if n not in grads or n not in on_path or not n.src: continue
+        if n not in grads or n not in on_path or n.op in (Ops.BUFFER, Ops.CONST, Ops.IOTA, Ops.DEVICE): continue
         local = pm_gradient.rewrite(n, ctx=grads[n])
         if local is None: raise RuntimeError(f"no gradient rule for {n.op}")
         for s, g in zip(n.src, local):

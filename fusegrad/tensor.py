@@ -21,8 +21,16 @@ _buffer_ids = iter(range(1, 1 << 62))
 buffers: "weakref.WeakKeyDictionary[UOp, Buffer]" = weakref.WeakKeyDictionary()
 # a lazy node that was computed -> the node of its buffer, so no graph computes it twice
 realized: "weakref.WeakKeyDictionary[UOp, UOp]" = weakref.WeakKeyDictionary()
-# tensors whose .grad backward() fills
-_grad_tensors: "weakref.WeakSet[Tensor]" = weakref.WeakSet()
+# every live tensor: backward() fills .grad for those in the graph (unless requires_grad=False)
+_all_tensors: "weakref.WeakSet[Tensor]" = weakref.WeakSet()
+_unique_ids = iter(range(1, 1 << 62))
+
+
+def _make_unique(u: UOp) -> UOp:
+    """Nodes are hash-consed, so two Tensor.zeros(3) share a node (and would share a gradient). A tensor that asks for
+    its own gradient gets a node of its own: a CONTIGUOUS with a unique tag (it is materialized on first use)."""
+    if u.op is Ops.BUFFER or (u.op is Ops.RESHAPE and u.src[0].op is Ops.BUFFER): return u
+    return UOp(Ops.CONTIGUOUS, u.dtype, (u,), next(_unique_ids))
 
 
 def buffer_uop(buf: Buffer) -> UOp:
@@ -117,7 +125,8 @@ class Tensor:
         self.requires_grad: bool | None = requires_grad
         self._grad_uop: UOp | None = None
         self.is_param = False
-        if requires_grad: _grad_tensors.add(self)
+        if requires_grad: self.uop = _make_unique(self.uop)
+        _all_tensors.add(self)
 
     @staticmethod
     def _from_bytes(data: bytes, dtype: DType, shape: tuple[int, ...], device: str) -> UOp:
@@ -131,6 +140,7 @@ class Tensor:
         t = Tensor.__new__(Tensor)
         t.uop, t.grad, t._grad_uop, t.is_param = u, None, None, False
         t.requires_grad = True if not Tensor.no_grad and any(p.requires_grad for p in parents) else None
+        _all_tensors.add(t)
         return t
 
     # ----- properties -----
@@ -175,8 +185,7 @@ class Tensor:
 
     def requires_grad_(self, requires_grad: bool = True) -> "Tensor":
         self.requires_grad = requires_grad
-        if requires_grad: _grad_tensors.add(self)
-        else: _grad_tensors.discard(self)
+        if requires_grad and self.grad is None and self._grad_uop is None: self.uop = _make_unique(self.uop)
         return self
 
     # ----- realize and data access -----
@@ -731,7 +740,10 @@ class Tensor:
 
     # ----- autograd -----
     def backward(self, gradient: "Tensor | None" = None) -> "Tensor":
-        """Fill `.grad` of every tensor with requires_grad=True that this one depends on."""
+        """Fill `.grad` of every live float tensor this one depends on, except those with requires_grad=False.
+
+        Gradients accumulate into an existing `.grad`. Use requires_grad=True on tensors made by factories like
+        `Tensor.zeros` so each gets its own gradient (identical constants otherwise share one graph node)."""
         if gradient is None:
             if self.numel() != 1:
                 raise RuntimeError(f"grad can be implicitly created only for scalar outputs, got shape {self.shape}")
@@ -739,7 +751,8 @@ class Tensor:
         if gradient.shape != self.shape:
             raise RuntimeError(f"gradient shape {gradient.shape} doesn't match tensor shape {self.shape}")
         root = self._grad_uop if self._grad_uop is not None else self.uop
-        targets = {t: (t._grad_uop if t._grad_uop is not None else t.uop) for t in list(_grad_tensors)}
+        targets = {t: (t._grad_uop if t._grad_uop is not None else t.uop) for t in list(_all_tensors)
+                   if t.requires_grad is not False and dtypes.is_float(t.dtype) and t is not gradient}
         grads = autograd.compute_gradient(root, gradient.uop, set(targets.values()) | {t.uop for t in targets})
         for t, u in targets.items():
             found = [grads[x] for x in dict.fromkeys((u, t.uop)) if x in grads]

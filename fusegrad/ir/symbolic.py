@@ -6,6 +6,7 @@ the rules use it to drop mods, divs and comparisons that can't change a value. `
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -233,6 +234,8 @@ pm_symbolic = PatternMatcher([
 ])
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def simplify(u: UOp) -> UOp:
-    """Run the symbolic rules to a fixed point."""
+    """Run the symbolic rules to a fixed point (memoized: nodes are immutable, so the answer never changes)."""
+    if u.op is Ops.CONST or u.op is Ops.RANGE: return u
     return graph_rewrite(u, pm_symbolic, name="symbolic")
