@@ -57,6 +57,27 @@ def _shrink_grad(ret: UOp, ctx: UOp) -> tuple[UOp]:
     return (build.pad(ctx, [(b, s - e) for (b, e), s in zip(ret.arg, src_shape)]),)
 
 
+def _gather_grad(ret: UOp, ctx: UOp) -> tuple[UOp | None, None]:
+    """Scatter-add: grad_x[.., j, ..] = sum_i (idx[.., i, ..] == j) * g[.., i, ..] (a fused one-hot reduce)."""
+    x, idx = ret.src
+    ax = ret.arg
+    assert x.shape is not None and idx.shape is not None and x.device is not None
+    n, nd = x.shape[ax], len(x.shape)
+    # axes: (..., i at ax, ...) + a new trailing axis j of size n
+    shp = idx.shape + (1,)
+    big = idx.shape + (n,)
+    onehot = build.alu(Ops.CMPNE, build.alu(Ops.CMPNE, build.expand(build.reshape(build.cast(idx, dtypes.int32), shp), big),
+                                            build.expand(build.reshape(UOp(Ops.IOTA, dtypes.int32, (UOp(Ops.DEVICE, arg=x.device),), n),
+                                                                       (1,) * nd + (n,)), big)),
+                       build.const(True, dtypes.bool, x.device, big))
+    contrib = build.alu(Ops.WHERE, onehot, build.expand(build.reshape(ctx, shp), big), build.const(0, ctx.dtype, x.device, big))
+    summed = build.reshape(build.reduce_axis(contrib, Ops.ADD, [ax]), tuple(1 if d == ax else s for d, s in enumerate(idx.shape)) + (n,))
+    rest = [d for d in range(nd) if d != ax]
+    moved = build.permute(summed, rest[:ax] + [nd] + rest[ax:] + [ax])   # j into axis ax, the size-1 axis last
+    out = build.reshape(moved, tuple(n if d == ax else s for d, s in enumerate(idx.shape)))
+    return build.pad(out, [(0, xs - os) for xs, os in zip(x.shape, out.shape)]), None
+
+
 LN2 = math.log(2)
 
 pm_gradient = PatternMatcher([
@@ -88,6 +109,7 @@ pm_gradient = PatternMatcher([
     (UPat(Ops.PAD, name="ret"), _pad_grad),
     (UPat(Ops.SHRINK, name="ret"), _shrink_grad),
     (UPat(Ops.FLIP, name="ret"), lambda ret, ctx: (build.flip(ctx, ret.arg),)),
+    (UPat(Ops.GATHER, name="ret"), _gather_grad),
     (UPat(Ops.CONTIGUOUS), lambda ctx: (ctx,)),
     (UPat(Ops.COPY, name="ret"), lambda ret, ctx: (UOp(Ops.COPY, ctx.dtype, (ctx,), ret.src[0].device),)),
     (UPat(Ops.DETACH, name="ret"), lambda ret: (None,)),

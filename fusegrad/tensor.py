@@ -15,6 +15,9 @@ from fusegrad.dtype import ConstType, DType, DTypeLike, dtypes, least_upper_dtyp
 from fusegrad.helpers import TRAINING, all_int, argfix, make_tuple, prod
 from fusegrad.ir import build
 from fusegrad.ir.ops import Ops, UOp
+from fusegrad.mixin.math import MathMixin
+from fusegrad.mixin.movement import MovementMixin
+from fusegrad.mixin.reduce import ReduceMixin
 
 _buffer_ids = iter(range(1, 1 << 62))
 # BUFFER node -> its device memory; an entry lives as long as some graph references the node
@@ -81,7 +84,7 @@ def _broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(out)
 
 
-class Tensor:
+class Tensor(MathMixin, ReduceMixin, MovementMixin):
     """A lazy n-dimensional array with autograd.
 
     >>> (Tensor([1.0, 2.0]) * 3).tolist()
@@ -497,56 +500,6 @@ class Tensor:
         if dim is None: return self.reshape(tuple(s for s in self.shape if s != 1))
         d = self._axis(dim)
         return self if self.shape[d] != 1 else self.reshape(self.shape[:d] + self.shape[d + 1:])
-
-    def __getitem__(self, idx: Any) -> "Tensor":
-        """Basic indexing with ints, slices (positive steps) and None; advanced indexing is in the next slice."""
-        idx = idx if isinstance(idx, tuple) else (idx,)
-        if any(i is Ellipsis for i in idx):
-            k = idx.index(Ellipsis)
-            fill = self.ndim - (len(idx) - 1 - sum(i is None for i in idx))
-            idx = idx[:k] + (slice(None),) * fill + idx[k + 1:]
-        real = [i for i in idx if i is not None]
-        if len(real) > self.ndim: raise IndexError(f"too many indices for tensor of dimension {self.ndim}")
-        real += [slice(None)] * (self.ndim - len(real))
-        bounds, flips, squeeze, steps = [], [], [], []
-        for ax, (i, s) in enumerate(zip(real, self.shape)):
-            if isinstance(i, int):
-                if not -s <= i < s: raise IndexError(f"index {i} is out of bounds for dimension {ax} with size {s}")
-                i = i + s if i < 0 else i
-                bounds.append((i, i + 1)); squeeze.append(ax); steps.append(1); flips.append(False)
-            elif isinstance(i, slice):
-                start, stop, step = i.indices(s)
-                if step < 0:
-                    n = len(range(start, stop, step))
-                    lo = start + (n - 1) * step if n else 0
-                    bounds.append((lo, lo + (n - 1) * -step + 1) if n else (0, 0)); flips.append(True); steps.append(-step)
-                else:
-                    n = len(range(start, stop, step))
-                    bounds.append((start, start + (n - 1) * step + 1) if n else (0, 0)); flips.append(False)
-                    steps.append(step)
-            else:
-                raise TypeError(f"unsupported index type {type(i).__name__} (advanced indexing comes with the Tensor API)")
-        x = self.shrink(bounds)
-        if any(flips): x = x.flip([a for a, f in enumerate(flips) if f])
-        if any(st != 1 for st in steps):  # stride by padding to a multiple of the step, reshaping and taking index 0
-            new_shape = []
-            for s, st in zip(x.shape, steps):
-                n = -(-s // st)
-                new_shape.append(n)
-            padded = x.pad([(0, n * st - s) for s, st, n in zip(x.shape, steps, new_shape)])
-            x = padded.reshape(tuple(v for n, st in zip(new_shape, steps) for v in (n, st)))
-            x = x.shrink([p for n, _ in zip(new_shape, steps) for p in ((0, n), (0, 1))])
-            x = x.reshape(new_shape)
-        shape = [s for a, s in enumerate(x.shape) if a not in squeeze]
-        # put back the None axes
-        out_shape, k = [], 0
-        for i in idx:
-            if i is None: out_shape.append(1)
-            elif isinstance(i, int): continue
-            else:
-                out_shape.append(shape[k]); k += 1
-        out_shape += shape[k:]
-        return x.reshape(out_shape)
 
     # ----- elementwise -----
     def cast(self, dtype: DTypeLike) -> "Tensor":

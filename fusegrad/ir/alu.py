@@ -75,6 +75,16 @@ python_alu: dict[Ops, Callable[..., Any]] = {
 }
 
 
+def cast_value(v: Any, dtype: DType) -> Any:
+    """A C-style value conversion: floats truncate toward zero into ints, anything nonzero is True."""
+    if dtypes.is_bool(dtype): return bool(v)
+    if dtypes.is_float(dtype): return truncate_float(float(v), dtype.scalar())
+    if isinstance(v, float):
+        if math.isnan(v) or math.isinf(v): return 0
+        v = int(v)
+    return dtypes.as_const(int(v), dtype)
+
+
 def exec_alu(op: Ops, dtype: DType, operands: list[Any]) -> Any:
     """Apply `op` to Python scalars and round/wrap the result to `dtype` exactly like the hardware would."""
     if op is Ops.SHR and dtypes.is_int(dtype) and not dtypes.is_unsigned(dtype):
@@ -89,4 +99,4 @@ def exec_alu(op: Ops, dtype: DType, operands: list[Any]) -> Any:
     return dtypes.as_const(ret, dtype)
 
 
-__all__ = ["exec_alu", "python_alu", "_safe"]
+__all__ = ["exec_alu", "python_alu", "cast_value"]

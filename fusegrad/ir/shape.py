@@ -43,6 +43,11 @@ def infer_shape(u: "UOp") -> tuple[int, ...] | None:
         return ss
     if op is Ops.REDUCE_AXIS:
         return tuple(1 if i in arg[1] else s for i, s in enumerate(ss))
+    if op is Ops.GATHER:
+        xs, ids = ss, u.src[1].shape
+        if ids is None or len(ids) != len(xs) or any(i > x for d, (i, x) in enumerate(zip(ids, xs)) if d != arg):
+            raise ValueError(f"gather index shape {ids} doesn't fit source shape {xs} on axis {arg}")
+        return ids
     if op in GroupOp.ALU:
         shapes = [s.shape for s in u.src]
         if any(s != ss for s in shapes): raise ValueError(f"{op} with mismatched shapes {shapes}")

@@ -11,7 +11,7 @@ import math
 from typing import Any
 
 from fusegrad.dtype import ConstType, dtypes
-from fusegrad.ir.alu import exec_alu
+from fusegrad.ir.alu import cast_value, exec_alu
 from fusegrad.ir.ops import GroupOp, Ops, UOp
 from fusegrad.ir.pattern import PatternMatcher, UPat, graph_rewrite
 
@@ -168,6 +168,7 @@ def div_mod_fold(x: UOp, c: int, is_mod: bool, dtype: Any) -> UOp | None:
 
 def const_fold(x: UOp) -> UOp | None:
     if not all(s.op is Ops.CONST for s in x.src): return None
+    if x.op is Ops.CAST: return UOp.const(x.dtype, cast_value(x.src[0].arg, x.dtype))
     try: val = exec_alu(x.op, x.dtype, [s.arg for s in x.src])
     except (ZeroDivisionError, ValueError, OverflowError): return None
     return UOp.const(x.dtype, val)

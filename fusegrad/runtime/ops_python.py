@@ -10,8 +10,8 @@ import time
 from typing import Any
 
 from fusegrad.device import Allocator, Compiled, Compiler
-from fusegrad.dtype import DType, dtypes, truncate_float, float_to_bf16_bits, bf16_to_float
-from fusegrad.ir.alu import exec_alu
+from fusegrad.dtype import DType, bf16_to_float, dtypes, float_to_bf16_bits
+from fusegrad.ir.alu import cast_value, exec_alu
 from fusegrad.ir.ops import GroupOp, Ops, UOp
 from fusegrad.renderer import ProgramSpec, Renderer
 
@@ -31,15 +31,6 @@ class PythonRenderer(Renderer):
 
 def _fmt(dt: DType) -> str:
     return "H" if dt == dtypes.bfloat16 else dt.fmt or "B"
-
-
-def _cast(v: Any, dt: DType) -> Any:
-    if dtypes.is_bool(dt): return bool(v)
-    if dtypes.is_float(dt): return truncate_float(float(v), dt)
-    if isinstance(v, float):
-        if v != v or v in (float("inf"), float("-inf")): return 0
-        v = int(v)  # C casts truncate toward zero
-    return dtypes.as_const(int(v), dt)
 
 
 class PythonProgram:
@@ -80,7 +71,7 @@ class PythonProgram:
                 v[pc] = (v[src[0]], v[src[1]], v[src[2]] if len(src) > 2 else True, self.uops[src[0]].dtype.base)
             elif op is Ops.LOAD:
                 mem, i, gate, bdt = v[src[0]]
-                if not gate: v[pc] = _cast(0, dt)
+                if not gate: v[pc] = cast_value(0, dt)
                 else:
                     _check(i, mem, bdt, self.name)
                     raw = struct.unpack_from(_fmt(bdt), mem, i * bdt.itemsize)[0]
@@ -92,7 +83,7 @@ class PythonProgram:
                     x = v[src[1]]
                     struct.pack_into(_fmt(bdt), mem, i * bdt.itemsize,
                                      float_to_bf16_bits(x) if bdt == dtypes.bfloat16 else x)
-            elif op is Ops.CAST: v[pc] = _cast(v[src[0]], dt)
+            elif op is Ops.CAST: v[pc] = cast_value(v[src[0]], dt)
             elif op is Ops.BITCAST:
                 sdt = self.uops[src[0]].dtype
                 v[pc] = struct.unpack(_fmt(dt), struct.pack(_fmt(sdt), v[src[0]]))[0]

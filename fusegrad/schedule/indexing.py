@@ -115,6 +115,7 @@ class Indexer:
         if op in (Ops.DETACH, Ops.CONTIGUOUS): return self.index(x.src[0], idx, valid)
         if op in GroupOp.Movement: return self._movement(x, idx, valid)
         if op is Ops.REDUCE_AXIS: return self._reduce(x, idx, valid)
+        if op is Ops.GATHER: return self._gather(x, idx, valid)
         if op in GroupOp.ALU or op in (Ops.CAST, Ops.BITCAST):
             return UOp(op, x.dtype, tuple(self.index(s, idx, valid) for s in x.src), None)
         raise RuntimeError(f"can't lower {op} inside a kernel")
@@ -151,6 +152,17 @@ class Indexer:
             inner = self.index(src, new, simplify(valid.logical_and(in_range)))
             return UOp(Ops.WHERE, x.dtype, (in_range, inner, UOp.const(x.dtype, 0)))
         return self.index(src, new, valid)
+
+    def _gather(self, x: UOp, idx: Index, valid: UOp) -> UOp:
+        """x at idx with idx[axis] replaced by the *value* of the index tensor there (a data-dependent load)."""
+        src, ind, ax = x.src[0], x.src[1], x.arg
+        assert src.shape is not None
+        v = self.index(ind, idx, valid).cast(dtypes.int32)
+        in_range = simplify(UOp.const(dtypes.int32, -1).lt(v).logical_and(v.lt(src.shape[ax])))
+        new = list(idx)
+        new[ax] = v
+        inner = self.index(src, tuple(new), simplify(valid.logical_and(in_range)))
+        return UOp(Ops.WHERE, x.dtype, (in_range, inner, UOp.const(x.dtype, 0)))
 
     def _reduce(self, x: UOp, idx: Index, valid: UOp) -> UOp:
         op, axes = x.arg

@@ -1,0 +1,202 @@
+"""Elementwise math and activations for Tensor, each composed from the primitive ALU ops (so autograd and every
+backend get them for free). Formulas are chosen to be stable at the extremes (large |x|, 0, inf).
+"""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from fusegrad.dtype import ConstType, dtypes
+
+if TYPE_CHECKING:
+    from fusegrad.tensor import Tensor
+
+
+class MathMixin:
+    __slots__ = ()
+    # ----- unary math -----
+    def log10(self: "Tensor") -> "Tensor": return self.log2() * (math.log(2) / math.log(10))
+    def tan(self: "Tensor") -> "Tensor": return self.sin() / self.cos()
+
+    def atan(self: "Tensor") -> "Tensor":
+        """Range-reduced odd polynomial: |x|>1 uses pi/2 - atan(1/x); |x|>tan(pi/8) uses pi/4 + atan((x-1)/(x+1))."""
+        x = self._float_or_self()
+        ax = x.abs()
+        big = ax > 1
+        a = big.where(1 / ax.maximum(1e-30), ax)              # now in [0, 1]
+        mid = a > 0.41421356237309503
+        b = mid.where((a - 1) / (a + 1), a)                    # now in [-0.4143, 0.4143]
+        b2 = b * b
+        poly = b.zeros_like()
+        for k in range(15, 0, -2): poly = poly * b2 + ((-1) ** ((k - 1) // 2)) / k
+        r = poly * b
+        r = mid.where(r + math.pi / 4, r)
+        r = big.where(math.pi / 2 - r, r)
+        return x.sign() * r  # sign(NaN) is NaN
+
+    def asin(self: "Tensor") -> "Tensor":
+        x = self._float_or_self()
+        out = (x / (1 - x * x).sqrt()).atan()
+        out = (x.abs() == 1).where(x.sign() * (math.pi / 2), out)
+        return (x.abs() > 1).where(math.nan, out)
+
+    def acos(self: "Tensor") -> "Tensor": return math.pi / 2 - self.asin()
+
+    def ceil(self: "Tensor") -> "Tensor":
+        if not dtypes.is_float(self.dtype): return self
+        t = self.trunc()
+        return t + (self > t).cast(self.dtype)
+
+    def round(self: "Tensor") -> "Tensor":
+        """Round half to even, like torch.round."""
+        if not dtypes.is_float(self.dtype): return self
+        f = self.floor()
+        d = self - f
+        up = (d > 0.5) | ((d == 0.5) & ((f * 0.5).floor() * 2 != f))
+        return f + up.cast(self.dtype)
+
+    def isinf(self: "Tensor", detect_positive: bool = True, detect_negative: bool = True) -> "Tensor":
+        if not dtypes.is_float(self.dtype): return self.zeros_like(dtype=dtypes.bool)
+        return ((self == math.inf) & detect_positive) | ((self == -math.inf) & detect_negative)
+
+    def isnan(self: "Tensor") -> "Tensor": return self != self
+    def isfinite(self: "Tensor") -> "Tensor": return (self.isinf() | self.isnan()).logical_not()
+
+    def lerp(self: "Tensor", end: "Tensor", weight: "Tensor | ConstType") -> "Tensor":
+        return self + (end - self) * weight
+
+    def clamp(self: "Tensor", min_: Any = None, max_: Any = None) -> "Tensor":
+        if min_ is None and max_ is None: raise RuntimeError("clamp needs at least one of min and max")
+        x = self if min_ is None else self.maximum(min_)
+        return x if max_ is None else x.minimum(max_)
+
+    def clip(self: "Tensor", min_: Any = None, max_: Any = None) -> "Tensor": return self.clamp(min_, max_)
+
+    def sign(self: "Tensor") -> "Tensor":
+        if dtypes.is_bool(self.dtype): return self
+        s = (self > 0).cast(self.dtype) - (self < 0).cast(self.dtype)
+        return (self != self).where(self, s) if dtypes.is_float(self.dtype) else s
+
+    # ----- activations -----
+    def logsigmoid(self: "Tensor") -> "Tensor": return -(-self).softplus()
+    def hardsigmoid(self: "Tensor", alpha: float = 1 / 6, beta: float = 0.5) -> "Tensor":
+        return (alpha * self + beta).relu() - (alpha * self + beta - 1).relu()
+    def elu(self: "Tensor", alpha: float = 1.0) -> "Tensor": return self.relu() - alpha * (1 - self.exp()).relu()
+    def celu(self: "Tensor", alpha: float = 1.0) -> "Tensor":
+        return self.maximum(0) + (alpha * ((self / alpha).exp() - 1)).minimum(0)
+    def selu(self: "Tensor", alpha: float = 1.67326, gamma: float = 1.0507) -> "Tensor":
+        return gamma * (self >= 0).where(self, alpha * (self.exp() - 1))
+    def swish(self: "Tensor") -> "Tensor": return self * self.sigmoid()
+    def silu(self: "Tensor") -> "Tensor": return self.swish()
+    def relu6(self: "Tensor") -> "Tensor": return self.relu() - (self - 6).relu()
+    def hardswish(self: "Tensor") -> "Tensor": return self * (self + 3).relu6() * (1 / 6)
+    def sinh(self: "Tensor") -> "Tensor": return (self.exp() - self.neg().exp()) / 2
+    def cosh(self: "Tensor") -> "Tensor": return (self.exp() + self.neg().exp()) / 2
+    def atanh(self: "Tensor") -> "Tensor": return ((1 + self) / (1 - self)).log() / 2
+    def asinh(self: "Tensor") -> "Tensor":
+        ax = self.abs()
+        return self.sign() * (ax + (ax.square() + 1).sqrt()).log()
+    def acosh(self: "Tensor") -> "Tensor": return (self + (self.square() - 1).sqrt()).log()
+    def hardtanh(self: "Tensor", min_val: float = -1, max_val: float = 1) -> "Tensor": return self.clip(min_val, max_val)
+
+    def erf(self: "Tensor") -> "Tensor":
+        """Abramowitz & Stegun 7.1.26 (max abs error 1.5e-7)."""
+        x = self._float_or_self()
+        t = 1.0 / (1.0 + 0.3275911 * x.abs())
+        poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+        return x.sign() * (1.0 - poly * (-(x * x)).exp())
+
+    def gelu(self: "Tensor", approximate: str = "none") -> "Tensor":
+        """torch's default ('none') uses erf; approximate='tanh' the tanh formula."""
+        if approximate == "tanh":
+            return 0.5 * self * (1 + (math.sqrt(2 / math.pi) * (self + 0.044715 * self * self * self)).tanh())
+        return 0.5 * self * (1 + (self * (1 / math.sqrt(2))).erf())
+
+    def quick_gelu(self: "Tensor") -> "Tensor": return self * (self * 1.702).sigmoid()
+    def leaky_relu(self: "Tensor", neg_slope: float = 0.01) -> "Tensor": return (self < 0).where(neg_slope * self, self)
+    def mish(self: "Tensor") -> "Tensor": return self * self.softplus().tanh()
+
+    def softplus(self: "Tensor", beta: float = 1.0, threshold: float = 20.0) -> "Tensor":
+        """log(1 + exp(beta x)) / beta, linear above `threshold` like torch; stable for large negative x."""
+        bx = self * beta
+        stable = (bx.maximum(0) + (-bx.abs()).exp().log1p_()) * (1 / beta)
+        return (bx > threshold).where(self, stable)
+
+    def log1p_(self: "Tensor") -> "Tensor":
+        # log(1+x) computed so that tiny x keeps precision: log(u) * x / (u - 1) with u = 1 + x
+        u = 1 + self
+        return (u == 1).where(self, u.log() * self / (u - 1))
+
+    def softsign(self: "Tensor") -> "Tensor": return self / (1 + self.abs())
+
+    # ----- binary -----
+    def mod(self: "Tensor", x: "Tensor | ConstType", reverse: bool = False) -> "Tensor":
+        """Python-style modulo: the result has the sign of the divisor."""
+        a, b = self._broadcasted(x, reverse)
+        if dtypes.is_float(a.dtype): return a - (a / b).floor() * b
+        from fusegrad.ir.ops import Ops
+        r = a._alu(Ops.MOD, b)
+        return ((r != 0) & ((r < 0) != (b < 0))).where(r + b, r)
+
+    def fmod(self: "Tensor", x: "Tensor | ConstType") -> "Tensor":
+        """C-style remainder: the result has the sign of the dividend."""
+        a, b = self._broadcasted(x)
+        if dtypes.is_float(a.dtype): return a - (a / b).trunc() * b
+        from fusegrad.ir.ops import Ops
+        return a._alu(Ops.MOD, b)
+
+    def bitwise_and(self: "Tensor", x: Any, reverse: bool = False) -> "Tensor": return self.__and__(x)
+    def bitwise_or(self: "Tensor", x: Any, reverse: bool = False) -> "Tensor": return self.__or__(x)
+    def bitwise_xor(self: "Tensor", x: Any, reverse: bool = False) -> "Tensor": return self.__xor__(x)
+
+    def bitwise_not(self: "Tensor") -> "Tensor":
+        if dtypes.is_float(self.dtype): raise TypeError(f"bitwise_not needs an int or bool tensor, got {self.dtype}")
+        return self.logical_not() if dtypes.is_bool(self.dtype) else self ^ -1
+
+    def __invert__(self: "Tensor") -> "Tensor": return self.bitwise_not()
+    def lshift(self: "Tensor", x: int) -> "Tensor": return self << x
+    def rshift(self: "Tensor", x: int) -> "Tensor": return self >> x
+    def __rand__(self: "Tensor", x: Any) -> "Tensor": return self & x
+    def __ror__(self: "Tensor", x: Any) -> "Tensor": return self | x
+    def __rxor__(self: "Tensor", x: Any) -> "Tensor": return self ^ x
+    def __mod__(self: "Tensor", x: Any) -> "Tensor": return self.mod(x)
+    def __rmod__(self: "Tensor", x: Any) -> "Tensor": return self.mod(x, True)
+    def __pow__(self: "Tensor", x: Any) -> "Tensor": return self.pow(x)
+    def __rpow__(self: "Tensor", x: Any) -> "Tensor": return self.pow(x, True)
+
+    def pow(self: "Tensor", x: "Tensor | ConstType", reverse: bool = False) -> "Tensor":
+        """self ** x. Small integer exponents multiply exactly; otherwise exp2(x*log2|b|) with torch's sign rules."""
+        if not reverse and isinstance(x, (int, float)) and not isinstance(x, bool) and float(x).is_integer() \
+                and abs(x) <= 16:
+            n = int(x)
+            base = self if n >= 0 or not dtypes.is_int(self.dtype) else self._float_or_self()
+            if n == 0: return base.ones_like()
+            acc, p, k = None, base, abs(n)
+            while k:
+                if k & 1: acc = p if acc is None else acc * p
+                k >>= 1
+                if k: p = p * p
+            assert acc is not None
+            return acc if n > 0 else acc.reciprocal()
+        b, e = self._broadcasted(x, reverse)
+        if dtypes.is_int(b.dtype) and dtypes.is_int(e.dtype):
+            return b._float_or_self().pow(e._float_or_self()).round().cast(b.dtype)
+        bf, ef = b._float_or_self(), e._float_or_self()
+        mag = (ef * bf.abs().log2()).exp2()
+        odd = (ef - 2 * (ef * 0.5).floor()) == 1
+        is_int = ef == ef.trunc()
+        neg = bf < 0
+        out = (neg & odd & is_int).where(-mag, mag)
+        out = (neg & is_int.logical_not()).where(math.nan, out)
+        return (ef == 0).where(1.0, out)
+
+    def copysign(self: "Tensor", other: "Tensor | ConstType") -> "Tensor":
+        a, b = self._broadcasted(other)
+        a = a._float_or_self()
+        neg_b = (b < 0) | ((b == 0) & ((1 / b._float_or_self()) < 0))
+        return neg_b.where(-a.abs(), a.abs())
+
+    def logaddexp(self: "Tensor", other: "Tensor | ConstType") -> "Tensor":
+        a, b = self._broadcasted(other)
+        m = a.maximum(b)
+        return m + ((a - m).exp() + (b - m).exp()).log()

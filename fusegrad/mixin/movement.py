@@ -1,0 +1,497 @@
+"""High-level movement and indexing for Tensor: cat/stack/split, repeat, windows (`_pool`), torch-style `__getitem__`
+with advanced (tensor) indexing, `__setitem__`, gather/scatter and masks. All views are free: they become index math.
+Data-dependent lookups use the GATHER op, which costs O(output) (no one-hot over the source).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Sequence
+
+from fusegrad.dtype import dtypes
+from fusegrad.helpers import argfix, prod
+
+if TYPE_CHECKING:
+    from fusegrad.tensor import Tensor
+
+
+def _T() -> Any:
+    from fusegrad.tensor import Tensor
+    return Tensor
+
+
+class MovementMixin:
+    __slots__ = ()
+
+    # ----- combining and splitting -----
+    def cat(self: "Tensor", *args: "Tensor", dim: int = 0) -> "Tensor":
+        ts = [self, *args]
+        ax = self._axis(dim)
+        for t in ts:
+            if t.ndim != self.ndim or any(a != b for i, (a, b) in enumerate(zip(t.shape, self.shape)) if i != ax):
+                raise RuntimeError(f"Sizes of tensors must match except in dimension {ax}: got {self.shape} and {t.shape}")
+        from fusegrad.dtype import least_upper_dtype
+        dt = least_upper_dtype(*[t.dtype for t in ts])
+        total = sum(t.shape[ax] for t in ts)
+        out, off = None, 0
+        for t in ts:
+            pads = [(0, 0)] * self.ndim
+            pads[ax] = (off, total - off - t.shape[ax])
+            p = t.cast(dt).pad(pads)
+            out = p if out is None else out + p
+            off += t.shape[ax]
+        assert out is not None
+        return out
+
+    @staticmethod
+    def stack(*args: "Tensor", dim: int = 0) -> "Tensor":
+        ts = list(args[0]) if len(args) == 1 and isinstance(args[0], (list, tuple)) else list(args)
+        if not ts: raise RuntimeError("stack expects a non-empty list of tensors")
+        if any(t.shape != ts[0].shape for t in ts):
+            raise RuntimeError(f"stack expects each tensor to be equal size, got {[t.shape for t in ts]}")
+        ax = ts[0]._axis(dim, ts[0].ndim + 1)
+        return ts[0].unsqueeze(ax).cat(*[t.unsqueeze(ax) for t in ts[1:]], dim=ax)
+
+    def split(self: "Tensor", sizes: int | Sequence[int], dim: int = 0) -> "tuple[Tensor, ...]":
+        ax = self._axis(dim)
+        n = self.shape[ax]
+        if isinstance(sizes, int):
+            if sizes <= 0: raise RuntimeError(f"split size must be positive, got {sizes}")
+            sizes = [min(sizes, n - i) for i in range(0, max(n, 1), sizes)] if n else [0]
+        if sum(sizes) != n: raise RuntimeError(f"split sizes {list(sizes)} don't sum to dimension {ax} of size {n}")
+        out, off = [], 0
+        for s in sizes:
+            sl = [(0, d) for d in self.shape]
+            sl[ax] = (off, off + s)
+            out.append(self.shrink(sl))
+            off += s
+        return tuple(out)
+
+    def chunk(self: "Tensor", chunks: int, dim: int = 0) -> "tuple[Tensor, ...]":
+        if chunks <= 0: raise RuntimeError(f"chunk expects a positive number of chunks, got {chunks}")
+        n = self.shape[self._axis(dim)]
+        return self.split(-(-n // chunks) if n else 1, dim)
+
+    def repeat(self: "Tensor", repeats: Any, *args: int) -> "Tensor":
+        reps = argfix(repeats, *args)
+        if len(reps) < self.ndim: raise RuntimeError("number of repeat dims can't be smaller than the tensor's dims")
+        x = self.reshape((1,) * (len(reps) - self.ndim) + self.shape)
+        shape = x.shape
+        x = x.reshape(tuple(v for s in shape for v in (1, s)))
+        x = x.expand(tuple(v for r, s in zip(reps, shape) for v in (r, s)))
+        return x.reshape(tuple(r * s for r, s in zip(reps, shape)))
+
+    def repeat_interleave(self: "Tensor", repeats: int, dim: int | None = None) -> "Tensor":
+        x = self.flatten() if dim is None else self
+        ax = 0 if dim is None else x._axis(dim)
+        s = x.shape
+        x = x.unsqueeze(ax + 1).expand(s[:ax + 1] + (repeats,) + s[ax + 1:])
+        return x.reshape(s[:ax] + (s[ax] * repeats,) + s[ax + 1:])
+
+    def unflatten(self: "Tensor", dim: int, sizes: tuple[int, ...]) -> "Tensor":
+        ax = self._axis(dim)
+        sizes = tuple(sizes)
+        if -1 in sizes:
+            rest = prod(s for s in sizes if s != -1)
+            sizes = tuple(self.shape[ax] // rest if s == -1 else s for s in sizes)
+        return self.reshape(self.shape[:ax] + sizes + self.shape[ax + 1:])
+
+    def shrink_to(self: "Tensor", shape: Any, *args: int) -> "Tensor":
+        new = argfix(shape, *args)
+        return self.shrink([(0, s) for s in new])
+
+    def pad_to(self: "Tensor", shape: Any, *args: int, value: float = 0) -> "Tensor":
+        new = argfix(shape, *args)
+        return self.pad([(0, n - s) for s, n in zip(self.shape, new)], value=value)
+
+    def roll(self: "Tensor", shifts: int | tuple[int, ...], dims: int | tuple[int, ...] | None = None) -> "Tensor":
+        if dims is None: return self.flatten().roll(shifts, 0).reshape(self.shape)
+        sh = (shifts,) if isinstance(shifts, int) else tuple(shifts)
+        ds = (dims,) if isinstance(dims, int) else tuple(dims)
+        x = self
+        for s, d in zip(sh, ds):
+            ax = x._axis(d)
+            n = x.shape[ax]
+            if n == 0: continue
+            s %= n
+            if s == 0: continue
+            a, b = x.split([n - s, s], ax)
+            x = b.cat(a, dim=ax)
+        return x
+
+    def diagonal(self: "Tensor", offset: int = 0, dim1: int = 0, dim2: int = 1) -> "Tensor":
+        d1, d2 = self._axis(dim1), self._axis(dim2)
+        order = [i for i in range(self.ndim) if i not in (d1, d2)] + [d1, d2]
+        x = self.permute(order)
+        n1, n2 = x.shape[-2], x.shape[-1]
+        if offset >= 0: x = x.shrink([(0, s) for s in x.shape[:-1]] + [(min(offset, n2), n2)])
+        else: x = x.shrink([(0, s) for s in x.shape[:-2]] + [(min(-offset, n1), n1), (0, n2)])
+        n = min(x.shape[-2], x.shape[-1])
+        x = x.shrink([(0, s) for s in x.shape[:-2]] + [(0, n), (0, n)])
+        # take the diagonal of an n x n block: flatten, pad by n, reshape (n, n+1), keep column 0
+        lead = x.shape[:-2]
+        flat = x.reshape(lead + (n * n,)).pad([(0, 0)] * len(lead) + [(0, n)])
+        return flat.reshape(lead + (n, n + 1)).shrink([(0, s) for s in lead] + [(0, n), (0, 1)]).reshape(lead + (n,))
+
+    def diag(self: "Tensor") -> "Tensor":
+        if self.ndim == 1:
+            n = self.shape[0]
+            return self.unsqueeze(1).pad([(0, 0), (0, n)]).flatten().shrink([(0, n * n)]).reshape(n, n) \
+                if n else self.reshape(0, 0)
+        if self.ndim == 2: return self.diagonal()
+        raise RuntimeError(f"diag expects a 1-d or 2-d tensor, got shape {self.shape}")
+
+    @staticmethod
+    def meshgrid(*args: "Tensor", indexing: str = "ij") -> "list[Tensor]":
+        if indexing not in ("ij", "xy"): raise RuntimeError(f"indexing must be 'ij' or 'xy', got {indexing!r}")
+        ts = list(args[0]) if len(args) == 1 and isinstance(args[0], (list, tuple)) else list(args)
+        if indexing == "xy" and len(ts) >= 2: ts[0], ts[1] = ts[1], ts[0]
+        shape = tuple(t.numel() for t in ts)
+        out = [t.reshape(tuple(-1 if i == k else 1 for i in range(len(ts)))).expand(shape) for k, t in enumerate(ts)]
+        if indexing == "xy" and len(out) >= 2:
+            out = [o.transpose(0, 1) for o in out]
+            out[0], out[1] = out[1], out[0]
+        return out
+
+    def unfold(self: "Tensor", dim: int, size: int, step: int) -> "Tensor":
+        ax = self._axis(dim)
+        if size > self.shape[ax]: raise RuntimeError(f"unfold size {size} exceeds dimension {ax} of size {self.shape[ax]}")
+        x = self.transpose(ax, -1) if ax != self.ndim - 1 else self
+        w = x._pool((size,), step)                                     # (..., n_windows, size)
+        return w.transpose(ax, -2) if ax != self.ndim - 1 else w
+
+    def _pool(self: "Tensor", k_: tuple[int, ...], stride: int | tuple[int, ...] = 1,
+              dilation: int | tuple[int, ...] = 1) -> "Tensor":
+        """Sliding windows over the last len(k_) axes: (..., *spatial) -> (..., *out_spatial, *k_), all as views.
+
+        For one axis of size i, window k, stride s, dilation d, out o = (i - d(k-1) - 1)//s + 1 and
+        w[kk, oo] = x[oo*s + kk*d]: repeat x k times, then re-read the flat copy with rows of length i+d, so row kk
+        starts kk*d further along; columns oo*s then pick the stride."""
+        n = len(k_)
+        st = (stride,) * n if isinstance(stride, int) else tuple(stride)
+        dl = (dilation,) * n if isinstance(dilation, int) else tuple(dilation)
+        x, base = self, self.ndim - n
+        for j, (k, s, d) in enumerate(zip(k_, st, dl)):
+            ax = base + j
+            xt = x._move_axis(ax, x.ndim - 1)                             # (lead..., i)
+            lead, i = xt.shape[:-1], xt.shape[-1]
+            o = (i - d * (k - 1) - 1) // s + 1
+            if o <= 0: raise RuntimeError(f"window {k} (dilation {d}) is larger than the input size {i}")
+            extra = max(0, o * s - i - d)                                  # so that row length i+d covers o*s
+            if extra: xt = xt.pad([(0, 0)] * len(lead) + [(0, extra)])
+            i2 = i + extra
+            keep = [(0, v) for v in lead]
+            w = xt.unsqueeze(-2).expand(lead + (k, i2)).reshape(lead + (k * i2,))
+            w = w.pad([(0, 0)] * len(lead) + [(0, k * d)]).reshape(lead + (k, i2 + d))
+            w = w.shrink(keep + [(0, k), (0, o * s)]).reshape(lead + (k, o, s))
+            w = w.shrink(keep + [(0, k), (0, o), (0, 1)]).reshape(lead + (k, o)).transpose(-1, -2)   # (lead..., o, k)
+            x = w._move_axis(w.ndim - 2, ax)                               # o back in place, windows stay last
+        return x
+
+    def _move_axis(self: "Tensor", src: int, dst: int) -> "Tensor":
+        order = list(range(self.ndim))
+        order.insert(dst, order.pop(src))
+        return self.permute(order) if order != list(range(self.ndim)) else self
+
+    # ----- data-dependent indexing -----
+    def gather(self: "Tensor", dim: int, index: "Tensor") -> "Tensor":
+        """out[i][j] = self[index[i][j]][j] (dim=0), as torch.gather."""
+        from fusegrad.ir.ops import Ops, UOp
+        ax = self._axis(dim)
+        if index.ndim != self.ndim:
+            raise RuntimeError(f"Index tensor must have the same number of dimensions as input tensor: {index.shape} vs {self.shape}")
+        if not dtypes.is_int(index.dtype): raise RuntimeError(f"gather(): Expected dtype int64 for index, got {index.dtype}")
+        for d, (i, s) in enumerate(zip(index.shape, self.shape)):
+            if d != ax and i > s: raise RuntimeError(f"Size does not match at dimension {d} expected index {index.shape} to be no larger than self {self.shape} apart from dimension {ax}")
+        idx = (index < 0).where(index + self.shape[ax], index)
+        return self._wrap(UOp(Ops.GATHER, self.dtype, (self.uop, idx.uop), ax), self)
+
+    def _index_tensor(self: "Tensor", ax: int, idx: "Tensor") -> "Tensor":
+        """self with axis `ax` replaced by the dims of `idx` (each value picks a position along ax)."""
+        pre, n, post = self.shape[:ax], self.shape[ax], self.shape[ax + 1:]
+        bs = idx.shape if idx.ndim else (1,)
+        x2 = self.reshape(pre + (n,) + (1,) * (len(bs) - 1) + post).expand(pre + (n,) + bs[1:] + post)
+        i2 = idx.reshape((1,) * len(pre) + bs + (1,) * len(post)).expand(pre + bs + post)
+        out = x2.gather(ax, i2)
+        return out if idx.ndim else out.reshape(pre + post)
+
+    def __getitem__(self: "Tensor", indices: Any) -> "Tensor":
+        """torch-style indexing: ints, slices (any step), None, Ellipsis, and int/bool tensors or lists (advanced)."""
+        Tensor = _T()
+        idx = list(indices) if isinstance(indices, tuple) else [indices]
+        # normalize: lists -> tensors, bool tensors -> their nonzero positions
+        norm: list[Any] = []
+        for i in idx:
+            if isinstance(i, (list, tuple)) or (type(i).__module__ == "numpy" and hasattr(i, "shape")):
+                i = Tensor(i, device=self.device) if len(i) else Tensor([], dtype=dtypes.int32, device=self.device)
+                if dtypes.is_float(i.dtype) and i.numel(): raise IndexError("tensors used as indices must be long, int or bool")
+                if i.numel() == 0: i = i.cast(dtypes.int32)
+            if isinstance(i, Tensor) and dtypes.is_bool(i.dtype):
+                nz = i.nonzero()
+                norm.extend(nz[:, k] for k in range(i.ndim))
+                continue
+            if isinstance(i, Tensor) and dtypes.is_float(i.dtype):
+                raise IndexError("tensors used as indices must be long, int or bool")
+            if isinstance(i, bool): i = int(i)
+            norm.append(i)
+        n_real = sum(1 for i in norm if i is not None and i is not Ellipsis)
+        if sum(1 for i in norm if i is Ellipsis) > 1: raise IndexError("an index can only have a single ellipsis ('...')")
+        if n_real > self.ndim: raise IndexError(f"too many indices for tensor of dimension {self.ndim}")
+        if any(i is Ellipsis for i in norm):
+            k = next(j for j, i in enumerate(norm) if i is Ellipsis)
+            norm = norm[:k] + [slice(None)] * (self.ndim - n_real) + norm[k + 1:]
+        else:
+            norm += [slice(None)] * (self.ndim - n_real)
+        # basic indexing first, keeping tensor-indexed axes whole; remember where every output axis came from
+        basic = [slice(None) if isinstance(i, Tensor) else i for i in norm]
+        x = self._basic_index(basic)
+        tens, out_ax = [], 0
+        for i in norm:
+            if isinstance(i, int): continue
+            if isinstance(i, Tensor): tens.append((out_ax, i))
+            out_ax += 1
+        if not tens: return x
+        # advanced: broadcast the index tensors, merge their axes into one flat index
+        shapes = [t.shape for _, t in tens]
+        from fusegrad.tensor import _broadcast_shape
+        bshape = _broadcast_shape(*shapes)
+        axes = [a for a, _ in tens]
+        adjacent = axes == list(range(axes[0], axes[0] + len(axes)))
+        order = axes + [a for a in range(x.ndim) if a not in axes]
+        xp = x.permute(order) if order != list(range(x.ndim)) else x
+        sizes = [x.shape[a] for a in axes]
+        flat = None
+        for (a, t), n in zip(tens, sizes):
+            ti = t.cast(dtypes.int32) if t.dtype != dtypes.int32 else t
+            ti = (ti < 0).where(ti + n, ti)
+            ti = ti._broadcast_to(bshape)
+            flat = ti if flat is None else flat * n + ti
+        assert flat is not None
+        xm = xp.reshape((prod(sizes),) + xp.shape[len(axes):])
+        out = xm._index_tensor(0, flat)                       # bshape + rest
+        if adjacent and axes[0] != 0:
+            nb = len(bshape)
+            rest_before = axes[0]
+            perm = list(range(nb, nb + rest_before)) + list(range(nb)) + list(range(nb + rest_before, out.ndim))
+            out = out.permute(perm)
+        return out
+
+    def _basic_index(self: "Tensor", idx: list[Any]) -> "Tensor":
+        """Ints, slices and None only (len(idx) covers every axis plus the Nones)."""
+        bounds, flips, squeeze, steps = [], [], [], []
+        ax = 0
+        for i in idx:
+            if i is None: continue
+            s = self.shape[ax]
+            if isinstance(i, int):
+                if not -s <= i < s: raise IndexError(f"index {i} is out of bounds for dimension {ax} with size {s}")
+                i = i + s if i < 0 else i
+                bounds.append((i, i + 1)); squeeze.append(ax); steps.append(1); flips.append(False)
+            elif isinstance(i, slice):
+                start, stop, step = i.indices(s)
+                n = len(range(start, stop, step))
+                if step < 0:
+                    lo = start + (n - 1) * step if n else 0
+                    bounds.append((lo, lo + (n - 1) * -step + 1) if n else (0, 0)); flips.append(True); steps.append(-step)
+                else:
+                    bounds.append((start, start + (n - 1) * step + 1) if n else (0, 0)); flips.append(False)
+                    steps.append(step)
+            else:
+                raise TypeError(f"unsupported index type {type(i).__name__}")
+            ax += 1
+        x = self.shrink(bounds)
+        if any(flips): x = x.flip([a for a, f in enumerate(flips) if f])
+        if any(st != 1 for st in steps):  # stride: pad to a multiple of the step, split, keep index 0
+            ns = [-(-s // st) for s, st in zip(x.shape, steps)]
+            x = x.pad([(0, n * st - s) for s, st, n in zip(x.shape, steps, ns)])
+            x = x.reshape(tuple(v for n, st in zip(ns, steps) for v in (n, st)))
+            x = x.shrink([p for n in ns for p in ((0, n), (0, 1))]).reshape(ns)
+        kept = [s for a, s in enumerate(x.shape) if a not in squeeze]
+        out_shape, k = [], 0
+        ax = 0
+        for i in idx:
+            if i is None: out_shape.append(1)
+            elif isinstance(i, int): ax += 1
+            else:
+                out_shape.append(kept[k]); k += 1; ax += 1
+        return x.reshape(out_shape + kept[k:])
+
+    def __setitem__(self: "Tensor", indices: Any, v: Any) -> None:
+        """In-place assignment through an index: self becomes where(selected, v, self)."""
+        Tensor = _T()
+        pos = Tensor.arange(self.numel(), device=self.device).reshape(self.shape)
+        sel = pos[indices]                                   # flat positions of the selected elements
+        vals = v if isinstance(v, Tensor) else Tensor(v, device=self.device, dtype=self.dtype)
+        vals = vals.cast(self.dtype)._broadcast_to(sel.shape) if vals.shape != sel.shape else vals.cast(self.dtype)
+        flat = self.flatten()
+        new = flat.scatter(0, sel.flatten().cast(dtypes.int32), vals.flatten())
+        self.assign(new.reshape(self.shape))
+
+    def assign(self: "Tensor", x: Any) -> "Tensor":
+        Tensor = _T()
+        if not isinstance(x, Tensor): x = Tensor(x, device=self.device, dtype=self.dtype)
+        if x.shape != self.shape: x = x._broadcast_to(self.shape) if x.ndim <= self.ndim else x
+        if x.shape != self.shape: raise RuntimeError(f"assign shape mismatch {x.shape} != {self.shape}")
+        if x.device != self.device: raise RuntimeError(f"assign device mismatch {x.device} != {self.device}")
+        self.uop = x.cast(self.dtype).uop
+        self.grad = None if x.requires_grad is None else self.grad
+        return self
+
+    def scatter(self: "Tensor", dim: int, index: "Tensor", src: Any, reduce: str | None = None) -> "Tensor":
+        """out[index[i][j]][j] = src[i][j] (dim=0); with reduce='add'/'multiply' combine instead of replace."""
+        Tensor = _T()
+        ax = self._axis(dim)
+        if index.ndim != self.ndim: raise RuntimeError("Index tensor must have the same number of dimensions as self tensor")
+        srct = src if isinstance(src, Tensor) else Tensor.full(index.shape, src, dtype=self.dtype, device=self.device)
+        srct = srct.shrink([(0, s) for s in index.shape]) if srct.shape != index.shape else srct
+        n = self.shape[ax]
+        idx = (index < 0).where(index + n, index).cast(dtypes.int32)
+        # hit[..., i, j] (i over index positions along ax, j over self positions along ax)
+        it, st = idx.unsqueeze(-1), srct.cast(self.dtype).unsqueeze(-1)
+        jt = Tensor.arange(n, device=self.device)
+        it_m = it.transpose(ax, -2) if ax != self.ndim - 1 else it         # (..., i, 1)
+        st_m = st.transpose(ax, -2) if ax != self.ndim - 1 else st
+        hit = it_m == jt                                                   # (..., i, j)
+        pads = [(0, s - i) for d, (s, i) in enumerate(zip(self.shape, index.shape)) if d != ax]
+        moved_self = self.transpose(ax, -1) if ax != self.ndim - 1 else self  # (..., j)
+        lead = moved_self.shape[:-1]
+        if reduce is None:
+            # last writer wins: pick the value of the largest i that hits j
+            m = hit.shape[-2]
+            iv = Tensor.arange(1, m + 1, device=self.device).reshape(m, 1)
+            win = hit.where(iv, 0).max(-2, keepdim=True)                    # (..., 1, j)
+            chosen = (hit & (iv == win)).where(st_m, 0).sum(-2)               # (..., j)
+            any_hit = (win > 0).squeeze(-2)
+            chosen, any_hit = _pad_lead(chosen, pads, lead), _pad_lead(any_hit, pads, lead)
+            out = any_hit.where(chosen.cast(self.dtype), moved_self)
+        elif reduce == "add":
+            out = moved_self + _pad_lead(hit.where(st_m, 0).sum(-2).cast(self.dtype), pads, lead)
+        elif reduce == "multiply":
+            out = moved_self * _pad_lead(hit.where(st_m, 1).prod(-2).cast(self.dtype), pads, lead, value=1)
+        else:
+            raise RuntimeError(f"reduce argument must be 'add' or 'multiply', got {reduce!r}")
+        return out.transpose(ax, -1) if ax != self.ndim - 1 else out
+
+    def scatter_reduce(self: "Tensor", dim: int, index: "Tensor", src: "Tensor", reduce: str,
+                       include_self: bool = True) -> "Tensor":
+        Tensor = _T()
+        ax = self._axis(dim)
+        n = self.shape[ax]
+        idx = (index < 0).where(index + n, index).cast(dtypes.int32)
+        it = idx.unsqueeze(-1)
+        it_m = it.transpose(ax, -2) if ax != self.ndim - 1 else it
+        st = src.shrink([(0, s) for s in index.shape]).cast(self.dtype).unsqueeze(-1)
+        st_m = st.transpose(ax, -2) if ax != self.ndim - 1 else st
+        hit = it_m == Tensor.arange(n, device=self.device)
+        ms = self.transpose(ax, -1) if ax != self.ndim - 1 else self
+        lead = ms.shape[:-1]
+        pads = [(0, s - i) for d, (s, i) in enumerate(zip(self.shape, index.shape)) if d != ax]
+        cnt = _pad_lead(hit.cast(dtypes.int32).sum(-2), pads, lead)
+        has = cnt > 0
+        if reduce in ("sum", "mean"):
+            tot = _pad_lead(hit.where(st_m, 0).sum(-2).cast(self.dtype), pads, lead)
+            if include_self: tot = tot + ms
+            if reduce == "sum": out = tot if include_self else has.where(tot, ms)
+            else:
+                c = cnt + (1 if include_self else 0)
+                out = has.where(tot / c.maximum(1).cast(tot.dtype), ms)
+                if dtypes.is_int(self.dtype): out = has.where((tot // c.maximum(1)).cast(self.dtype), ms)
+        elif reduce == "prod":
+            p = _pad_lead(hit.where(st_m, 1).prod(-2).cast(self.dtype), pads, lead, value=1)
+            out = p * ms if include_self else has.where(p, ms)
+        elif reduce in ("amax", "amin"):
+            big = dtypes.min(self.dtype) if reduce == "amax" else dtypes.max(self.dtype)
+            sv = st_m if reduce == "amax" else -st_m
+            r = hit.where(sv, big if reduce == "amax" else -big).max(-2)
+            r = _pad_lead(r if reduce == "amax" else -r, pads, lead, value=big)
+            out = (r.maximum(ms) if reduce == "amax" else r.minimum(ms)) if include_self else has.where(r, ms)
+        else:
+            raise RuntimeError(f"reduce argument must be one of sum, prod, mean, amax, amin, got {reduce!r}")
+        out = out.cast(self.dtype)
+        return out.transpose(ax, -1) if ax != self.ndim - 1 else out
+
+    def masked_fill(self: "Tensor", mask: "Tensor", value: Any) -> "Tensor":
+        return mask.where(value, self)
+
+    def nonzero(self: "Tensor", size: int | None = None, fill_value: int = 0) -> "Tensor":
+        """Indices of nonzero elements, (count, ndim). The count is data-dependent, so this realizes."""
+        Tensor = _T()
+        flags = (self != 0).flatten().cast(dtypes.int32)
+        total = int(flags.sum().item()) if size is None else size
+        if self.numel() == 0 or total == 0:
+            return Tensor.full((total, self.ndim), fill_value, dtype=dtypes.int32, device=self.device) if total else \
+                Tensor.zeros(0, self.ndim, dtype=dtypes.int32, device=self.device)
+        pos = flags.cumsum(0) - 1                                # output slot of each nonzero element
+        k = Tensor.arange(total, device=self.device).reshape(total, 1)
+        hit = (pos.reshape(1, -1) == k) & (flags.reshape(1, -1) == 1)   # (total, numel)
+        flat_idx = hit.where(Tensor.arange(self.numel(), device=self.device).reshape(1, -1), 0).sum(1)
+        found = hit.any(1)
+        cols = []
+        for d in range(self.ndim):
+            stride = prod(self.shape[d + 1:])
+            cols.append((flat_idx // stride) % self.shape[d])
+        out = Tensor.stack(*cols, dim=1) if cols else flat_idx.reshape(total, 0)
+        return found.unsqueeze(1).where(out, fill_value).cast(dtypes.int32)
+
+    def masked_select(self: "Tensor", mask: "Tensor", size: int | None = None, fill_value: Any = 0) -> "Tensor":
+        from fusegrad.tensor import _broadcast_shape
+        shape = _broadcast_shape(self.shape, mask.shape)
+        x, m = self._broadcast_to(shape), mask._broadcast_to(shape)
+        idx = m.flatten().nonzero(size=size)
+        if idx.shape[0] == 0: return x.flatten().shrink([(0, 0)])
+        vals = x.flatten()[idx[:, 0]]
+        if size is not None:
+            valid = _T().arange(size, device=self.device) < m.cast(dtypes.int32).sum()
+            vals = valid.where(vals, fill_value)
+        return vals
+
+    def one_hot(self: "Tensor", num_classes: int = -1) -> "Tensor":
+        Tensor = _T()
+        if num_classes == -1: num_classes = int(self.max().item()) + 1
+        return (self.unsqueeze(-1) == Tensor.arange(num_classes, device=self.device)).cast(dtypes.int32)
+
+    def triu(self: "Tensor", diagonal: int = 0) -> "Tensor":
+        Tensor = _T()
+        r, c = self.shape[-2], self.shape[-1]
+        keep = Tensor.arange(r, device=self.device).reshape(r, 1) + diagonal <= Tensor.arange(c, device=self.device)
+        return keep.where(self, 0)
+
+    def tril(self: "Tensor", diagonal: int = 0) -> "Tensor":
+        Tensor = _T()
+        r, c = self.shape[-2], self.shape[-1]
+        keep = Tensor.arange(r, device=self.device).reshape(r, 1) + diagonal >= Tensor.arange(c, device=self.device)
+        return keep.where(self, 0)
+
+    def rearrange(self: "Tensor", formula: str, **sizes: int) -> "Tensor":
+        """einops-style: 'b (h w) c -> b c h w'. Supports grouping with parentheses on either side."""
+        lhs, rhs = (side.strip() for side in formula.split("->"))
+
+        def parse(side: str) -> list[list[str]]:
+            groups, cur, depth = [], None, 0
+            for tok in side.replace("(", " ( ").replace(")", " ) ").split():
+                if tok == "(": cur, depth = [], 1
+                elif tok == ")": groups.append(cur); cur, depth = None, 0
+                elif depth: cur.append(tok)  # type: ignore[union-attr]
+                else: groups.append([tok])
+            return groups
+        lg, rg = parse(lhs), parse(rhs)
+        if len(lg) != self.ndim: raise RuntimeError(f"rearrange: {lhs!r} has {len(lg)} axes, tensor has {self.ndim}")
+        dims = dict(sizes)
+        for g, s in zip(lg, self.shape):
+            unknown = [n for n in g if n not in dims]
+            known = prod(dims[n] for n in g if n in dims)
+            if len(unknown) > 1: raise RuntimeError(f"rearrange: can't infer sizes of {unknown}")
+            if unknown: dims[unknown[0]] = s // known
+        names = [n for g in lg for n in g]
+        x = self.reshape(tuple(dims[n] for n in names))
+        out_names = [n for g in rg for n in g]
+        if sorted(out_names) != sorted(names): raise RuntimeError(f"rearrange: axes differ between sides of {formula!r}")
+        x = x.permute([names.index(n) for n in out_names])
+        return x.reshape(tuple(prod(dims[n] for n in g) for g in rg))
+
+
+def _pad_lead(t: "Tensor", pads: list[tuple[int, int]], lead: tuple[int, ...], value: Any = 0) -> "Tensor":
+    """Pad the leading (non-scatter) axes of t from the index shape up to self's shape."""
+    if not pads or all(p == (0, 0) for p in pads): return t
+    return t.pad(list(pads) + [(0, 0)], value=value)
+
+
+__all__ = ["MovementMixin"]

@@ -1,0 +1,183 @@
+"""Reductions built on the three primitive reduces (sum, max, prod): statistics, softmax family, arg-reductions,
+scans (cumsum etc., as reductions over sliding windows) and sorting (by rank counting, which fuses into kernels).
+"""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, Sequence
+
+from fusegrad.dtype import DTypeLike, dtypes, to_dtype
+from fusegrad.helpers import prod
+
+if TYPE_CHECKING:
+    from fusegrad.tensor import Tensor
+
+Axis = "int | Sequence[int] | None"
+
+
+class ReduceMixin:
+    __slots__ = ()
+
+    def _axes(self: "Tensor", axis: Any) -> tuple[int, ...]:
+        if axis is None: return tuple(range(self.ndim))
+        return tuple(self._axis(a) for a in ((axis,) if isinstance(axis, int) else axis))
+
+    def prod(self: "Tensor", axis: Any = None, keepdim: bool = False, dtype: DTypeLike | None = None) -> "Tensor":
+        from fusegrad.dtype import sum_acc_dtype
+        from fusegrad.ir.ops import Ops
+        x = self.cast(to_dtype(dtype) if dtype is not None else sum_acc_dtype(self.dtype))
+        if any(self.shape[a] == 0 for a in self._axes(axis)):  # empty product is 1
+            from fusegrad.tensor import Tensor
+            shape = tuple(1 if i in self._axes(axis) else s for i, s in enumerate(x.shape))
+            out = Tensor.full(shape, 1, dtype=x.dtype, device=x.device)
+            return out if keepdim else out.squeeze_axes(self._axes(axis))
+        return x._reduce(Ops.MUL, axis, keepdim)
+
+    def any(self: "Tensor", axis: Any = None, keepdim: bool = False) -> "Tensor":
+        return self.bool().max(axis, keepdim) if self.numel() else self.bool().sum(axis, keepdim) != 0
+
+    def all(self: "Tensor", axis: Any = None, keepdim: bool = False) -> "Tensor":
+        return self.logical_not().any(axis, keepdim).logical_not()
+
+    def isclose(self: "Tensor", other: "Tensor", rtol: float = 1e-05, atol: float = 1e-08,
+                equal_nan: bool = False) -> "Tensor":
+        close = (self == other) | ((self - other).abs() <= atol + rtol * other.abs())
+        return (close | (self.isnan() & other.isnan())) if equal_nan else close
+
+    def allclose(self: "Tensor", other: "Tensor", rtol: float = 1e-05, atol: float = 1e-08,
+                 equal_nan: bool = False) -> bool:
+        return bool(self.isclose(other, rtol, atol, equal_nan).all().item())
+
+    def var(self: "Tensor", axis: Any = None, keepdim: bool = False, correction: int = 1) -> "Tensor":
+        x = self._float_or_self()
+        axes = self._axes(axis)
+        n = prod(self.shape[a] for a in axes)
+        sq = (x - x.mean(axes, keepdim=True)).square().sum(axes, keepdim=keepdim)
+        return sq / max(n - correction, 0) if n - correction > 0 else sq * math.nan
+
+    def std(self: "Tensor", axis: Any = None, keepdim: bool = False, correction: int = 1) -> "Tensor":
+        return self.var(axis, keepdim, correction).sqrt()
+
+    def var_mean(self: "Tensor", axis: Any = None, keepdim: bool = False, correction: int = 1) -> "tuple[Tensor, Tensor]":
+        return self.var(axis, keepdim, correction), self.mean(axis, keepdim)
+
+    def std_mean(self: "Tensor", axis: Any = None, keepdim: bool = False, correction: int = 1) -> "tuple[Tensor, Tensor]":
+        return self.std(axis, keepdim, correction), self.mean(axis, keepdim)
+
+    # ----- softmax family -----
+    def _softmax(self: "Tensor", axis: int, dtype: DTypeLike | None = None) -> "tuple[Tensor, Tensor, Tensor]":
+        x = self.cast(to_dtype(dtype)) if dtype is not None else self._float_or_self()
+        m = x - x.max(axis=axis, keepdim=True).detach()
+        e = m.exp()
+        return m, e, e.sum(axis=axis, keepdim=True)
+
+    def softmax(self: "Tensor", axis: int = -1, dtype: DTypeLike | None = None) -> "Tensor":
+        _, e, ss = self._softmax(axis, dtype)
+        return e.div(ss)
+
+    def softmin(self: "Tensor", axis: int = -1, dtype: DTypeLike | None = None) -> "Tensor":
+        return (-self).softmax(axis, dtype)
+
+    def log_softmax(self: "Tensor", axis: int = -1, dtype: DTypeLike | None = None) -> "Tensor":
+        m, _, ss = self._softmax(axis, dtype)
+        return m - ss.log()
+
+    def logsumexp(self: "Tensor", axis: Any = None, keepdim: bool = False) -> "Tensor":
+        x = self._float_or_self()
+        m = x.max(axis=axis, keepdim=True).detach()
+        m = m.isinf().where(0, m)  # all -inf stays -inf instead of NaN
+        out = (x - m).exp().sum(axis=axis, keepdim=True).log() + m
+        return out if keepdim else out.squeeze_axes(self._axes(axis))
+
+    def squeeze_axes(self: "Tensor", axes: Sequence[int]) -> "Tensor":
+        return self.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
+
+    # ----- arg reductions -----
+    def argmax(self: "Tensor", axis: int | None = None, keepdim: bool = False) -> "Tensor":
+        """Index of the first maximal element (NaN counts as maximal, like torch)."""
+        if axis is None: return self.flatten().argmax(0, keepdim=False).reshape((1,) * self.ndim if keepdim else ())
+        ax = self._axis(axis)
+        n = self.shape[ax]
+        if n == 0: raise IndexError("argmax of an empty dimension")
+        from fusegrad.tensor import Tensor
+        x = self.isnan().where(math.inf, self) if dtypes.is_float(self.dtype) else self
+        is_max = x == x.max(ax, keepdim=True)
+        rev = Tensor.arange(n, 0, -1, device=self.device).reshape((n,) + (1,) * (self.ndim - ax - 1))
+        idx = n - (is_max.where(rev, 0)).max(ax, keepdim=keepdim)
+        return idx.cast(dtypes.int32)
+
+    def argmin(self: "Tensor", axis: int | None = None, keepdim: bool = False) -> "Tensor":
+        if dtypes.is_bool(self.dtype): return self.logical_not().argmax(axis, keepdim)
+        x = self if not dtypes.is_unsigned(self.dtype) else self.cast(dtypes.int64)
+        return (-x).argmax(axis, keepdim) if dtypes.is_float(x.dtype) or not x.numel() else \
+            (x.max() - x).argmax(axis, keepdim)
+
+    # ----- scans: reductions over windows that end at each position -----
+    def _scan(self: "Tensor", axis: int, op: str) -> "Tensor":
+        ax = self._axis(axis)
+        n = self.shape[ax]
+        if n == 0: return self
+        x = self.transpose(ax, -1) if ax != self.ndim - 1 else self
+        fill = {"sum": 0, "prod": 1, "max": -math.inf if dtypes.is_float(x.dtype) else dtypes.min(x.dtype)}[op]
+        w = x.pad([(0, 0)] * (x.ndim - 1) + [(n - 1, 0)], value=fill)._pool((n,))   # (..., n, n)
+        out = {"sum": lambda t: t.sum(-1), "prod": lambda t: t.prod(-1), "max": lambda t: t.max(-1)}[op](w)
+        out = out.cast(self.dtype) if op != "sum" else out
+        return out.transpose(ax, -1) if ax != self.ndim - 1 else out
+
+    def cumsum(self: "Tensor", axis: int = 0) -> "Tensor": return self._scan(axis, "sum")
+    def cumprod(self: "Tensor", axis: int) -> "Tensor": return self._scan(axis, "prod")
+    def cummax(self: "Tensor", axis: int = 0) -> "Tensor": return self._scan(axis, "max")
+
+    def cummin(self: "Tensor", axis: int = 0) -> "Tensor":
+        return -((-self)._scan(axis, "max")) if not dtypes.is_unsigned(self.dtype) else \
+            (self.dtype.max - (self.dtype.max - self)._scan(axis, "max"))
+
+    def logcumsumexp(self: "Tensor", axis: int = 0) -> "Tensor":
+        ax = self._axis(axis)
+        m = self.max(ax, keepdim=True).detach()
+        m = m.isinf().where(0, m)
+        return (self - m).exp().cumsum(ax).log() + m
+
+    # ----- sorting: each element's rank counts the elements before it in order -----
+    def _ranks(self: "Tensor", dim: int, descending: bool) -> "Tensor":
+        from fusegrad.tensor import Tensor
+        ax = self._axis(dim)
+        n = self.shape[ax]
+        x = self.transpose(ax, -1) if ax != self.ndim - 1 else self
+        a, b = x.unsqueeze(-1), x.unsqueeze(-2)                       # a: element i, b: element j
+        before = (b > a) if descending else (b < a)
+        if dtypes.is_float(x.dtype):  # NaN sorts last ascending, first descending (torch)
+            before = (before & b.isnan().logical_not()) | (a.isnan() & b.isnan().logical_not()) if not descending \
+                else (before | (b.isnan() & a.isnan().logical_not()))
+        idx = Tensor.arange(n, device=self.device)
+        tie = (b == a) | (a.isnan() & b.isnan()) if dtypes.is_float(x.dtype) else (b == a)
+        earlier = idx.reshape(n, 1) > idx.reshape(1, n)                 # j < i
+        return (before | (tie & earlier)).cast(dtypes.int32).sum(-1)   # (..., n): rank of element i
+
+    def sort(self: "Tensor", dim: int = -1, descending: bool = False) -> "tuple[Tensor, Tensor]":
+        """(values, indices), stable. O(n^2) work per row, no data-dependent control flow."""
+        from fusegrad.tensor import Tensor
+        ax = self._axis(dim)
+        n = self.shape[ax]
+        x = self.transpose(ax, -1) if ax != self.ndim - 1 else self
+        rank = x._ranks(-1, descending)
+        onehot = rank.unsqueeze(-2) == Tensor.arange(n, device=self.device).reshape(n, 1)   # [k, i]: rank_i == k
+        vals = onehot.where(x.unsqueeze(-2), 0).sum(-1).cast(x.dtype) if not dtypes.is_float(x.dtype) else \
+            onehot.where(x.unsqueeze(-2), 0.0).sum(-1)
+        if dtypes.is_float(x.dtype):  # NaN * 0 poisons a plain sum: pick NaN where the chosen element is NaN
+            has_nan = (onehot & x.unsqueeze(-2).isnan()).any(-1)
+            vals = has_nan.where(math.nan, onehot.where(x.unsqueeze(-2).isnan().where(0, x.unsqueeze(-2)), 0).sum(-1))
+        idxs = onehot.where(Tensor.arange(n, device=self.device), 0).sum(-1).cast(dtypes.int32)
+        if ax != self.ndim - 1: vals, idxs = vals.transpose(ax, -1), idxs.transpose(ax, -1)
+        return vals, idxs
+
+    def argsort(self: "Tensor", dim: int = -1, descending: bool = False) -> "Tensor":
+        return self.sort(dim, descending)[1]
+
+    def topk(self: "Tensor", k: int, dim: int = -1, largest: bool = True, sorted_: bool = True) -> "tuple[Tensor, Tensor]":
+        ax = self._axis(dim)
+        if not 0 <= k <= self.shape[ax]: raise RuntimeError(f"selected index k={k} out of range for size {self.shape[ax]}")
+        v, i = self.sort(ax, descending=largest)
+        sl = [(0, s) for s in self.shape]
+        sl[ax] = (0, k)
+        return v.shrink(sl), i.shrink(sl)
