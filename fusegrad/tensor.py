@@ -17,6 +17,7 @@ from fusegrad.ir import build
 from fusegrad.ir.ops import Ops, UOp
 from fusegrad.mixin.math import MathMixin
 from fusegrad.mixin.movement import MovementMixin
+from fusegrad.mixin.nn import NNMixin
 from fusegrad.mixin.reduce import ReduceMixin
 
 _buffer_ids = iter(range(1, 1 << 62))
@@ -84,7 +85,7 @@ def _broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(out)
 
 
-class Tensor(MathMixin, ReduceMixin, MovementMixin):
+class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
     """A lazy n-dimensional array with autograd.
 
     >>> (Tensor([1.0, 2.0]) * 3).tolist()
@@ -365,6 +366,88 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin):
         z = r * (u[1:2] * (2 * math.pi)).cos()
         dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
         return Tensor(z.reshape(s).cast(dt).contiguous().uop, requires_grad=requires_grad)
+
+    @classmethod
+    def rand_like_(cls, t: "Tensor", **kwargs: Any) -> "Tensor":
+        return cls.rand(*t.shape, **{"device": t.device, "dtype": t.dtype if dtypes.is_float(t.dtype) else None, **kwargs})
+
+    def rand_like(self, **kwargs: Any) -> "Tensor": return Tensor.rand_like_(self, **kwargs)
+
+    def randn_like(self, dtype: DTypeLike | None = None, **kwargs: Any) -> "Tensor":
+        return Tensor.randn(*self.shape, **{"device": self.device, "dtype": dtype or self.dtype, **kwargs})
+
+    @classmethod
+    def randint(cls, *shape: Any, low: int = 0, high: int = 10, dtype: DTypeLike = dtypes.int32,
+                device: str | None = None) -> "Tensor":
+        """Uniform integers in [low, high)."""
+        if high <= low: raise RuntimeError(f"randint: high ({high}) must be greater than low ({low})")
+        u = Tensor.rand(*cls._shape_arg(shape), device=device)
+        return ((u * (high - low)).floor() + low).cast(to_dtype(dtype))
+
+    @classmethod
+    def randperm(cls, n: int, device: str | None = None, dtype: DTypeLike = dtypes.int32) -> "Tensor":
+        return Tensor.rand(n, device=device).argsort().cast(to_dtype(dtype))
+
+    @classmethod
+    def normal(cls, *shape: Any, mean: float = 0.0, std: float = 1.0, **kwargs: Any) -> "Tensor":
+        return (std * Tensor.randn(*shape, **kwargs) + mean).cast(to_dtype(kwargs.get("dtype") or dtypes.default_float))
+
+    @classmethod
+    def uniform(cls, *shape: Any, low: float = 0.0, high: float = 1.0, dtype: DTypeLike | None = None,
+                **kwargs: Any) -> "Tensor":
+        dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
+        return ((high - low) * Tensor.rand(*shape, **kwargs) + low).cast(dt)
+
+    @classmethod
+    def scaled_uniform(cls, *shape: Any, **kwargs: Any) -> "Tensor":
+        return Tensor.uniform(*shape, low=-1.0, high=1.0, **kwargs).mul(prod(cls._shape_arg(shape)) ** -0.5)
+
+    @classmethod
+    def glorot_uniform(cls, *shape: Any, **kwargs: Any) -> "Tensor":
+        s = cls._shape_arg(shape)
+        return Tensor.uniform(*s, low=-1.0, high=1.0, **kwargs).mul((6 / (s[0] + prod(s[1:]))) ** 0.5)
+
+    @classmethod
+    def kaiming_uniform(cls, *shape: Any, a: float = 0.01, **kwargs: Any) -> "Tensor":
+        s = cls._shape_arg(shape)
+        bound = math.sqrt(3.0) * math.sqrt(2.0 / (1 + a ** 2)) / math.sqrt(prod(s[1:]))
+        return Tensor.uniform(*s, low=-bound, high=bound, **kwargs)
+
+    @classmethod
+    def kaiming_normal(cls, *shape: Any, a: float = 0.01, **kwargs: Any) -> "Tensor":
+        s = cls._shape_arg(shape)
+        std = math.sqrt(2.0 / (1 + a ** 2)) / math.sqrt(prod(s[1:]))
+        return Tensor.normal(*s, mean=0.0, std=std, **kwargs)
+
+    def multinomial(self, num_samples: int = 1, replacement: bool = False) -> "Tensor":
+        """Sample indices from the (unnormalized) probabilities in the last axis (1-d or 2-d)."""
+        if self.ndim not in (1, 2): raise RuntimeError(f"multinomial expects a 1-d or 2-d tensor, got {self.shape}")
+        if not replacement and num_samples > self.shape[-1]:
+            raise RuntimeError(f"cannot take {num_samples} samples without replacement from {self.shape[-1]} categories")
+        p = self.unsqueeze(0) if self.ndim == 1 else self
+        if replacement:
+            cdf = (p / p.sum(-1, keepdim=True)).cumsum(-1)                       # (B, C)
+            u = Tensor.rand(p.shape[0], num_samples, 1, device=self.device)
+            out = (u >= cdf.unsqueeze(1)).cast(dtypes.int32).sum(-1).minimum(p.shape[-1] - 1)
+        else:  # Gumbel top-k: the k largest of log p + Gumbel noise are a sample without replacement
+            g = -(-(Tensor.rand(*p.shape, device=self.device) + 1e-20).log() + 1e-20).log()
+            out = (p.log() + g).topk(num_samples, -1)[1]
+        return (out.squeeze(0) if self.ndim == 1 else out).cast(dtypes.int32)
+
+    @classmethod
+    def linspace(cls, start: float, stop: float, steps: int, dtype: DTypeLike | None = None,
+                 device: str | None = None) -> "Tensor":
+        if steps < 0: raise RuntimeError("number of steps must be non-negative")
+        dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
+        if steps == 1: return Tensor([start], dtype=dt, device=device)
+        i = Tensor.arange(steps, device=device, dtype=dtypes.float32)
+        return (start + i * ((stop - start) / (steps - 1))).cast(dt)
+
+    def empty_like(self, dtype: DTypeLike | None = None, device: str | None = None) -> "Tensor":
+        return Tensor.empty(*self.shape, dtype=dtype or self.dtype, device=device or self.device)
+
+    def const_like(self, b: ConstType, dtype: DType | None = None) -> "Tensor":
+        return Tensor._wrap(self._const(b, dtype))
 
     # ----- internal helpers -----
     def _axis(self, axis: int, ndim: int | None = None) -> int:
