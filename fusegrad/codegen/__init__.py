@@ -8,6 +8,7 @@ from fusegrad.helpers import DEBUG, NOOPT, SPEC, colored
 from fusegrad.ir.ops import Ops, UOp, print_tree
 from fusegrad.ir.pattern import graph_rewrite
 from fusegrad.ir.symbolic import pm_symbolic
+from fusegrad.codegen.decompose import decompose_dtypes
 from fusegrad.codegen.linearize import linearize
 from fusegrad.codegen.opt import apply_opts
 from fusegrad.renderer import ProgramSpec, Renderer
@@ -36,6 +37,7 @@ def to_program(ast: UOp, renderer: Renderer) -> ProgramSpec:
     if DEBUG >= 5: print(colored("kernel AST:", "cyan") + "\n" + print_tree(ast))
     sink = graph_rewrite(ast, pm_symbolic, name="kernel symbolic")
     name = kernel_name(sink)
+    sink = decompose_dtypes(sink, renderer.native_dtypes())
     if not NOOPT: sink = apply_opts(sink, renderer)
     uops, est = linearize(sink)
     if SPEC:

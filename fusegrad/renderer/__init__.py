@@ -29,6 +29,11 @@ class Renderer:
     global_max: tuple[int, ...] | None = None
 
     def supported_dtypes(self) -> list[DType]:
+        """Every dtype kernels on this device can use (natively or emulated by codegen)."""
+        return list(dtypes.all)
+
+    def native_dtypes(self) -> list[DType]:
+        """The dtypes the target language has; codegen emulates the others it supports."""
         return list(dtypes.all)
 
     def render(self, name: str, uops: list[UOp]) -> str:

@@ -29,8 +29,12 @@ class CStyleLanguage(Renderer):
     double_fn = {Ops.SQRT: "__builtin_sqrt", Ops.EXP2: "__builtin_exp2", Ops.LOG2: "__builtin_log2",
                  Ops.SIN: "__builtin_sin", Ops.TRUNC: "__builtin_trunc"}
 
-    def supported_dtypes(self) -> list[DType]:
+    def native_dtypes(self) -> list[DType]:
         return [d for d in dtypes.all if d in self.type_map]
+
+    def supported_dtypes(self) -> list[DType]:
+        """Native types plus bfloat16, which codegen emulates with float32 math on 16-bit storage."""
+        return self.native_dtypes() + ([dtypes.bfloat16] if dtypes.bfloat16 not in self.type_map else [])
 
     def render_dtype(self, dt: DType) -> str:
         if dt.scalar() not in self.type_map: raise RuntimeError(f"{type(self).__name__} has no type for {dt}")
