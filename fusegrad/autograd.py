@@ -46,6 +46,13 @@ def _reduce_max_grad(ret: UOp, ctx: UOp) -> tuple[UOp]:
     return (_mul(share, build.expand(ctx, src.shape)),)
 
 
+def _reduce_mul_grad(ret: UOp, ctx: UOp) -> tuple[UOp]:
+    # d prod / d x_i = prod / x_i (inputs are assumed nonzero, as for torch's fast path)
+    src = ret.src[0]
+    assert src.shape is not None
+    return (_mul(build.expand(_mul(ctx, ret), src.shape), build.alu(Ops.RECIPROCAL, src)),)
+
+
 def _pad_grad(ret: UOp, ctx: UOp) -> tuple[UOp]:
     assert ret.shape is not None
     return (build.shrink(ctx, [(b, s - a) for (b, a), s in zip(ret.arg, ret.shape)]),)
@@ -102,7 +109,7 @@ pm_gradient = PatternMatcher([
     (UPat(Ops.CAST, name="ret"),
      lambda ret, ctx: (build.cast(ctx, ret.src[0].dtype) if dtypes.is_float(ret.src[0].dtype) else None,)),
     (UPat(Ops.REDUCE_AXIS, name="ret"), lambda ret, ctx: (build.expand(ctx, ret.src[0].shape),)
-     if ret.arg[0] is Ops.ADD else _reduce_max_grad(ret, ctx) if ret.arg[0] is Ops.MAX else None),
+     if ret.arg[0] is Ops.ADD else _reduce_max_grad(ret, ctx) if ret.arg[0] is Ops.MAX else _reduce_mul_grad(ret, ctx)),
     (UPat(Ops.RESHAPE, name="ret"), lambda ret, ctx: (build.reshape(ctx, ret.src[0].shape),)),
     (UPat(Ops.PERMUTE, name="ret"), lambda ret, ctx: (build.permute(ctx, build.inverse_permute(ret.arg)),)),
     (UPat(Ops.EXPAND, name="ret"), lambda ret, ctx: (build.reduce_to(ctx, ret.src[0].shape),)),

@@ -187,6 +187,17 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
         return f"<Tensor {self.uop.op.name} {self.shape} {self.dtype} on {self.device} with grad " \
                f"{self.grad.uop.op.name if self.grad is not None else None}>"
 
+    def is_param_(self, is_param: bool = True) -> "Tensor":
+        """Mark as a parameter (what optimizers update); parameters get their own graph node like requires_grad."""
+        self.is_param = is_param
+        if is_param and self.requires_grad is None: self.requires_grad_(True)
+        return self
+
+    def to_(self, device: str | None) -> "Tensor":
+        """Move this tensor to `device` in place."""
+        self.uop = self.to(device).uop
+        return self
+
     def requires_grad_(self, requires_grad: bool = True) -> "Tensor":
         self.requires_grad = requires_grad
         if requires_grad and self.grad is None and self._grad_uop is None: self.uop = _make_unique(self.uop)
@@ -589,6 +600,26 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
         dt = to_dtype(dtype)
         return self if self.dtype == dt else self._apply(lambda u: build.cast(u, dt))
 
+    def bitcast(self, dtype: DTypeLike) -> "Tensor":
+        """Reinterpret the bits. Same itemsize: elementwise; otherwise the last axis grows or shrinks (little endian)."""
+        dt = to_dtype(dtype)
+        if dt.itemsize == self.dtype.itemsize:
+            return self if dt == self.dtype else self._apply(lambda u: UOp(Ops.BITCAST, dt, (u,)))
+        if self.ndim == 0: raise RuntimeError(f"bitcast from {self.dtype} to {dt} needs at least one axis")
+        uint = {1: dtypes.uint8, 2: dtypes.uint16, 4: dtypes.uint32, 8: dtypes.uint64}
+        src_u, dst_u = uint[self.dtype.itemsize], uint[dt.itemsize]
+        bits = self.bitcast(src_u)
+        if dt.itemsize < self.dtype.itemsize:  # split each element into r pieces along the last axis
+            r = self.dtype.itemsize // dt.itemsize
+            shifts = Tensor([8 * dt.itemsize * i for i in range(r)], dtype=src_u, device=self.device)
+            parts = (bits.unsqueeze(-1) >> shifts) & ((1 << (8 * dt.itemsize)) - 1)
+            return parts.cast(dst_u).flatten(-2).bitcast(dt)
+        r = dt.itemsize // self.dtype.itemsize
+        if self.shape[-1] % r: raise RuntimeError(f"bitcast to {dt}: last axis {self.shape[-1]} must divide by {r}")
+        groups = bits.cast(dst_u).unflatten(-1, (self.shape[-1] // r, r))
+        shifts = Tensor([8 * self.dtype.itemsize * i for i in range(r)], dtype=dst_u, device=self.device)
+        return (groups << shifts).sum(-1, dtype=dst_u).bitcast(dt)
+
     def float(self) -> "Tensor": return self.cast(dtypes.float32)
     def half(self) -> "Tensor": return self.cast(dtypes.float16)
     def int(self) -> "Tensor": return self.cast(dtypes.int32)
@@ -605,7 +636,7 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
 
     def sub(self, x: "Tensor | ConstType", reverse: bool = False) -> "Tensor":
         a, b = self._broadcasted(x, reverse)
-        if dtypes.is_bool(a.dtype): raise TypeError("subtraction of bool tensors is not supported; use logical ops")
+        if dtypes.is_bool(a.dtype): raise RuntimeError("subtraction of bool tensors is not supported; use logical ops")
         return a._alu(Ops.ADD, b.neg())
 
     def mul(self, x: "Tensor | ConstType", reverse: bool = False) -> "Tensor":
@@ -626,7 +657,7 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
         return q - fix
 
     def neg(self) -> "Tensor":
-        if dtypes.is_bool(self.dtype): raise TypeError("negation of a bool tensor is not supported; use logical_not")
+        if dtypes.is_bool(self.dtype): raise RuntimeError("negation of a bool tensor is not supported; use logical_not")
         return self * -1 if dtypes.is_int(self.dtype) else self._alu(Ops.NEG)
 
     def reciprocal(self) -> "Tensor": return self._float_or_self()._alu(Ops.RECIPROCAL)
@@ -697,7 +728,7 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
 
     def _bitwise(self, x: "Tensor | ConstType", op: Ops, reverse: bool = False) -> "Tensor":
         a, b = self._broadcasted(x, reverse)
-        if dtypes.is_float(a.dtype): raise TypeError(f"bitwise op {op.name} needs int or bool tensors, got {a.dtype}")
+        if dtypes.is_float(a.dtype): raise RuntimeError(f"bitwise op {op.name} needs int or bool tensors, got {a.dtype}")
         return a._alu(op, b)
 
     def __and__(self, x: "Tensor | ConstType") -> "Tensor": return self._bitwise(x, Ops.AND)
@@ -717,6 +748,24 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
     def __floordiv__(self, x: "Tensor | ConstType") -> "Tensor": return self.floordiv(x)
     def __rfloordiv__(self, x: "Tensor | ConstType") -> "Tensor": return self.floordiv(x, True)
     def __neg__(self) -> "Tensor": return self.neg()
+    # in-place operators update the tensor itself (through assign), so other references see the new value
+    def __iadd__(self, x: Any) -> "Tensor": return self.assign(self + x)
+    def __isub__(self, x: Any) -> "Tensor": return self.assign(self - x)
+    def __imul__(self, x: Any) -> "Tensor": return self.assign(self * x)
+    def __itruediv__(self, x: Any) -> "Tensor": return self.assign(self / x)
+    def __ifloordiv__(self, x: Any) -> "Tensor": return self.assign(self // x)
+    def __ipow__(self, x: Any) -> "Tensor": return self.assign(self ** x)
+    def __iand__(self, x: Any) -> "Tensor": return self.assign(self & x)
+    def __ior__(self, x: Any) -> "Tensor": return self.assign(self | x)
+    def __ixor__(self, x: Any) -> "Tensor": return self.assign(self ^ x)
+    def __ilshift__(self, x: Any) -> "Tensor": return self.assign(self << x)
+    def __irshift__(self, x: Any) -> "Tensor": return self.assign(self >> x)
+    def __imatmul__(self, x: Any) -> "Tensor": return self.assign(self @ x)
+    def __rlshift__(self, x: Any) -> "Tensor": return self._bitwise(x, Ops.SHL, True)
+    def __rrshift__(self, x: Any) -> "Tensor": return self._bitwise(x, Ops.SHR, True)
+
+    def __delitem__(self, idx: Any) -> None:
+        raise TypeError("Tensor does not support deleting items")
     def __matmul__(self, x: "Tensor") -> "Tensor": return self.matmul(x)
     def __rmatmul__(self, x: "Tensor") -> "Tensor": return x.matmul(self)
 

@@ -150,7 +150,7 @@ class MathMixin:
     def bitwise_xor(self: "Tensor", x: Any, reverse: bool = False) -> "Tensor": return self.__xor__(x)
 
     def bitwise_not(self: "Tensor") -> "Tensor":
-        if dtypes.is_float(self.dtype): raise TypeError(f"bitwise_not needs an int or bool tensor, got {self.dtype}")
+        if dtypes.is_float(self.dtype): raise RuntimeError(f"bitwise_not needs an int or bool tensor, got {self.dtype}")
         return self.logical_not() if dtypes.is_bool(self.dtype) else self ^ -1
 
     def __invert__(self: "Tensor") -> "Tensor": return self.bitwise_not()

@@ -295,7 +295,7 @@ class MovementMixin:
                     bounds.append((start, start + (n - 1) * step + 1) if n else (0, 0)); flips.append(False)
                     steps.append(step)
             else:
-                raise TypeError(f"unsupported index type {type(i).__name__}")
+                raise IndexError(f"unsupported index type {type(i).__name__}")
             ax += 1
         x = self.shrink(bounds)
         if any(flips): x = x.flip([a for a, f in enumerate(flips) if f])
