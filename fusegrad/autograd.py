@@ -104,7 +104,8 @@ pm_gradient = PatternMatcher([
     (UPat(Ops.WHERE, name="ret"),                                                      # d where(c,a,b) = (-, cg, !cg)
      lambda ret, ctx: (None, build.alu(Ops.WHERE, ret.src[0], ctx, _c(ctx, 0)),
                        build.alu(Ops.WHERE, ret.src[0], _c(ctx, 0), ctx))),
-    (UPat(GroupOp.Comparison | {Ops.IDIV, Ops.MOD, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR, Ops.TRUNC}, name="ret"),
+    (UPat(Ops.TRUNC, name="ret"), lambda ret, ctx: (_c(ctx, 0),)),                     # d trunc(x) = 0 almost everywhere
+    (UPat(GroupOp.Comparison | {Ops.IDIV, Ops.MOD, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR}, name="ret"),
      lambda ret: (None,) * len(ret.src)),                                              # not differentiable
     (UPat(Ops.CAST, name="ret"),
      lambda ret, ctx: (build.cast(ctx, ret.src[0].dtype) if dtypes.is_float(ret.src[0].dtype) else None,)),

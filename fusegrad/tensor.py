@@ -25,6 +25,20 @@ _buffer_ids = iter(range(1, 1 << 62))
 buffers: "weakref.WeakKeyDictionary[UOp, Buffer]" = weakref.WeakKeyDictionary()
 # a lazy node that was computed -> the node of its buffer, so no graph computes it twice
 realized: "weakref.WeakKeyDictionary[UOp, UOp]" = weakref.WeakKeyDictionary()
+# the lazy graph a realized tensor with autograd history was computed from (for backward through realize)
+lazy_of: "weakref.WeakKeyDictionary[UOp, UOp]" = weakref.WeakKeyDictionary()
+
+
+def _with_history(u: UOp) -> UOp:
+    """`u` with realized nodes replaced by the lazy graphs that computed them, so gradients reach the leaves."""
+    from fusegrad.ir.pattern import substitute
+    for _ in range(10000):
+        mapping = {n: lazy_of[n] for n in u.toposort() if n in lazy_of}
+        if not mapping: return u
+        u = substitute(u, mapping)
+    raise RuntimeError("autograd history too deep")
+
+
 # every live tensor: backward() fills .grad for those in the graph (unless requires_grad=False)
 _all_tensors: "weakref.WeakSet[Tensor]" = weakref.WeakSet()
 _unique_ids = iter(range(1, 1 << 62))
@@ -91,7 +105,7 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
     >>> (Tensor([1.0, 2.0]) * 3).tolist()
     [3.0, 6.0]
     """
-    __slots__ = ("uop", "grad", "requires_grad", "_grad_uop", "is_param", "__weakref__")
+    __slots__ = ("uop", "grad", "requires_grad", "_derived", "is_param", "__weakref__")
     training: ClassVar[bool] = False
     no_grad: ClassVar[bool] = False
     _seed: ClassVar[int] = 0
@@ -120,14 +134,14 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
             from fusegrad.dtype import from_np_dtype, to_np_dtype
             arr = np.asarray(data)
             d = dt or from_np_dtype(arr.dtype)
-            arr = np.ascontiguousarray(arr.astype(to_np_dtype(d)) if d != dtypes.bfloat16 else arr)
+            arr = np.ascontiguousarray(arr.astype(to_np_dtype(d)) if d != dtypes.bfloat16 else arr).reshape(arr.shape)
             self.uop = self._from_bytes(arr.tobytes(), d, arr.shape, dev)
         else:
             raise TypeError(f"can't create a Tensor from {type(data).__name__}")
         if dt is not None and self.uop.dtype != dt: self.uop = build.cast(self.uop, dt)
         self.grad: Tensor | None = None
         self.requires_grad: bool | None = requires_grad
-        self._grad_uop: UOp | None = None
+        self._derived = False  # True when computed from tensors that require grad (has autograd history)
         self.is_param = False
         if requires_grad: self.uop = _make_unique(self.uop)
         _all_tensors.add(self)
@@ -142,8 +156,9 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
     @staticmethod
     def _wrap(u: UOp, *parents: "Tensor") -> "Tensor":
         t = Tensor.__new__(Tensor)
-        t.uop, t.grad, t._grad_uop, t.is_param = u, None, None, False
+        t.uop, t.grad, t.is_param = u, None, False
         t.requires_grad = True if not Tensor.no_grad and any(p.requires_grad for p in parents) else None
+        t._derived = bool(t.requires_grad)
         _all_tensors.add(t)
         return t
 
@@ -200,7 +215,7 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
 
     def requires_grad_(self, requires_grad: bool = True) -> "Tensor":
         self.requires_grad = requires_grad
-        if requires_grad and self.grad is None and self._grad_uop is None: self.uop = _make_unique(self.uop)
+        if requires_grad and not self._derived: self.uop = _make_unique(self.uop)
         return self
 
     # ----- realize and data access -----
@@ -224,7 +239,7 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
         run_schedule(sched)
         for t in todo:
             new = results[t.uop]
-            if t.requires_grad and t._grad_uop is None: t._grad_uop = t.uop
+            if t._derived: lazy_of[new] = t.uop  # keep the history for backward()
             realized[t.uop] = new
             t.uop = new
 
@@ -287,7 +302,8 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
     @staticmethod
     def _shape_arg(shape: tuple[Any, ...]) -> tuple[int, ...]:
         s = argfix(*shape)
-        if not all_int(s) or any(x < 0 for x in s): raise ValueError(f"invalid shape {s}")
+        if not all_int(s): raise TypeError(f"shape must be ints, got {s}")
+        if any(x < 0 for x in s): raise RuntimeError(f"invalid shape {s}: dimension sizes must be non-negative")
         return tuple(s)
 
     @classmethod
@@ -322,7 +338,7 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
                dtype: DTypeLike | None = None, device: str | None = None) -> "Tensor":
         """Values start, start+step, ... < stop (like torch.arange)."""
         if stop is None: start, stop = 0, start
-        if step == 0: raise ValueError("arange step must be nonzero")
+        if step == 0: raise RuntimeError("arange step must be nonzero")
         dt = to_dtype(dtype) if dtype is not None else dtypes.from_py([start, stop, step])
         n = max(math.ceil((stop - start) / step), 0)
         dev = Device.canonicalize(device)
@@ -525,7 +541,7 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
         if len(o) != self.ndim:
             raise RuntimeError(f"permute: number of dims don't match: order {o} for shape {self.shape}")
         o = tuple(self._axis(a) for a in o)
-        if sorted(o) != list(range(self.ndim)): raise RuntimeError(f"permute: repeated dim in order {o}")
+        if sorted(o) != list(range(self.ndim)): raise RuntimeError(f"permute: repeated dim in order {o} for shape {self.shape}")
         return self._apply(lambda u: build.permute(u, o))
 
     def expand(self, shape: Any, *args: int) -> "Tensor":
@@ -546,11 +562,13 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
         """Pad with `value`. `padding` is per-axis (before, after) pairs, or torch's flat form from the last axis."""
         if all(isinstance(p, int) for p in padding):
             flat = list(padding)
-            if len(flat) % 2 or len(flat) // 2 > self.ndim: raise ValueError(f"bad padding {padding} for {self.shape}")
+            if len(flat) % 2: raise RuntimeError(f"Padding length must be divisible by 2, got {padding} for shape {self.shape}")
+            if len(flat) // 2 > self.ndim:
+                raise RuntimeError(f"Padding length {len(flat)} is more than two times the {self.ndim} dims of {self.shape}")
             pairs = [(0, 0)] * self.ndim
             for i in range(len(flat) // 2): pairs[self.ndim - 1 - i] = (flat[2 * i], flat[2 * i + 1])
         else:
-            if len(padding) != self.ndim: raise ValueError(f"padding {padding} needs one entry per axis of {self.shape}")
+            if len(padding) != self.ndim: raise RuntimeError(f"padding {padding} needs one entry per axis of {self.shape}")
             pairs = [(0, 0) if p is None else tuple(p) for p in padding]  # type: ignore[misc]
         if any(b < 0 or a < 0 for b, a in pairs):  # negative padding crops
             x = self.shrink([(-min(b, 0), s + min(a, 0)) for (b, a), s in zip(pairs, self.shape)])
@@ -677,10 +695,16 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
         t = self.trunc()
         return t - ((self < t).cast(self.dtype))
 
-    def relu(self) -> "Tensor": return (self > 0).where(self, 0)
+    def relu(self) -> "Tensor":
+        keep = (self > 0) | self.isnan() if dtypes.is_float(self.dtype) else self > 0   # relu(NaN) is NaN, relu'(0)=0
+        return keep.where(self, 0)
 
     def sigmoid(self) -> "Tensor":
-        return (1 + (-self._float_or_self()).exp()).reciprocal()
+        # each branch only sees inputs where its exp can't overflow, so values and gradients never meet inf*0
+        x = self._float_or_self()
+        pos = x >= 0
+        ep, en = (-pos.where(x, 0)).exp(), pos.where(0, x).exp()
+        return pos.where(1 / (1 + ep), en / (1 + en))
 
     def tanh(self) -> "Tensor":
         return 2.0 * (2.0 * self._float_or_self()).sigmoid() - 1.0
@@ -712,8 +736,8 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
     # comparisons return bool tensors
     def __lt__(self, x: "Tensor | ConstType") -> "Tensor": return Tensor._cmp(*self._broadcasted(x), Ops.CMPLT)
     def __gt__(self, x: "Tensor | ConstType") -> "Tensor": return Tensor._cmp(*self._broadcasted(x, True), Ops.CMPLT)
-    def __ge__(self, x: "Tensor | ConstType") -> "Tensor": return (self < x).logical_not()
-    def __le__(self, x: "Tensor | ConstType") -> "Tensor": return (self > x).logical_not()
+    def __ge__(self, x: "Tensor | ConstType") -> "Tensor": return (self > x) | (self == x)  # NaN compares False
+    def __le__(self, x: "Tensor | ConstType") -> "Tensor": return (self < x) | (self == x)
     def __ne__(self, x: "Tensor | ConstType") -> "Tensor": return Tensor._cmp(*self._broadcasted(x), Ops.CMPNE)  # type: ignore[override]
     def __eq__(self, x: "Tensor | ConstType") -> "Tensor": return (self != x).logical_not()  # type: ignore[override]
     def eq(self, x: "Tensor | ConstType") -> "Tensor": return self == x
@@ -774,11 +798,15 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
         axes = tuple(range(self.ndim)) if axis is None else \
             tuple(self._axis(a) for a in ((axis,) if isinstance(axis, int) else axis))
         if self.ndim == 0: axes = ()
+        if op is Ops.MAX and axis is None and self.numel() == 0:
+            raise RuntimeError(f"max/min of an empty tensor (shape {self.shape}) needs an explicit axis")
         if op is Ops.MAX and any(self.shape[a] == 0 for a in axes):
-            raise RuntimeError(f"max/min of an empty dimension: shape {self.shape}, axes {axes}")
-        out = self._apply(lambda u: build.reduce_axis(u, op, axes)) if any(self.shape[a] != 1 for a in axes) else self
-        if op is Ops.ADD and any(self.shape[a] == 0 for a in axes):  # empty sum is 0
-            out = Tensor._wrap(self._const(0, shape=tuple(1 if i in axes else s for i, s in enumerate(self.shape))))
+            raise IndexError(f"max/min: Expected reduction dims {axes} to have non-zero size, shape {self.shape}")
+        x = self
+        if any(self.shape[a] == 0 for a in axes):  # reducing nothing: pad with the identity (keeps the graph link)
+            ident = 0 if op is Ops.ADD else 1
+            x = x.pad([(0, 1) if i in axes and s == 0 else (0, 0) for i, s in enumerate(self.shape)], value=ident)
+        out = x._apply(lambda u: build.reduce_axis(u, op, axes)) if any(x.shape[a] != 1 for a in axes) else x
         return out if keepdim else out.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
 
     def sum(self, axis: int | Sequence[int] | None = None, keepdim: bool = False,
@@ -812,12 +840,17 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
             xs = "x".join(map(str, x.shape))
             ws = "x".join(map(str, w.shape))
             raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied ({xs} and {ws})")
+        bx, bw = x.shape[:-2], w.shape[:-2]
+        if any(a != b and a != 1 and b != 1 for a, b in zip(bx[::-1], bw[::-1])):
+            raise RuntimeError(f"matmul: batch dims can't broadcast for shapes {x.shape} and {w.shape}")
         if w.ndim == 1:
-            return (x * w._broadcast_to(x.shape)).sum(-1, dtype=dtype) if x.ndim > 1 else (x * w).sum(-1, dtype=dtype)
-        xr = x.reshape(x.shape[:-1] + (1,) + x.shape[-1:])                        # (..., n, 1, k)
-        wr = w.transpose(-1, -2).reshape(w.shape[:-2] + (1,) + (w.shape[-1], w.shape[-2]))  # (..., 1, m, k)
-        if x.ndim == 1: xr = x.reshape(1, k_x)
-        out = (xr * wr).sum(-1, dtype=dtype)
+            out = (x * w).sum(-1, dtype=dtype)                                       # (...,)
+        else:
+            xx = x.reshape(1, k_x) if x.ndim == 1 else x
+            xr = xx.reshape(xx.shape[:-1] + (1, k_x))                                # (..., n, 1, k)
+            wr = w.transpose(-1, -2).reshape(w.shape[:-2] + (1, w.shape[-1], k_x))   # (..., 1, m, k)
+            out = (xr * wr).sum(-1, dtype=dtype)                                     # (..., n, m)
+            if x.ndim == 1: out = out.squeeze(-2)
         return out.cast(least_upper_dtype(x.dtype, w.dtype)) if dtype is None else out
 
     def matmul(self, x: "Tensor", reverse: bool = False, dtype: DTypeLike | None = None) -> "Tensor":
@@ -835,8 +868,8 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
             gradient = Tensor.ones(self.shape, dtype=self.dtype, device=self.device)
         if gradient.shape != self.shape:
             raise RuntimeError(f"gradient shape {gradient.shape} doesn't match tensor shape {self.shape}")
-        root = self._grad_uop if self._grad_uop is not None else self.uop
-        targets = {t: (t._grad_uop if t._grad_uop is not None else t.uop) for t in list(_all_tensors)
+        root = _with_history(self.uop)
+        targets = {t: lazy_of.get(t.uop, t.uop) for t in list(_all_tensors)
                    if t.requires_grad is not False and dtypes.is_float(t.dtype) and t is not gradient}
         grads = autograd.compute_gradient(root, gradient.uop, set(targets.values()) | {t.uop for t in targets})
         for t, u in targets.items():
@@ -850,8 +883,8 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
     def gradient(self, *targets: "Tensor", gradient: "Tensor | None" = None) -> list["Tensor"]:
         """Gradients of self with respect to each target (without touching .grad)."""
         g = gradient if gradient is not None else Tensor.ones(self.shape, dtype=self.dtype, device=self.device)
-        root = self._grad_uop if self._grad_uop is not None else self.uop
-        tu = [t._grad_uop if t._grad_uop is not None else t.uop for t in targets]
+        root = _with_history(self.uop)
+        tu = [lazy_of.get(t.uop, t.uop) for t in targets]
         grads = autograd.compute_gradient(root, g.uop, set(tu))
         return [Tensor._wrap(grads[u]) if u in grads else t.zeros_like() for t, u in zip(targets, tu)]
 

@@ -52,6 +52,10 @@ def reduce_axis(x: UOp, op: Ops, axes: Sequence[int]) -> UOp:
     assert op in GroupOp.Reduce and x.shape is not None
     axes = tuple(sorted(a for a in axes if x.shape[a] != 1))
     if not axes: return x
+    if any(x.shape[a] == 0 for a in axes):  # reducing nothing gives the identity
+        assert x.device is not None
+        ident = {Ops.ADD: 0, Ops.MUL: 1, Ops.MAX: dtypes.min(x.dtype)}[op]
+        return const(ident, x.dtype, x.device, tuple(1 if i in axes else s for i, s in enumerate(x.shape)))
     return UOp(Ops.REDUCE_AXIS, x.dtype, (x,), (op, axes))
 
 

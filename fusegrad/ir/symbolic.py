@@ -70,7 +70,9 @@ def _bounds(u: UOp) -> tuple[Any, Any]:
         if s[0].vmin == s[0].vmax: return (s[1].vmin, s[1].vmax) if s[0].vmin else (s[2].vmin, s[2].vmax)
         return min(s[1].vmin, s[2].vmin), max(s[1].vmax, s[2].vmax)
     if op is Ops.CAST and (dtypes.is_int(s[0].dtype) or dtypes.is_bool(s[0].dtype)):
-        return int(s[0].vmin), int(s[0].vmax)
+        lo, hi = int(s[0].vmin), int(s[0].vmax)
+        if dtypes.is_bool(u.dtype): return (lo > 0 or hi < 0), (lo != 0 or hi != 0)  # True unless 0 is possible
+        return lo, hi
     return full
 
 
@@ -238,5 +240,5 @@ pm_symbolic = PatternMatcher([
 @functools.lru_cache(maxsize=1 << 16)
 def simplify(u: UOp) -> UOp:
     """Run the symbolic rules to a fixed point (memoized: nodes are immutable, so the answer never changes)."""
-    if u.op is Ops.CONST or u.op is Ops.RANGE: return u
+    if u.op is Ops.CONST or (u.op is Ops.RANGE and u.vmax != 0): return u
     return graph_rewrite(u, pm_symbolic, name="symbolic")

@@ -332,7 +332,7 @@ class MovementMixin:
         if x.shape != self.shape: raise RuntimeError(f"assign shape mismatch {x.shape} != {self.shape}")
         if x.device != self.device: raise RuntimeError(f"assign device mismatch {x.device} != {self.device}")
         self.uop = x.cast(self.dtype).uop
-        self.grad = None if x.requires_grad is None else self.grad
+        self._derived = x._derived
         return self
 
     def scatter(self: "Tensor", dim: int, index: "Tensor", src: Any, reduce: str | None = None) -> "Tensor":

@@ -26,11 +26,6 @@ class ReduceMixin:
         from fusegrad.dtype import sum_acc_dtype
         from fusegrad.ir.ops import Ops
         x = self.cast(to_dtype(dtype) if dtype is not None else sum_acc_dtype(self.dtype))
-        if any(self.shape[a] == 0 for a in self._axes(axis)):  # empty product is 1
-            from fusegrad.tensor import Tensor
-            shape = tuple(1 if i in self._axes(axis) else s for i, s in enumerate(x.shape))
-            out = Tensor.full(shape, 1, dtype=x.dtype, device=x.device)
-            return out if keepdim else out.squeeze_axes(self._axes(axis))
         return x._reduce(Ops.MUL, axis, keepdim)
 
     def any(self: "Tensor", axis: Any = None, keepdim: bool = False) -> "Tensor":
