@@ -1,0 +1,90 @@
+"""matmul / @ / dot against torch.matmul, with gradients: 2-D, vector cases, batched and broadcast batches,
+non-contiguous operands, int operands, empty and size-1 dimensions."""
+import numpy as np
+import pytest
+import torch
+
+from .helpers import DEVICES, check_op
+
+SHAPES = [((3, 4), (4, 5)), ((1, 4), (4, 1)), ((4,), (4, 5)), ((3, 4), (4,)), ((4,), (4,)), ((2, 3, 4), (2, 4, 5)),
+          ((2, 3, 4), (4, 5)), ((3, 4), (2, 4, 5)), ((2, 1, 3, 4), (3, 4, 2)), ((1, 3, 4), (2, 4, 5)),
+          ((4,), (2, 4, 5)), ((2, 3, 4), (4,)), ((5, 1), (1, 6)), ((16, 32), (32, 8))]
+
+
+@pytest.mark.parametrize("a,b", SHAPES, ids=str)
+def test_matmul(a, b):
+    check_op([a, b], lambda x, y: x @ y, atol=1e-5, grad_atol=1e-4)
+
+
+@pytest.mark.parametrize("a,b", [((3, 4), (4, 5)), ((4,), (4, 2)), ((2, 3, 4), (4,)), ((4,), (4,))], ids=str)
+def test_matmul_method_and_dot(a, b):
+    check_op([a, b], torch.matmul, lambda x, y: x.matmul(y), atol=1e-5)
+    check_op([a, b], torch.matmul, lambda x, y: x.dot(y), atol=1e-5)
+
+
+def test_matmul_reverse_flag():
+    check_op([(4, 5), (3, 4)], lambda x, y: y @ x, lambda x, y: x.matmul(y, reverse=True), atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("a,b", [((2, 3), (3, 2)), ((3,), (3, 2)), ((2, 3), (3,)), ((2, 2, 2), (2, 2))], ids=str)
+def test_matmul_small(a, b, device):
+    check_op([a, b], lambda x, y: x @ y, device=device, atol=1e-5)
+
+
+@pytest.mark.parametrize("name,fn", [
+    ("aT@b", lambda x, y: x.T @ y), ("a@bT", lambda x, y: x @ y.T), ("aT@bT", lambda x, y: x.T @ y.T),
+    ("flip", lambda x, y: x.flip(0) @ y.flip(1)), ("slice", lambda x, y: x[:, 1:] @ y[1:, ::2]),
+])
+def test_matmul_noncontiguous(name, fn):
+    check_op([(4, 4), (4, 4)], fn, atol=1e-5)
+
+
+def test_matmul_expanded_operand():
+    check_op([(1, 4), (4, 3)], lambda x, y: x.expand(5, 4) @ y, atol=1e-5)
+
+
+def test_matmul_same_operand():
+    check_op([(4, 4)], lambda x: x @ x, atol=1e-5)
+    check_op([(3, 4)], lambda x: x @ x.T, atol=1e-5)
+
+
+def test_matmul_chain_and_mlp():
+    check_op([(2, 4), (4, 8), (8,), (8, 3)], lambda x, w1, b1, w2: ((x @ w1 + b1).relu() @ w2).sum(-1), atol=1e-5)
+
+
+def test_matmul_int():
+    rng = np.random.default_rng(0)
+    a, b = rng.integers(-5, 5, (3, 4)).astype(np.int32), rng.integers(-5, 5, (4, 2)).astype(np.int32)
+    check_op(None, lambda x, y: x @ y, vals=[a, b])
+
+
+def test_matmul_mixed_dtype():
+    # torch.matmul needs equal dtypes; fusegrad promotes, so compare with the promoted torch product
+    a = np.arange(12, dtype=np.int32).reshape(3, 4)
+    b = np.linspace(-1, 1, 8).astype(np.float32).reshape(4, 2)
+    check_op(None, lambda x, y: x.float() @ y, lambda x, y: x @ y, vals=[a, b], atol=1e-5)
+
+
+def test_matmul_float64():
+    check_op([(3, 4), (4, 2)], lambda x, y: x @ y, dtype=np.float64, atol=1e-12, rtol=1e-10, grad_atol=1e-12,
+             grad_rtol=1e-10)
+
+
+@pytest.mark.parametrize("a,b", [((0, 4), (4, 3)), ((3, 4), (4, 0)), ((2, 0, 4), (4, 3))], ids=str)
+def test_matmul_empty_output(a, b):
+    check_op([a, b], lambda x, y: x @ y)
+
+
+def test_matmul_empty_inner_dim():
+    # an empty contraction is a sum over nothing: zeros
+    check_op([(3, 0), (0, 4)], lambda x, y: x @ y)
+
+
+def test_matmul_large_values():
+    check_op(None, lambda x, y: x @ y, vals=[np.array([[1e20, 1e20]], np.float32), np.array([[1e20], [-1e20]],
+                                                                                              np.float32)],
+             forward_only=True)
+    check_op(None, lambda x, y: x @ y, vals=[np.array([[np.nan, 1.0]], np.float32), np.array([[0.0], [2.0]],
+                                                                                              np.float32)],
+             forward_only=True)
