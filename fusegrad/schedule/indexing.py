@@ -18,6 +18,7 @@ from fusegrad.ir.ops import GroupOp, Ops, UOp
 from fusegrad.ir.symbolic import simplify
 
 TRUE = UOp.const(dtypes.bool, True)
+INDEX_MAX = 2**31 - 1
 Index = tuple[UOp, ...]
 
 
@@ -82,6 +83,11 @@ class Indexer:
     def build(self) -> KernelBuild:
         shape = self.root.shape
         assert shape is not None
+        big = [n for n in self.root.toposort(gate=lambda u: u is self.root or u not in self.rp)
+               if n.shape is not None and n.size > INDEX_MAX]
+        if big:  # index math is 32-bit; refuse rather than overflow into a wrong address
+            raise RuntimeError(f"tensor of shape {big[0].shape} has more than {INDEX_MAX} elements; "
+                               "kernels index with 32-bit integers for now")
         out_idx = tuple(self.new_range(s, "global") if s != 1 else UOp.const(dtypes.int32, 0) for s in shape)
         self.global_order = [i for i in out_idx if i.op is Ops.RANGE]
         value_node = self.root.src[0] if self.root.op is Ops.CONTIGUOUS else self.root
