@@ -118,6 +118,7 @@ pm_gradient = PatternMatcher([
     (UPat(Ops.SHRINK, name="ret"), _shrink_grad),
     (UPat(Ops.FLIP, name="ret"), lambda ret, ctx: (build.flip(ctx, ret.arg),)),
     (UPat(Ops.GATHER, name="ret"), _gather_grad),
+    (UPat(Ops.ASSIGN), lambda ctx: (None, ctx)),                                       # the value flows through
     (UPat(Ops.CONTIGUOUS), lambda ctx: (ctx,)),
     (UPat(Ops.COPY, name="ret"), lambda ret, ctx: (UOp(Ops.COPY, ctx.dtype, (ctx,), ret.src[0].device),)),
     (UPat(Ops.DETACH, name="ret"), lambda ret: (None,)),

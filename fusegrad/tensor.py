@@ -12,7 +12,7 @@ from fusegrad import autograd
 from fusegrad.device import Buffer, Device
 from fusegrad.dtype import ConstType, DType, DTypeLike, dtypes, least_upper_dtype, least_upper_float, \
     strong_dtype, sum_acc_dtype, to_dtype
-from fusegrad.helpers import TRAINING, all_int, argfix, make_tuple, prod
+from fusegrad.helpers import TRAINING, all_int, argfix, dedup, make_tuple, prod
 from fusegrad.ir import build
 from fusegrad.ir.ops import Ops, UOp
 from fusegrad.mixin.math import MathMixin
@@ -235,19 +235,25 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
         from fusegrad.schedule import create_schedule
         todo = [t for t in tensors if not _is_realized(t.uop)]
         if not todo: return
-        sched, results = create_schedule([t.uop for t in todo])
+        snaps = _snapshot_old_values(todo)
+        uops = dedup([t.uop for t in todo] + [s for _, s in snaps.values()])
+        sched, results = create_schedule(uops)
         run_schedule(sched)
         for t in todo:
-            new = results[t.uop]
-            if t._derived: lazy_of[new] = t.uop  # keep the history for backward()
-            realized[t.uop] = new
+            old = t.uop
+            new = results[old]
+            if t._derived: lazy_of[new] = old  # keep the history for backward()
+            realized[old] = new
             t.uop = new
+        from fusegrad.ir.pattern import substitute
+        for reader, mapping in _stale_readers(snaps):
+            reader.uop = substitute(reader.uop, {b: results[s] for b, s in mapping.items()})
 
     def _buffer(self) -> Buffer:
         """The realized, contiguous buffer holding this tensor's data."""
-        t = self if _is_contiguous_buffer(self.uop) else self.contiguous()
+        self.realize()
+        t = self if _is_contiguous_buffer(self.uop) else Tensor._wrap(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)))
         t.realize()
-        if not _is_contiguous_buffer(t.uop): t = Tensor._wrap(UOp(Ops.CONTIGUOUS, t.dtype, (t.uop,))).realize()
         return buffers[t.uop.base]
 
     def data(self) -> memoryview:
@@ -913,6 +919,29 @@ def _mix32(x: Tensor) -> Tensor:
 
 def _is_contiguous_buffer(u: UOp) -> bool:
     return u.op is Ops.BUFFER or (u.op is Ops.RESHAPE and u.src[0].op is Ops.BUFFER)
+
+
+def _snapshot_old_values(todo: Sequence[Tensor]) -> dict[UOp, tuple[list[Tensor], UOp]]:
+    """Buffers about to be overwritten by an ASSIGN that other lazy tensors still read: for each, the readers and a
+    CONTIGUOUS copy of the old contents, scheduled before the overwrite (so readers keep seeing the old values)."""
+    targets = {n.src[0].base for t in todo for n in t.uop.toposort() if n.op is Ops.ASSIGN}
+    if not targets: return {}
+    pending = set(id(t) for t in todo)
+    out: dict[UOp, tuple[list[Tensor], UOp]] = {}
+    for t in list(_all_tensors):
+        if id(t) in pending or _is_realized(t.uop): continue
+        hits = [n for n in t.uop.toposort(gate=lambda u: u.op is not Ops.ASSIGN) if n in targets]
+        for b in hits:
+            if b not in out: out[b] = ([], UOp(Ops.CONTIGUOUS, b.dtype, (b,), next(_unique_ids)))
+            out[b][0].append(t)
+    return out
+
+
+def _stale_readers(snaps: dict[UOp, tuple[list[Tensor], UOp]]) -> list[tuple[Tensor, dict[UOp, UOp]]]:
+    per: dict[int, tuple[Tensor, dict[UOp, UOp]]] = {}
+    for b, (readers, snap) in snaps.items():
+        for r in readers: per.setdefault(id(r), (r, {}))[1][b] = snap
+    return list(per.values())
 
 
 def _is_realized(u: UOp) -> bool:

@@ -25,6 +25,7 @@ class Ops(enum.Enum):
     DETACH = enum.auto()        # stop gradients
     IOTA = enum.auto()          # 0, 1, ..., arg-1 (the tensor-level view of an index); src = (DEVICE,)
     REDUCE_AXIS = enum.auto()   # arg = (reduce op, axes); reduced axes keep size 1
+    ASSIGN = enum.auto()        # src = (target buffer view, value), arg = unique id: write value into target's memory
     GATHER = enum.auto()        # src = (x, idx), arg = axis: out[I] = x[I with I[axis] = idx[I]]; 0 where out of range
 
     # --- movement: views, folded into index math at codegen ---
@@ -97,7 +98,7 @@ class GroupOp:
     Comparison = {Ops.CMPLT, Ops.CMPNE}
     Reduce = {Ops.ADD, Ops.MUL, Ops.MAX}  # the ALU ops a reduction may use
     TensorOnly = {Ops.SINK, Ops.DEVICE, Ops.BUFFER, Ops.COPY, Ops.CONTIGUOUS, Ops.DETACH, Ops.IOTA, Ops.REDUCE_AXIS,
-                  Ops.GATHER} | Movement
+                  Ops.GATHER, Ops.ASSIGN} | Movement
     # ops of the linear program (the backend contract); see docs/runtime.md
     Linear = {Ops.PARAM, Ops.DEFINE_VAR, Ops.DEFINE_REG, Ops.DEFINE_LOCAL, Ops.RANGE, Ops.END, Ops.IF, Ops.ENDIF,
               Ops.BARRIER, Ops.SPECIAL, Ops.INDEX, Ops.LOAD, Ops.STORE, Ops.CONST, Ops.CAST, Ops.BITCAST, Ops.VECTORIZE,

@@ -43,6 +43,9 @@ def infer_shape(u: "UOp") -> tuple[int, ...] | None:
         return ss
     if op is Ops.REDUCE_AXIS:
         return tuple(1 if i in arg[1] else s for i, s in enumerate(ss))
+    if op is Ops.ASSIGN:
+        if u.src[1].shape != ss: raise ValueError(f"assign of shape {u.src[1].shape} to {ss}")
+        return ss
     if op is Ops.GATHER:
         xs, ids = ss, u.src[1].shape
         if ids is None or len(ids) != len(xs) or any(i > x for d, (i, x) in enumerate(zip(ids, xs)) if d != arg):

@@ -331,7 +331,16 @@ class MovementMixin:
         if x.shape != self.shape: x = x._broadcast_to(self.shape) if x.ndim <= self.ndim else x
         if x.shape != self.shape: raise RuntimeError(f"assign shape mismatch {x.shape} != {self.shape}")
         if x.device != self.device: raise RuntimeError(f"assign device mismatch {x.device} != {self.device}")
-        self.uop = x.cast(self.dtype).uop
+        from fusegrad.ir.ops import Ops, UOp
+        from fusegrad.tensor import _is_contiguous_buffer, _unique_ids
+        val = x.cast(self.dtype)
+        if self.uop.op is Ops.ASSIGN and val.uop is not self.uop:  # a pending assign: chain onto the same memory
+            self.uop = UOp(Ops.ASSIGN, self.dtype, (self.uop.src[0], val.uop), next(_unique_ids))
+        elif _is_contiguous_buffer(self.uop) and val.uop is not self.uop:
+            # write into this tensor's own memory, so every holder of it (and a TinyJit replay) sees the new value
+            self.uop = UOp(Ops.ASSIGN, self.dtype, (self.uop, val.uop), next(_unique_ids))
+        else:
+            self.uop = val.uop
         self._derived = x._derived
         return self
 

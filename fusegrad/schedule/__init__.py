@@ -48,7 +48,7 @@ def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, U
     topo = list(sink.toposort(gate=lambda u: u.op is not Ops.BUFFER))
     rp: set[UOp] = {t for t in sink.src if not _is_buffer_view(t) and t.op is not Ops.CONST}
     for n in topo:
-        if n.op in (Ops.CONTIGUOUS, Ops.COPY): rp.add(n)
+        if n.op in (Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN): rp.add(n)
         if n.op is Ops.COPY and not _is_buffer_view(n.src[0]): rp.add(n.src[0])
     rp |= _shared_reduces(topo, rp)
 
@@ -67,12 +67,13 @@ def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, U
     else:
         raise RuntimeError("scheduler did not converge")
 
-    order = [n for n in topo if n in rp]
-    held = set(new_targets.values())
+    order = _order(topo, rp, kernels)
+    held = set(new_targets.values()) | {r for r in rp if r.op is Ops.ASSIGN}
     out_bufs: dict[UOp, Buffer] = {}
     for r in order:
         assert r.device is not None
-        if r in held: out_bufs[r] = Buffer(r.device, r.size, r.dtype)
+        if r.op is Ops.ASSIGN: out_bufs[r] = buffers[r.src[0].base]
+        elif r in held: out_bufs[r] = Buffer(r.device, r.size, r.dtype)
     plan_memory(order, kernels, held, out_bufs)
 
     def buf_of(n: UOp) -> Buffer:
@@ -93,11 +94,38 @@ def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, U
     results: dict[UOp, UOp] = {}
     for orig, t in new_targets.items():
         if _is_buffer_view(t) or t.op is Ops.CONST: results[orig] = t
+        elif t.op is Ops.ASSIGN: results[orig] = t.src[0]   # the target's buffer now holds the value
         else:
             assert t.shape is not None
             bu = buffer_uop(out_bufs[t])
             results[orig] = bu if bu.shape == t.shape else UOp(Ops.RESHAPE, t.dtype, (bu,), t.shape)
     return items, results
+
+
+def _order(topo: list[UOp], rp: set[UOp], kernels: dict[UOp, Any]) -> list[UOp]:
+    """Realize points in an order that respects data flow, and runs every reader of a buffer's old contents before
+    the ASSIGN that overwrites it."""
+    pos = {n: i for i, n in enumerate(topo)}
+    reads: dict[UOp, list[UOp]] = {r: ([r.src[0]] if r.op is Ops.COPY else kernels[r].inputs if r in kernels else [])
+                                   for r in rp}
+    deps: dict[UOp, set[UOp]] = {r: {i for i in reads[r] if i in rp} for r in rp}
+    for w in rp:
+        if w.op is not Ops.ASSIGN: continue
+        target = w.src[0].base
+        for r in rp:
+            if r is not w and target in reads[r] and w not in deps[r]: deps[w].add(r)
+    out: list[UOp] = []
+    done: set[UOp] = set()
+    ready = sorted((r for r in rp if not deps[r]), key=pos.__getitem__)
+    while ready:
+        r = ready.pop(0)
+        out.append(r)
+        done.add(r)
+        for k in rp:
+            if k not in done and k not in out and k not in ready and deps[k] <= done: ready.append(k)
+        ready.sort(key=pos.__getitem__)
+    if len(out) != len(rp): raise RuntimeError("cycle in the schedule (an assign depends on its own readers)")
+    return out
 
 
 def _shared_reduces(topo: list[UOp], rp: set[UOp]) -> set[UOp]:

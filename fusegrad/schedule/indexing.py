@@ -67,6 +67,9 @@ class Indexer:
         self.reduce_seen: dict[UOp, tuple[Index, UOp]] = {}
         self.violations: set[UOp] = set()
         self.ops_seen: dict[str, None] = {}
+        # an ASSIGN writes into its target's buffer; loads of that buffer go through the output param (slot 0)
+        self.alias = root.src[0].base if root.op is Ops.ASSIGN else None
+        self.alias_reads: list[tuple[UOp, UOp]] = []
 
     def new_range(self, size: int, kind: str) -> UOp:
         r = UOp.range(size, self.n_ranges, kind)
@@ -74,6 +77,7 @@ class Indexer:
         return r
 
     def param(self, node: UOp) -> UOp:
+        if node is self.alias: return self.out_param
         if node not in self.params:
             slot = len(self.params) + 1
             self.params[node] = UOp(Ops.PARAM, node.dtype.ptr(node.size), (), slot)
@@ -90,10 +94,14 @@ class Indexer:
                                "kernels index with 32-bit integers for now")
         out_idx = tuple(self.new_range(s, "global") if s != 1 else UOp.const(dtypes.int32, 0) for s in shape)
         self.global_order = [i for i in out_idx if i.op is Ops.RANGE]
-        value_node = self.root.src[0] if self.root.op is Ops.CONTIGUOUS else self.root
+        value_node = self.root.src[0] if self.root.op is Ops.CONTIGUOUS else \
+            self.root.src[1] if self.root.op is Ops.ASSIGN else self.root
+        out = self.out_param = UOp(Ops.PARAM, self.root.dtype.ptr(prod(shape)), (), 0)
         val = self.index(value_node, out_idx, TRUE)
-        out = UOp(Ops.PARAM, self.root.dtype.ptr(prod(shape)), (), 0)
-        store = UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, self.root.dtype, (out, flat_index(out_idx, shape))), val))
+        out_flat = flat_index(out_idx, shape)
+        # in place is safe only if every element reads its own old value: otherwise compute the value first
+        if any(f is not out_flat or v is not TRUE for f, v in self.alias_reads): self.violations.add(value_node)
+        store = UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, self.root.dtype, (out, out_flat)), val))
         ast = UOp(Ops.SINK, dtypes.void, (store,))
         return KernelBuild(ast, self.inputs, list(self.ops_seen))
 
@@ -105,6 +113,7 @@ class Indexer:
         return ret
 
     def _load(self, node: UOp, flat: UOp, valid: UOp) -> UOp:
+        if node is self.alias: self.alias_reads.append((flat, valid))
         p = self.param(node)
         srcs = (p, flat) if valid is TRUE else (p, flat, valid)
         return UOp(Ops.LOAD, node.dtype, (UOp(Ops.INDEX, node.dtype, srcs),))
