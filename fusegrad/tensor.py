@@ -109,7 +109,7 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
     training: ClassVar[bool] = False
     no_grad: ClassVar[bool] = False
     _seed: ClassVar[int] = 0
-    _rng_counter: ClassVar[int] = 0
+    _rng_states: ClassVar[dict[str, "Tensor"]] = {}
 
     def __init__(self, data: Any, device: str | None = None, dtype: DTypeLike | None = None,
                  requires_grad: bool | None = None):
@@ -364,17 +364,23 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
     @staticmethod
     def manual_seed(seed: int = 0) -> None:
         """Seed the counter-based RNG: the same seed gives the same numbers on every backend."""
-        Tensor._seed, Tensor._rng_counter = int(seed), 0
+        Tensor._seed = int(seed)
+        for dev, st in list(Tensor._rng_states.items()):  # reset in place, so captured TinyJit kernels see it too
+            st.assign(Tensor([0, Tensor._seed & 0xFFFFFFFF], dtype=dtypes.uint32, device=dev)).realize()
 
     @classmethod
     def _random_bits(cls, n: int, device: str) -> "Tensor":
-        """n uint32 values from a counter-based hash of (seed, counter): no state lives on the device."""
-        base = Tensor._rng_counter
-        Tensor._rng_counter += n
-        key = Tensor([base & 0xFFFFFFFF, (Tensor._seed ^ (base >> 32) * 0x9E3779B9) & 0xFFFFFFFF], dtype=dtypes.uint32,
-                     device=device)
-        ctr = Tensor(UOp(Ops.IOTA, dtypes.uint32, (UOp(Ops.DEVICE, arg=device),), n)) + key[0:1].expand(n)
-        x = _mix32(ctr ^ _mix32(key[1:2].expand(n) + 0x632BE5AB))
+        """n uint32 values hashed from (seed, counter). The counter lives in a small device buffer that each call
+        advances in place, so a TinyJit replay keeps drawing new numbers."""
+        st = Tensor._rng_states.get(device)
+        if st is None:
+            st = Tensor._rng_states[device] = Tensor([0, Tensor._seed & 0xFFFFFFFF], dtype=dtypes.uint32,
+                                                     device=device).realize()
+        first = Tensor(UOp(Ops.IOTA, dtypes.uint32, (UOp(Ops.DEVICE, arg=device),), 2)) == 0
+        st.assign(st + first.where(n & 0xFFFFFFFF, 0).cast(dtypes.uint32))
+        start = st[0:1] - (n & 0xFFFFFFFF)
+        ctr = Tensor(UOp(Ops.IOTA, dtypes.uint32, (UOp(Ops.DEVICE, arg=device),), n)) + start.expand(n)
+        x = _mix32(ctr ^ _mix32(st[1:2].expand(n) + 0x632BE5AB))
         return _mix32(x + 0x85157AF5)
 
     @classmethod
@@ -386,8 +392,10 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
         bits = cls._random_bits(prod(s), dev)
         out = (bits >> 8).cast(dtypes.float32) * (2.0 ** -24)
         dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
-        # contiguous: the hash is worth storing, never recomputing inside a consumer's loops
-        return Tensor(out.reshape(s).cast(dt).contiguous().uop, requires_grad=requires_grad)
+        # realized now, together with the counter update: the draw happens at the call, like torch
+        ret = out.reshape(s).cast(dt).contiguous()
+        Tensor.realize(ret, Tensor._rng_states[dev])
+        return Tensor(ret.uop, requires_grad=requires_grad)
 
     @classmethod
     def randn(cls, *shape: Any, device: str | None = None, dtype: DTypeLike | None = None,
