@@ -4,7 +4,8 @@ from fusegrad.dtype import dtypes
 from fusegrad.device import Device
 from fusegrad.helpers import Context, GlobalCounters, getenv
 from fusegrad.ir.ops import UOp
+from fusegrad.engine.jit import TinyJit
 
 Variable = UOp.variable
 
-__all__ = ["Tensor", "dtypes", "Device", "Context", "GlobalCounters", "getenv", "UOp", "Variable"]
+__all__ = ["Tensor", "dtypes", "Device", "Context", "GlobalCounters", "getenv", "UOp", "Variable", "TinyJit"]

@@ -239,11 +239,11 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
         uops = dedup([t.uop for t in todo] + [s for _, s in snaps.values()])
         sched, results = create_schedule(uops)
         run_schedule(sched)
+        for old, new in results.items(): realized[old] = new
         for t in todo:
             old = t.uop
             new = results[old]
             if t._derived: lazy_of[new] = old  # keep the history for backward()
-            realized[old] = new
             t.uop = new
         from fusegrad.ir.pattern import substitute
         for reader, mapping in _stale_readers(snaps):
@@ -251,6 +251,10 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
 
     def _buffer(self) -> Buffer:
         """The realized, contiguous buffer holding this tensor's data."""
+        from fusegrad.engine.jit import JitError, capturing
+        if capturing:
+            raise JitError("reading tensor data (.item()/.numpy()/.tolist()) inside a TinyJit function: the value "
+                           "would be frozen into the capture. Return the tensor instead and read it outside")
         self.realize()
         t = self if _is_contiguous_buffer(self.uop) else Tensor._wrap(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)))
         t.realize()

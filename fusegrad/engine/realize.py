@@ -27,11 +27,13 @@ def get_runner(ast: UOp, device: str) -> Any:
 
 
 def run_schedule(items: list[ScheduleItem]) -> None:
+    from fusegrad.engine.jit import capturing
+    if capturing: capturing[-1].extend(items)
     st = time.perf_counter()
     kernels = 0
     for si in items:
         dev = si.bufs[0].device
-        wait = DEBUG >= 2
+        show = DEBUG >= 2
         t0 = time.perf_counter()
         if si.is_copy:
             dst, src = si.bufs
@@ -47,7 +49,7 @@ def run_schedule(items: list[ScheduleItem]) -> None:
         GlobalCounters.global_ops += ops
         GlobalCounters.global_mem += mem
         GlobalCounters.time_sum_s += et
-        if wait:
+        if show:
             gflops = ops / et * 1e-9 if et > 0 else 0
             gbs = mem / et * 1e-9 if et > 0 else 0
             print(f"*** {dev:7s} {GlobalCounters.kernel_count:4d} {colored(f'{name:30s}', 'green' if si.is_copy else None)}"

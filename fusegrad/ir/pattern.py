@@ -218,11 +218,15 @@ def _fixed_point(n: UOp, pm: PatternMatcher, ctx: Any, trace: list | None) -> UO
 
 def substitute(root: UOp, mapping: dict[UOp, UOp], name: str = "substitute") -> UOp:
     """Replace nodes by the mapping everywhere under root (no further rewriting of the replacements)."""
-    if not mapping: return root
+    return substitute_memo(root, mapping)[root] if mapping else root
+
+
+def substitute_memo(root: UOp, mapping: dict[UOp, UOp]) -> dict[UOp, UOp]:
+    """Like substitute, returning the new node of every node under root."""
     memo: dict[UOp, UOp] = {}
     for n in root.toposort():
         if n in mapping: memo[n] = mapping[n]
         else:
             new_src = tuple(memo[s] for s in n.src)
             memo[n] = n if all(a is b for a, b in zip(new_src, n.src)) else n.replace(src=new_src)
-    return memo[root]
+    return memo

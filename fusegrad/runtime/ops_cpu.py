@@ -25,8 +25,11 @@ def find_compiler(raise_error: bool = True) -> str | None:
     """The C compiler to use: $CC, else the first of cc/gcc/clang on PATH."""
     tried = []
     if (cc := os.getenv("CC")):
-        tried.append(f"$CC={cc}")
         if shutil.which(cc.split()[0]): return cc
+        if raise_error:  # an explicit choice that doesn't exist is an error, not a silent fallback
+            raise RuntimeError(f"CC={cc!r} is set but not found on PATH; unset CC to use cc/gcc/clang, or install it. "
+                               "DEV=PYTHON works without a compiler (slowly).")
+        return None
     for c in _CANDIDATES:
         tried.append(c)
         if shutil.which(c): return c

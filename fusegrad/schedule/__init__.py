@@ -12,7 +12,7 @@ from typing import Any
 from fusegrad.device import Buffer
 from fusegrad.helpers import DEBUG, SPEC
 from fusegrad.ir.ops import Ops, UOp
-from fusegrad.ir.pattern import substitute
+from fusegrad.ir.pattern import substitute_memo
 from fusegrad.schedule.indexing import lower_kernel
 from fusegrad.schedule.memory import plan_memory
 
@@ -23,6 +23,7 @@ class ScheduleItem:
     ast: UOp
     bufs: list[Buffer]
     tensor_ops: list[str] = field(default_factory=list)
+    inplace: bool = False   # writes into an existing buffer (an ASSIGN)
 
     @property
     def is_copy(self) -> bool: return self.ast.op is Ops.COPY
@@ -38,8 +39,8 @@ def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, U
     from fusegrad.tensor import buffer_uop, buffers, realized
     # graphs may contain nodes computed by an earlier realize: read their buffers instead of recomputing
     sink = UOp(Ops.SINK, src=tuple(targets))
-    mapping = {n: realized[n] for n in sink.toposort() if n in realized}
-    sink = substitute(sink, mapping)
+    memo = substitute_memo(sink, {n: realized[n] for n in sink.toposort() if n in realized})
+    sink = memo[sink]
     new_targets = dict(zip(targets, sink.src))
     if SPEC:
         from fusegrad.ir.spec import verify_tensor_graph
@@ -86,7 +87,8 @@ def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, U
             items.append(ScheduleItem(r, [out_bufs[r], buf_of(r.src[0])], ["COPY"]))
         else:
             kb = kernels[r]
-            items.append(ScheduleItem(kb.ast, [out_bufs[r]] + [buf_of(i) for i in kb.inputs], kb.tensor_ops))
+            items.append(ScheduleItem(kb.ast, [out_bufs[r]] + [buf_of(i) for i in kb.inputs], kb.tensor_ops,
+                                      r.op is Ops.ASSIGN))
     if DEBUG >= 3:
         for i, it in enumerate(items):
             print(f"schedule item {i}: {'copy' if it.is_copy else 'kernel'} <- tensor ops {', '.join(it.tensor_ops)}")
@@ -99,6 +101,9 @@ def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, U
             assert t.shape is not None
             bu = buffer_uop(out_bufs[t])
             results[orig] = bu if bu.shape == t.shape else UOp(Ops.RESHAPE, t.dtype, (bu,), t.shape)
+    # every assign that ran is done: later graphs holding it must read the buffer, not run it again
+    for orig, new in memo.items():
+        if new.op is Ops.ASSIGN and new in rp and orig not in results: results[orig] = new.src[0]
     return items, results
 
 

@@ -19,12 +19,19 @@ def test_find_compiler_prefers_cc_env(monkeypatch):
 
 
 def test_no_compiler_clear_error(monkeypatch):
-    monkeypatch.setenv("CC", "definitely-not-a-compiler")
+    monkeypatch.delenv("CC", raising=False)
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(RuntimeError) as e:
         find_compiler()
     msg = str(e.value)
-    assert "definitely-not-a-compiler" in msg and "gcc" in msg and "clang" in msg and "DEV=PYTHON" in msg
+    assert "cc" in msg and "gcc" in msg and "clang" in msg and "DEV=PYTHON" in msg
+    assert find_compiler(raise_error=False) is None
+
+
+def test_missing_cc_env_is_an_error(monkeypatch):
+    monkeypatch.setenv("CC", "definitely-not-a-compiler")
+    with pytest.raises(RuntimeError, match="definitely-not-a-compiler"):
+        find_compiler()
 
 
 def test_cache_roundtrip_and_corruption(tmp_path, monkeypatch):

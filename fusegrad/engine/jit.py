@@ -1,0 +1,249 @@
+"""TinyJit: run a function once normally, capture the kernels of its second call, replay them on later calls.
+
+Replay skips the frontend, scheduler and compiler: it launches the captured kernels with the new input buffers.
+Everything that would make a replay silently wrong is checked and raises JitError instead:
+  - inputs with other shapes, dtypes, devices or a different count than at capture;
+  - non-Tensor arguments that differ from the captured ones (their values are baked into the kernels);
+  - reading tensor data (.item(), .numpy(), .tolist()) while capturing (the value would be frozen);
+  - the same buffer passed twice, or nested TinyJit calls.
+Outputs get fresh buffers on every replay, so a tensor returned earlier is never overwritten by a later call.
+State updated in place (assign: optimizer parameters, BatchNorm running stats, the RNG counter) advances on every replay.
+"""
+from __future__ import annotations
+
+import functools
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable, Generic, TypeVar
+
+from fusegrad.device import Buffer
+from fusegrad.helpers import DEBUG, JIT
+from fusegrad.schedule import ScheduleItem
+
+ReturnType = TypeVar("ReturnType")
+
+
+class JitError(Exception):
+    """A TinyJit misuse that would otherwise give silently wrong results."""
+
+
+# the TinyJit currently capturing (run_schedule appends the items it executes here)
+capturing: list[list[ScheduleItem]] = []
+
+
+def _collect(args: tuple, kwargs: dict) -> tuple[list[Any], list[Any]]:
+    """(tensors, the non-Tensor values) in the arguments, one level into lists, tuples and dicts."""
+    from fusegrad.tensor import Tensor
+    tensors: list[Tensor] = []
+    others: list[Any] = []
+
+    def visit(x: Any, depth: int) -> None:
+        if isinstance(x, Tensor): tensors.append(x)
+        elif depth == 0 and isinstance(x, (list, tuple)):
+            for v in x: visit(v, 1)
+        elif depth == 0 and isinstance(x, dict):
+            for k in sorted(x): visit(x[k], 1)
+        else: others.append(x)
+    for a in args: visit(a, 0)
+    for k in sorted(kwargs): visit(kwargs[k], 0)
+    return tensors, others
+
+
+def _signature(t: Any) -> tuple:
+    return (t.shape, t.dtype, t.device)
+
+
+def _frozen(v: Any) -> Any:
+    """A comparable form of a non-Tensor argument (identity for objects we can't compare by value)."""
+    if isinstance(v, (int, float, bool, str, bytes, type(None))): return v
+    if isinstance(v, (tuple, list)): return tuple(_frozen(x) for x in v)
+    return ("object", id(v))
+
+
+@dataclass
+class _Launch:
+    prg: Any
+    args: list[Any]            # buffer opaques, with None where a per-call buffer goes
+    slots: list[tuple[int, int]]  # (argument position, index into the per-call buffer list)
+    item: ScheduleItem
+
+
+class CapturedJit:
+    """The kernels of one captured call, ready to replay with new input (and fresh output) buffers."""
+
+    def __init__(self, items: list[ScheduleItem], inputs: list[Buffer], outputs: list[Buffer], ret_struct: Any):
+        from fusegrad.engine.realize import get_runner
+        self.items, self.ret_struct = items, ret_struct
+        self.inputs, self.outputs = inputs, outputs
+        per_call = {id(b): i for i, b in enumerate(inputs)}
+        for j, b in enumerate(outputs): per_call.setdefault(id(b), len(inputs) + j)
+        self.launches: list[_Launch] = []
+        for it in items:
+            if it.is_copy:
+                self.launches.append(_Launch(None, list(it.bufs), [(k, per_call[id(b)]) for k, b in enumerate(it.bufs)
+                                                                  if id(b) in per_call], it))
+                continue
+            prg = get_runner(it.ast, it.bufs[0].device)
+            slots = [(k, per_call[id(b)]) for k, b in enumerate(it.bufs) if id(b) in per_call]
+            args = [None if id(b) in per_call else b.opaque for b in it.bufs]
+            self.launches.append(_Launch(prg, args, slots, it))
+
+    def replay(self, in_bufs: list[Buffer]) -> list[Buffer]:
+        from fusegrad.helpers import GlobalCounters
+        outs = [Buffer(b.device, b.size, b.dtype) for b in self.outputs]
+        per_call = in_bufs + outs
+        for ln in self.launches:
+            if ln.prg is None:  # copy between devices
+                bufs = list(ln.args)
+                for k, i in ln.slots: bufs[k] = per_call[i]
+                bufs[0].copyin(memoryview(bufs[1].as_bytes()))
+                continue
+            args = list(ln.args)
+            for k, i in ln.slots: args[k] = per_call[i].opaque
+            ln.prg(*args)
+            GlobalCounters.kernel_count += 1
+            GlobalCounters.global_ops += ln.prg.spec.ops
+            GlobalCounters.global_mem += ln.prg.spec.mem
+        return outs
+
+
+class TinyJit(Generic[ReturnType]):
+    """Decorator: `@TinyJit def step(x): ...`. Call 1 runs normally, call 2 captures, calls 3+ replay.
+
+    >>> from fusegrad import Tensor
+    >>> f = TinyJit(lambda x: (x * 2).realize())
+    >>> [f(Tensor([1.0, 2.0])).tolist() for _ in range(3)][-1]
+    [2.0, 4.0]
+    """
+
+    def __init__(self, fxn: Callable[..., ReturnType] | None = None, *, prune: bool = False):
+        self.fxn, self.prune = fxn, prune
+        self.reset()
+        self._per_instance: "weakref.WeakKeyDictionary[Any, TinyJit]" = weakref.WeakKeyDictionary()
+        if fxn is not None: functools.update_wrapper(self, fxn)  # type: ignore[arg-type]
+
+    def reset(self) -> None:
+        """Forget the capture: the next call runs normally again."""
+        self.cnt = 0
+        self.captured: CapturedJit | None = None
+        self.expected: tuple | None = None
+        self.expected_others: Any = None
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        if obj is None: return self
+        # one capture per instance: two models sharing a method must not share kernels
+        jit = self._per_instance.get(obj)
+        if jit is None:
+            jit = self._per_instance[obj] = TinyJit(functools.partial(self.fxn, obj), prune=self.prune)  # type: ignore
+        return jit
+
+    def _check(self, tensors: list[Any], others: list[Any]) -> None:
+        sig = tuple(_signature(t) for t in tensors)
+        if self.expected is not None and sig != self.expected:
+            raise JitError(f"TinyJit inputs changed since capture: expected {self.expected}, got {sig} "
+                           "(shapes, dtypes and devices must stay the same; call .reset() to recapture)")
+        frozen = _frozen(others)
+        if self.expected_others is not None and frozen != self.expected_others:
+            raise JitError(f"TinyJit non-Tensor arguments changed since capture ({self.expected_others} -> {frozen}); "
+                           "their values are baked into the captured kernels. Pass them as Tensors or call .reset()")
+        self.expected, self.expected_others = sig, frozen
+
+    def _prepare_inputs(self, tensors: list[Any]) -> list[Buffer]:
+        from fusegrad.tensor import Tensor, _is_contiguous_buffer, buffers
+        for t in tensors:
+            if not _is_contiguous_buffer(t.uop):
+                t.realize()
+                if not _is_contiguous_buffer(t.uop): t.uop = t.contiguous().realize().uop
+        Tensor.realize(*tensors) if tensors else None
+        bufs = [buffers[t.uop.base] for t in tensors]
+        if len({id(b) for b in bufs}) != len(bufs):
+            raise JitError("the same buffer is passed to TinyJit twice; pass distinct tensors (e.g. x.clone())")
+        return bufs
+
+    def __call__(self, *args: Any, **kwargs: Any) -> ReturnType:
+        assert self.fxn is not None, "TinyJit needs a function"
+        if not JIT: return self.fxn(*args, **kwargs)
+        if capturing: raise JitError("nested TinyJit: a jitted function can't call another one while capturing")
+        tensors, others = _collect(args, kwargs)
+        self._check(tensors, others)
+        if self.cnt == 0:
+            self.cnt = 1
+            return self.fxn(*args, **kwargs)
+        if self.cnt == 1:
+            in_bufs = self._prepare_inputs(tensors)
+            items: list[ScheduleItem] = []
+            capturing.append(items)
+            try:
+                ret = self.fxn(*args, **kwargs)
+                out_tensors = _flatten_ret(ret)
+                from fusegrad.tensor import Tensor
+                if out_tensors: Tensor.realize(*out_tensors)
+                from fusegrad.tensor import _is_contiguous_buffer
+                for t in out_tensors:  # outputs must own plain buffers (a view of an input is copied)
+                    if not _is_contiguous_buffer(t.uop): t.uop = t.contiguous().realize().uop
+            finally:
+                capturing.pop()
+            from fusegrad.tensor import buffers
+            outs = [buffers[t.uop.base] for t in out_tensors]
+            written_in_place = {id(it.bufs[0]) for it in items if it.inplace}
+            fresh = [b for b in outs if id(b) not in written_in_place and id(b) not in {id(x) for x in in_bufs}]
+            self.captured = CapturedJit(items, in_bufs, _dedup_bufs(fresh), ret)
+            self._ret_map = [(t, buffers[t.uop.base]) for t in out_tensors]
+            self.cnt = 2
+            if DEBUG >= 1: print(f"TinyJit captured {len(items)} kernels with {len(in_bufs)} inputs")
+            return ret
+        assert self.captured is not None
+        in_bufs = self._prepare_inputs(tensors)
+        outs = self.captured.replay(in_bufs)
+        self.cnt += 1
+        return self._rebuild(outs)
+
+    def _rebuild(self, outs: list[Buffer]) -> Any:
+        """The captured return structure with each fresh output tensor pointing at this call's buffer."""
+        from fusegrad.tensor import Tensor, buffer_uop
+        assert self.captured is not None
+        fresh = {id(b): outs[i] for i, b in enumerate(self.captured.outputs)}
+        mapping: dict[int, Tensor] = {}
+        for t, b in self._ret_map:
+            nb = fresh.get(id(b))
+            if nb is None: mapping[id(t)] = t
+            else:
+                mapping[id(t)] = Tensor._wrap(_reshape(buffer_uop(nb), t.shape))
+        return _map_ret(self.captured.ret_struct, mapping)
+
+
+def _reshape(u: Any, shape: tuple[int, ...]) -> Any:
+    from fusegrad.ir import build
+    return build.reshape(u, shape)
+
+
+def _dedup_bufs(bufs: list[Buffer]) -> list[Buffer]:
+    seen: set[int] = set()
+    out = []
+    for b in bufs:
+        if id(b) not in seen:
+            seen.add(id(b))
+            out.append(b)
+    return out
+
+
+def _flatten_ret(ret: Any) -> list[Any]:
+    from fusegrad.tensor import Tensor
+    if ret is None: return []
+    if isinstance(ret, Tensor): return [ret]
+    if isinstance(ret, (list, tuple)): return [t for r in ret for t in _flatten_ret(r)]
+    if isinstance(ret, dict): return [t for k in sorted(ret) for t in _flatten_ret(ret[k])]
+    if isinstance(ret, (int, float, bool, str)):
+        raise JitError(f"TinyJit functions must return Tensors (or lists/dicts of them), got {type(ret).__name__}: "
+                       "a Python value would be frozen at capture")
+    raise JitError(f"TinyJit can't return {type(ret).__name__}")
+
+
+def _map_ret(ret: Any, mapping: dict[int, Any]) -> Any:
+    from fusegrad.tensor import Tensor
+    if ret is None: return None
+    if isinstance(ret, Tensor): return mapping[id(ret)]
+    if isinstance(ret, tuple): return tuple(_map_ret(r, mapping) for r in ret)
+    if isinstance(ret, list): return [_map_ret(r, mapping) for r in ret]
+    if isinstance(ret, dict): return {k: _map_ret(v, mapping) for k, v in ret.items()}
+    return ret
