@@ -13,7 +13,7 @@ from typing import Any, Union
 ConstType = Union[float, int, bool]
 
 
-@dataclass(frozen=True, eq=True)
+@dataclass(frozen=True, eq=False)
 class DType:
     """A scalar (count=1) or vector (count>1) element type. `fmt` is the struct/memoryview format, if any."""
     priority: int
@@ -22,6 +22,18 @@ class DType:
     fmt: str | None
     count: int = 1
     _scalar: "DType | None" = None
+
+    def __post_init__(self) -> None:
+        key = tuple(getattr(self, f) for f in self.__dataclass_fields__)
+        object.__setattr__(self, "_key", (type(self), key))
+        object.__setattr__(self, "_hash", hash(self._key))
+
+    # equality is structural but cheap: dtypes are compared in every graph operation
+    def __eq__(self, other: object) -> bool:
+        return self is other or (isinstance(other, DType) and self._hash == other._hash and self._key == other._key)
+
+    def __ne__(self, other: object) -> bool: return not self.__eq__(other)
+    def __hash__(self) -> int: return self._hash
 
     def __repr__(self) -> str:
         return f"dtypes.{self.name}" if self.count == 1 else f"dtypes.{self.scalar().name}.vec({self.count})"
@@ -52,7 +64,7 @@ class DType:
     def max(self) -> ConstType: return dtypes.max(self)
 
 
-@dataclass(frozen=True, eq=True)
+@dataclass(frozen=True, eq=False)
 class PtrDType(DType):
     """A pointer to `_base` elements, in `addrspace` ('global', 'local' or 'reg'); `size` elements, -1 if unknown."""
     _base: DType | None = None
