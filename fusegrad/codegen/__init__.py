@@ -30,6 +30,28 @@ def format_linear(uops: list[UOp]) -> str:
                      f" {'' if u.arg is None else repr(u.arg)}" for i, u in enumerate(uops))
 
 
+def mark_thread_loop(uops: list[UOp], renderer: Renderer) -> int:
+    """Let the runtime split a big kernel's outermost output loop across threads: that loop's RANGE becomes kind
+    'thread' (iterations are independent). Returns its size, or 0 when the kernel stays on one thread."""
+    if renderer.threads <= 1: return 0
+    first = next((i for i, u in enumerate(uops) if u.op is Ops.RANGE), None)
+    if first is None or uops[first].arg[1] == "reduce": return 0
+    if any(u.op in (Ops.DEFINE_REG, Ops.STORE) for u in uops[:first]): return 0  # work before the loop
+    size = int(uops[first].src[0].arg)
+    work = 1
+    for u in uops[first:]:  # trip count of the deepest loop nest, a cheap proxy for the work
+        if u.op is Ops.RANGE: work *= max(int(u.src[0].arg), 1)
+    if size < 2 or work < renderer.min_thread_work: return 0
+    old = uops[first]
+    new = UOp(Ops.RANGE, old.dtype, old.src, (old.arg[0], "thread"))
+    mapping = {old: new}
+    for i in range(first, len(uops)):
+        u = uops[i]
+        if any(s in mapping for s in u.src): mapping[u] = u.replace(src=tuple(mapping.get(s, s) for s in u.src))
+        uops[i] = mapping.get(u, u)
+    return size
+
+
 def to_program(ast: UOp, renderer: Renderer) -> ProgramSpec:
     if SPEC:
         from fusegrad.ir.spec import verify_kernel
@@ -40,6 +62,7 @@ def to_program(ast: UOp, renderer: Renderer) -> ProgramSpec:
     sink = decompose_dtypes(sink, renderer.native_dtypes())
     if not NOOPT: sink = apply_opts(sink, renderer)
     uops, est = linearize(sink)
+    thread_size = mark_thread_loop(uops, renderer)
     if SPEC:
         from fusegrad.ir.spec import verify_linear
         verify_linear(uops)
@@ -49,4 +72,4 @@ def to_program(ast: UOp, renderer: Renderer) -> ProgramSpec:
     src = renderer.render(name, uops)
     if DEBUG >= 4: print(src)
     nbufs = sum(1 for u in uops if u.op is Ops.PARAM)
-    return ProgramSpec(name, src, uops, nbufs, est.ops, est.mem, display_name=name)
+    return ProgramSpec(name, src, uops, nbufs, est.ops, est.mem, display_name=name, thread_size=thread_size)

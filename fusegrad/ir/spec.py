@@ -108,6 +108,8 @@ tensor_spec = PatternMatcher([
     (UPat(Ops.REDUCE_AXIS, src=(UPat.var("y"),), name="x"), _reduce_axis_ok),              # (op, sorted axes)
     (UPat(Ops.GATHER, src=(UPat.var("y"), UPat.var("i")), name="x"), lambda x, y, i: isinstance(x.arg, int)
      and 0 <= x.arg < len(y.shape or ()) and dtypes.is_int(i.dtype) and x.dtype == y.dtype and _shape_ok(x)),  # y[i]
+    (UPat(Ops.ASSIGN, src=(UPat.var("t"), UPat.var("v")), name="x"), lambda x, t, v: t.base.op is Ops.BUFFER
+     and x.dtype == t.dtype == v.dtype and isinstance(x.arg, int) and _shape_ok(x)),      # write v into t's buffer
     (UPat(GroupOp.ALU, name="x"), lambda x: _alu_ok(x) and _shape_ok(x)),                  # same-shape sources
     (UPat((Ops.CAST, Ops.BITCAST), src=(UPat.var("y"),), name="x"), lambda x, y: _cast_ok(x, y) and _shape_ok(x)),
 ])

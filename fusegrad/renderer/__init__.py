@@ -20,6 +20,7 @@ class ProgramSpec:
     local_size: tuple[int, ...] = (1, 1, 1)
     vars: list[UOp] = field(default_factory=list)
     display_name: str = ""
+    thread_size: int = 0    # >0: the kernel takes (core_start, core_end) and may be split over that many iterations
 
 
 class Renderer:
@@ -27,6 +28,8 @@ class Renderer:
     device: str = ""
     has_local: bool = False
     global_max: tuple[int, ...] | None = None
+    threads: int = 1              # >1: the runtime can split a kernel's outermost output loop over this many threads
+    min_thread_work: int = 1 << 17  # loop iterations below which a kernel runs on one thread
 
     def supported_dtypes(self) -> list[DType]:
         """Every dtype kernels on this device can use (natively or emulated by codegen)."""

@@ -119,7 +119,11 @@ class CStyleLanguage(Renderer):
                 line(f"{self.render_dtype(dt.base)} {r[u]}[{dt.size}];")
             elif op is Ops.RANGE:
                 r[u] = f"{'r' if u.arg[1] == 'reduce' else 'g'}idx{u.arg[0]}"
-                line(f"for (int {r[u]} = 0; {r[u]} < {r[u.src[0]]}; {r[u]}++) {{")
+                if u.arg[1] == "thread":  # split across threads: each call runs [core_start, core_end)
+                    args += ["int core_start", "int core_end"]
+                    line(f"for (int {r[u]} = core_start; {r[u]} < core_end; {r[u]}++) {{")
+                else:
+                    line(f"for (int {r[u]} = 0; {r[u]} < {r[u.src[0]]}; {r[u]}++) {{")
             elif op is Ops.END:
                 line("}")
             elif op is Ops.INDEX:

@@ -80,20 +80,45 @@ class CPUCompiler(Compiler):
             with open(out, "rb") as f: return f.read()
 
 
+def cpu_threads() -> int:
+    """CPU_THREADS, else the cores this process may run on."""
+    if (n := os.getenv("CPU_THREADS")): return max(int(n), 1)
+    try: return len(os.sched_getaffinity(0))
+    except AttributeError: return os.cpu_count() or 1
+
+
+@functools.cache
+def _pool(n: int) -> Any:
+    """A persistent pool of n worker threads. Idle workers block on a queue (no spinning); ctypes calls release the
+    GIL, so kernel chunks run truly in parallel."""
+    from concurrent.futures import ThreadPoolExecutor
+    return ThreadPoolExecutor(max_workers=n, thread_name_prefix="fusegrad-cpu")
+
+
 class CPUProgram:
-    """A loaded kernel. Call with buffer addresses; returns the time in seconds when wait=True."""
+    """A loaded kernel. Call with buffer addresses; returns the time in seconds when wait=True. A kernel rendered
+    with a thread loop takes (core_start, core_end) and is split into one contiguous chunk per thread."""
 
     def __init__(self, spec: ProgramSpec, lib: bytes):
         self.name, self.spec = spec.name, spec
         self.lib = _load_shared_object(lib)
         try: self.fxn = getattr(self.lib, spec.name)
         except AttributeError as e: raise CompileError(f"kernel {spec.name} missing from its compiled object") from e
-        self.fxn.argtypes = [ctypes.c_void_p] * spec.nbufs + [ctypes.c_int] * len(spec.vars)
+        self.fxn.argtypes = [ctypes.c_void_p] * spec.nbufs + [ctypes.c_int] * len(spec.vars) + \
+            ([ctypes.c_int, ctypes.c_int] if spec.thread_size else [])
         self.fxn.restype = None
+        n = spec.thread_size
+        t = min(cpu_threads(), n) if n else 1
+        self.chunks = [(n * i // t, n * (i + 1) // t) for i in range(t)] if n else []
 
     def __call__(self, *bufs: Any, vals: tuple[int, ...] = (), wait: bool = False) -> float | None:
         st = time.perf_counter()
-        self.fxn(*bufs, *vals)
+        if not self.chunks: self.fxn(*bufs, *vals)
+        elif len(self.chunks) == 1: self.fxn(*bufs, *vals, *self.chunks[0])
+        else:
+            futs = [_pool(len(self.chunks) - 1).submit(self.fxn, *bufs, *vals, *c) for c in self.chunks[1:]]
+            self.fxn(*bufs, *vals, *self.chunks[0])
+            for f in futs: f.result()
         return time.perf_counter() - st if wait else None
 
 
@@ -136,4 +161,6 @@ class CPUAllocator(Allocator):
 
 class CPUDevice(Compiled):
     def __init__(self, device: str):
-        super().__init__(device, CPUAllocator(), ClangRenderer(), CPUCompiler(), CPUProgram)
+        renderer = ClangRenderer()
+        renderer.threads = cpu_threads()
+        super().__init__(device, CPUAllocator(), renderer, CPUCompiler(), CPUProgram)

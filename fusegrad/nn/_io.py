@@ -1,0 +1,130 @@
+"""File plumbing shared by the checkpoint readers and writers in nn.state: opening a source as bytes (memory-mapped when
+it is a file), the errors a malformed file raises, and moving raw bytes in and out of Tensors.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import pathlib
+import tempfile
+from collections.abc import Iterator, MutableMapping
+from typing import Any, Callable
+
+from fusegrad.device import Device
+from fusegrad.dtype import DType, dtypes
+from fusegrad.helpers import prod
+from fusegrad.tensor import Tensor
+
+
+class FormatError(ValueError):
+    """A checkpoint file is malformed, truncated or uses something this reader does not support."""
+
+
+class UnsafePickleError(FormatError):
+    """A pickle asked for a Python global outside the allow-list; nothing from it was executed."""
+
+
+class Source:
+    """The bytes of a file (memory-mapped, read-only) or of an in-memory buffer, with a name for error messages."""
+
+    def __init__(self, fn: Any):
+        self._mm: mmap.mmap | None = None
+        self.path: str | None = None
+        if isinstance(fn, Tensor):
+            self.name = "<tensor>"
+            self.buf: memoryview = memoryview(tensor_bytes(fn))
+        elif isinstance(fn, (bytes, bytearray, memoryview)):
+            self.name, self.buf = "<bytes>", memoryview(fn).cast("B")
+        elif isinstance(fn, (str, pathlib.Path)):
+            self.name = self.path = str(fn)
+            try:
+                with open(fn, "rb") as f:
+                    size = os.fstat(f.fileno()).st_size
+                    if size: self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            except OSError as e:
+                raise FileNotFoundError(f"{fn}: {e.strerror or e}") from e
+            self.buf = memoryview(self._mm) if self._mm is not None else memoryview(b"")
+        else:
+            raise TypeError(f"expected a file name, Path, bytes or uint8 Tensor, got {type(fn).__name__}")
+
+    def __len__(self) -> int: return self.buf.nbytes
+
+    def read(self, start: int, end: int, what: str = "data") -> memoryview:
+        """Bytes [start, end), or a FormatError naming the file when they are not all there."""
+        if not 0 <= start <= end <= self.buf.nbytes:
+            raise FormatError(f"{self.name}: {what} at bytes [{start}, {end}) is outside the file "
+                              f"({self.buf.nbytes} bytes): the file is truncated or corrupt")
+        return self.buf[start:end]
+
+    def error(self, msg: str) -> FormatError:
+        return FormatError(f"{self.name}: {msg}")
+
+
+def tensor_bytes(t: Tensor) -> bytes:
+    """The raw little-endian bytes of a tensor, row-major."""
+    return bytes(t.contiguous().data()) if t.numel() else b""
+
+
+def tensor_from_bytes(data: memoryview | bytes, dtype: DType, shape: tuple[int, ...], device: str | None = None) -> Tensor:
+    """A new tensor holding a copy of `data`: one copy, straight from (possibly memory-mapped) bytes to the device."""
+    n = prod(shape)
+    mv = memoryview(data).cast("B")
+    if mv.nbytes != n * dtype.itemsize:
+        raise ValueError(f"{mv.nbytes} bytes don't make a {dtype} tensor of shape {shape}")
+    if hasattr(Tensor, "_from_bytes"):
+        return Tensor(Tensor._from_bytes(mv, dtype, tuple(shape), Device.canonicalize(device)))
+    t = Tensor(bytes(mv), dtype=dtypes.uint8, device=device)   # fallback: public constructor and a bitcast
+    return (t.reshape(n, dtype.itemsize).bitcast(dtype) if dtype.itemsize > 1 else t.bitcast(dtype)).reshape(shape)
+
+
+def atomic_write(fn: str | pathlib.Path, write: Callable[[Any], None]) -> None:
+    """Write a file through a temporary one and rename it into place: a reader (or an mmap of the old file) never sees a
+    half-written file, and a failed save leaves the old one intact."""
+    path = pathlib.Path(fn)
+    fd, tmp = tempfile.mkstemp(dir=path.parent if str(path.parent) else ".", prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f: write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        try: os.unlink(tmp)
+        except OSError: pass
+        raise
+
+
+class LazyStateDict(MutableMapping):
+    """name -> Tensor over a checkpoint file: each tensor is read (copied out of the memory-mapped file) the first time
+    it is looked up, so loading a model reads only what it uses. `metadata` holds the file's metadata, `shape_of(k)`
+    a tensor's shape without reading it."""
+
+    def __init__(self, name: str, entries: dict[str, tuple[tuple[int, ...], Callable[[], Tensor]]],
+                 metadata: dict[str, Any] | None = None):
+        self.name, self._entries, self.metadata = name, dict(entries), metadata or {}
+        self._loaded: dict[str, Tensor] = {}
+        self._order = list(entries)
+
+    def __getitem__(self, k: str) -> Tensor:
+        if k not in self._loaded:
+            if k not in self._entries: raise KeyError(k)
+            self._loaded[k] = self._entries.pop(k)[1]()
+        return self._loaded[k]
+
+    def __setitem__(self, k: str, v: Tensor) -> None:
+        if k not in self: self._order.append(k)
+        self._entries.pop(k, None)
+        self._loaded[k] = v
+
+    def __delitem__(self, k: str) -> None:
+        if k not in self: raise KeyError(k)
+        self._loaded.pop(k, None)
+        self._entries.pop(k, None)
+        self._order.remove(k)
+
+    def __iter__(self) -> Iterator[str]: return iter(list(self._order))
+    def __len__(self) -> int: return len(self._order)
+    def __contains__(self, k: object) -> bool: return k in self._loaded or k in self._entries
+    def __repr__(self) -> str:
+        more = ", ..." if len(self) > 8 else ""
+        return f"<LazyStateDict {self.name}: {len(self)} tensors ({', '.join(self._order[:8])}{more})>"
+
+    def shape_of(self, k: str) -> tuple[int, ...]:
+        return self._entries[k][0] if k in self._entries else self[k].shape

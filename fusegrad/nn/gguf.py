@@ -1,0 +1,201 @@
+"""GGUF reader (llama.cpp's model format): `gguf_load(fn) -> (metadata, tensors)`, with the dequantization of ggml's
+block formats written as Tensor ops (so it runs on the device, lazily, when a tensor is used).
+
+File layout (little endian): b"GGUF", u32 version (2 or 3), u64 tensor count, u64 key/value count, the key/values
+(string key, u32 type, value), the tensor infos (string name, u32 n_dims, u64 dims[n_dims] fastest-varying first,
+u32 ggml type, u64 offset), padding to `general.alignment` (default 32), then the tensor data at those offsets.
+"""
+from __future__ import annotations
+
+import functools
+import pathlib
+import struct
+from typing import Any, Callable
+
+from fusegrad.dtype import DType, dtypes
+from fusegrad.helpers import prod
+from fusegrad.nn._io import FormatError, LazyStateDict, Source, tensor_from_bytes
+from fusegrad.tensor import Tensor
+
+# ggml type id -> (name, elements per block, bytes per block)
+GGML_TYPES: dict[int, tuple[str, int, int]] = {
+    0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 6: ("Q5_0", 32, 22),
+    7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 12: ("Q4_K", 256, 144), 14: ("Q6_K", 256, 210), 24: ("I8", 1, 1),
+    25: ("I16", 1, 2), 26: ("I32", 1, 4), 27: ("I64", 1, 8), 28: ("F64", 1, 8), 30: ("BF16", 1, 2)}
+_PLAIN: dict[int, DType] = {0: dtypes.float32, 1: dtypes.float16, 24: dtypes.int8, 25: dtypes.int16, 26: dtypes.int32,
+                            27: dtypes.int64, 28: dtypes.float64, 30: dtypes.bfloat16}
+_KNOWN_UNSUPPORTED = {9: "Q8_1", 10: "Q2_K", 11: "Q3_K", 13: "Q5_K", 15: "Q8_K", 16: "IQ2_XXS", 17: "IQ2_XS",
+                      18: "IQ3_XXS", 19: "IQ1_S", 20: "IQ4_NL", 21: "IQ3_S", 22: "IQ2_S", 23: "IQ4_XS", 29: "IQ1_M",
+                      34: "TQ1_0", 35: "TQ2_0", 39: "MXFP4"}
+
+# ---------------------------------------------------------------------------------------------------------------------
+# dequantization: `blocks` is (n_blocks, bytes_per_block) uint8; each returns (n_blocks, elements_per_block) float32
+
+
+def _f16(blocks: Tensor, at: int) -> Tensor:
+    """The little-endian float16 at byte `at` of each block, as float32 (n_blocks, 1)."""
+    return blocks[:, at:at + 2].bitcast(dtypes.float16).float()
+
+
+def _nibbles(qs: Tensor) -> Tensor:
+    """(..., k) bytes -> (..., 2k) 4-bit values: all low nibbles, then all high nibbles (ggml's order)."""
+    q = qs.cast(dtypes.int32)
+    return (q & 0xF).cat(q >> 4, dim=-1)
+
+
+def _bits(b: Tensor) -> Tensor:
+    """(n, k) bytes -> (n, 8k) bits, least significant bit of byte 0 first."""
+    shifts = Tensor.arange(8, device=b.device).reshape(1, 1, 8)
+    return ((b.cast(dtypes.int32).unsqueeze(-1) >> shifts) & 1).reshape(b.shape[0], -1)
+
+
+def _q4_0(b: Tensor) -> Tensor: return _f16(b, 0) * (_nibbles(b[:, 2:18]) - 8).float()
+def _q4_1(b: Tensor) -> Tensor: return _f16(b, 0) * _nibbles(b[:, 4:20]).float() + _f16(b, 2)
+def _q8_0(b: Tensor) -> Tensor: return _f16(b, 0) * b[:, 2:34].bitcast(dtypes.int8).float()
+def _q5_0(b: Tensor) -> Tensor: return _f16(b, 0) * ((_nibbles(b[:, 6:22]) | (_bits(b[:, 2:6]) << 4)) - 16).float()
+
+
+def _q5_1(b: Tensor) -> Tensor:
+    return _f16(b, 0) * (_nibbles(b[:, 8:24]) | (_bits(b[:, 4:8]) << 4)).float() + _f16(b, 2)
+
+
+def _q4_k(b: Tensor) -> Tensor:
+    """256 values in 8 sub-blocks of 32, each with a 6-bit scale and min packed into 12 bytes."""
+    n = b.shape[0]
+    d, dmin = _f16(b, 0), _f16(b, 2)
+    s = b[:, 4:16].cast(dtypes.int32)
+    sc = (s[:, 0:4] & 63).cat((s[:, 8:12] & 0xF) | ((s[:, 0:4] >> 6) << 4), dim=1)       # (n, 8)
+    mn = (s[:, 4:8] & 63).cat((s[:, 8:12] >> 4) | ((s[:, 4:8] >> 6) << 4), dim=1)        # (n, 8)
+    qs = b[:, 16:144].cast(dtypes.int32).reshape(n, 4, 1, 32)
+    q = (qs & 0xF).cat(qs >> 4, dim=2).reshape(n, 8, 32)                                  # sub-block 2j: low, 2j+1: high
+    y = (d * sc.float()).unsqueeze(-1) * q.float() - (dmin * mn.float()).unsqueeze(-1)
+    return y.reshape(n, 256)
+
+
+def _q6_k(b: Tensor) -> Tensor:
+    """256 6-bit values: low 4 bits in ql[128], high 2 bits in qh[64], int8 scales per 16, one float16 scale."""
+    n = b.shape[0]
+    halves = []
+    for h in range(2):
+        ql = b[:, 64 * h:64 * h + 64].cast(dtypes.int32).reshape(n, 1, 2, 32)
+        qh = b[:, 128 + 32 * h:160 + 32 * h].cast(dtypes.int32).reshape(n, 1, 32)
+        low = (ql & 0xF).cat(ql >> 4, dim=1).reshape(n, 4, 32)                           # q1..q4 of ggml's loop
+        high = (qh >> Tensor.arange(0, 8, 2, device=b.device).reshape(1, 4, 1)) & 3       # (n, 4, 32)
+        halves.append((low | (high << 4)).reshape(n, 128) - 32)
+    q = halves[0].cat(halves[1], dim=1).reshape(n, 16, 16).float()
+    scales = b[:, 192:208].bitcast(dtypes.int8).float().reshape(n, 16, 1)
+    return (_f16(b, 208).reshape(n, 1, 1) * scales * q).reshape(n, 256)
+
+
+_DEQUANT: dict[int, Callable[[Tensor], Tensor]] = {2: _q4_0, 3: _q4_1, 6: _q5_0, 7: _q5_1, 8: _q8_0, 12: _q4_k, 14: _q6_k}
+
+
+def ggml_data_to_tensor(t: Tensor, n: int, ggml_type: int) -> Tensor:
+    """The first `n` values stored in uint8 tensor `t` in ggml type `ggml_type`, as a flat tensor (float32 for the
+    quantized types, the native dtype for plain ones)."""
+    if ggml_type in _PLAIN:
+        dt = _PLAIN[ggml_type]
+        raw = t[:n * dt.itemsize]
+        return raw.reshape(n, dt.itemsize).bitcast(dt).reshape(n) if dt.itemsize > 1 else raw.bitcast(dt)
+    if ggml_type not in _DEQUANT:
+        name = GGML_TYPES.get(ggml_type, (_KNOWN_UNSUPPORTED.get(ggml_type, f"type {ggml_type}"),))[0]
+        raise ValueError(f"ggml type {name} is not supported (supported: "
+                         f"{', '.join(GGML_TYPES[k][0] for k in sorted(GGML_TYPES))})")
+    _, block, nbytes = GGML_TYPES[ggml_type]
+    if n % block: raise ValueError(f"{n} values don't fill whole {GGML_TYPES[ggml_type][0]} blocks of {block}")
+    blocks = t[:n // block * nbytes].reshape(n // block, nbytes)
+    return _DEQUANT[ggml_type](blocks).reshape(n)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the container
+
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+
+
+class _Cursor:
+    """Sequential reads from a Source with bounds checks (truncation -> FormatError naming the file)."""
+
+    def __init__(self, src: Source, version: int):
+        self.src, self.pos, self.version = src, 0, version
+
+    def take(self, n: int, what: str) -> memoryview:
+        out = self.src.read(self.pos, self.pos + n, what)
+        self.pos += n
+        return out
+
+    def unpack(self, fmt: str, what: str) -> Any:
+        return struct.unpack(fmt, self.take(struct.calcsize(fmt), what))[0]
+
+    def count(self, what: str, per_item: int = 1) -> int:
+        """A length field; it can't promise more items than there are bytes left."""
+        n = self.unpack("<I" if self.version == 1 else "<Q", what)
+        if n * per_item > len(self.src) - self.pos:
+            raise self.src.error(f"{what} is {n}, more than the {len(self.src) - self.pos} bytes left: corrupt file")
+        return n
+
+    def string(self, what: str) -> str:
+        raw = bytes(self.take(self.count(f"length of {what}"), what))
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise self.src.error(f"{what} is not valid UTF-8") from None
+
+    def value(self, vtype: int, what: str) -> Any:
+        if vtype in _SCALARS: return self.unpack(_SCALARS[vtype], what)
+        if vtype == 8: return self.string(what)
+        if vtype == 9:
+            etype = self.unpack("<I", f"element type of {what}")
+            return [self.value(etype, what) for _ in range(self.count(f"length of {what}"))]
+        raise self.src.error(f"{what} has unknown value type {vtype}")
+
+
+def gguf_load(fn: Tensor | str | pathlib.Path) -> tuple[dict[str, Any], LazyStateDict]:
+    """Read a .gguf file: (metadata key -> value, tensor name -> Tensor). Tensors are read and dequantized on first use;
+    shapes are in PyTorch order (GGUF's dims reversed)."""
+    src = Source(fn)
+    if len(src) < 4 or bytes(src.buf[:4]) != b"GGUF": raise src.error("not a GGUF file (missing the 'GGUF' magic)")
+    if len(src) < 8: raise src.error("truncated GGUF header")
+    version = struct.unpack("<I", src.buf[4:8])[0]
+    if version not in (2, 3): raise src.error(f"unsupported GGUF version {version} (supported: 2, 3)")
+    cur = _Cursor(src, version)
+    cur.pos = 8
+    n_tensors, n_kv = cur.count("tensor count", 8), cur.count("metadata count", 8)
+    kv: dict[str, Any] = {}
+    for _ in range(n_kv):
+        key = cur.string("metadata key")
+        kv[key] = cur.value(cur.unpack("<I", f"type of {key!r}"), f"metadata {key!r}")
+    infos = []
+    for _ in range(n_tensors):
+        name = cur.string("tensor name")
+        n_dims = cur.unpack("<I", f"rank of {name!r}")
+        if n_dims > 8: raise src.error(f"tensor {name!r} has {n_dims} dims (GGUF allows at most 4)")
+        dims = [cur.unpack("<Q", f"shape of {name!r}") for _ in range(n_dims)]
+        infos.append((name, dims, cur.unpack("<I", f"type of {name!r}"), cur.unpack("<Q", f"offset of {name!r}")))
+    align = kv.get("general.alignment", 32)
+    if not isinstance(align, int) or align <= 0: raise src.error(f"invalid general.alignment {align!r}")
+    data_start = -(-cur.pos // align) * align
+    entries: dict[str, tuple[tuple[int, ...], Callable[[], Tensor]]] = {}
+    for name, dims, gtype, offset in infos:
+        if gtype not in GGML_TYPES:
+            raise src.error(f"tensor {name!r} has ggml type "
+                            f"{_KNOWN_UNSUPPORTED.get(gtype, gtype)}, which this reader does not support")
+        _, block, bpb = GGML_TYPES[gtype]
+        n = prod(dims)
+        if n % block: raise src.error(f"tensor {name!r} has {n} values, not a whole number of blocks of {block}")
+        start, end = data_start + offset, data_start + offset + n // block * bpb
+        if end > len(src): raise src.error(f"tensor {name!r} ends at byte {end} but the file has {len(src)}: truncated")
+        shape = tuple(reversed(dims))
+        entries[name] = (shape, functools.partial(_read_tensor, src, name, gtype, shape, start, end))
+    return kv, LazyStateDict(src.name, entries, kv)
+
+
+def _read_tensor(src: Source, name: str, gtype: int, shape: tuple[int, ...], start: int, end: int) -> Tensor:
+    raw = tensor_from_bytes(src.read(start, end, f"tensor {name!r}"), dtypes.uint8, (end - start,))
+    try:
+        return ggml_data_to_tensor(raw, prod(shape), gtype).reshape(shape)
+    except ValueError as e:
+        raise FormatError(f"{src.name}: tensor {name!r}: {e}") from None
+
+
+__all__ = ["gguf_load", "ggml_data_to_tensor", "GGML_TYPES"]

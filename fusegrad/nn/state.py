@@ -1,0 +1,197 @@
+"""Model state: finding a model's tensors (get_state_dict / get_parameters), loading values into them
+(load_state_dict), and checkpoint files: safetensors (safe_save / safe_load), PyTorch .pth (torch_load, in pth.py) and
+GGUF (gguf_load, in gguf.py). Readers take a file name and raise `FormatError` (a ValueError naming the file) for
+malformed or truncated input.
+
+>>> from fusegrad import nn
+>>> sorted(nn.state.get_state_dict(nn.Linear(2, 3)))
+['bias', 'weight']
+"""
+from __future__ import annotations
+
+import functools
+import json
+import pathlib
+import struct
+import types
+from collections.abc import Mapping
+from typing import Any, Callable
+
+from fusegrad.dtype import DType, dtypes
+from fusegrad.helpers import prod
+from fusegrad.nn._io import FormatError, LazyStateDict, Source, UnsafePickleError, atomic_write, tensor_bytes, \
+    tensor_from_bytes
+from fusegrad.tensor import Tensor
+
+# ---------------------------------------------------------------------------------------------------------------------
+# state dicts
+
+
+def get_state_dict(obj: Any, prefix: str = "", tensor_type: type = Tensor) -> dict[str, Tensor]:
+    """Every tensor reachable from `obj`, keyed by its attribute path ("layers.0.weight"), like torch's state_dict().
+
+    Walks attributes (`__dict__`), namedtuples, dicts and lists/tuples (keyed by index). A tensor reachable under two
+    names (tied weights) appears under both; reference cycles are followed once.
+    """
+    out: dict[str, Tensor] = {}
+    _walk(obj, prefix, tensor_type, out, set())
+    return out
+
+
+def _walk(obj: Any, prefix: str, tensor_type: type, out: dict[str, Tensor], seen: set[int]) -> None:
+    if isinstance(obj, tensor_type):
+        out[prefix.rstrip(".")] = obj
+        return
+    if obj is None or isinstance(obj, (str, bytes, int, float, bool, complex, types.ModuleType, type)): return
+    if id(obj) in seen: return
+    seen.add(id(obj))
+    if hasattr(obj, "_asdict") and isinstance(obj, tuple): items: Any = obj._asdict().items()   # namedtuple
+    elif isinstance(obj, Mapping): items = obj.items()
+    elif isinstance(obj, (list, tuple)): items = enumerate(obj)
+    elif hasattr(obj, "__dict__") and not isinstance(obj, (types.FunctionType, types.MethodType)): items = vars(obj).items()
+    else: return
+    for k, v in items: _walk(v, f"{prefix}{k}.", tensor_type, out, seen)
+
+
+def get_parameters(obj: Any) -> list[Tensor]:
+    """The tensors of get_state_dict(obj), each once (what you hand to an optimizer)."""
+    return list({id(t): t for t in get_state_dict(obj).values()}.values())
+
+
+def _shapes_match(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    return a == b or {a, b} <= {(), (1,)}
+
+
+def load_state_dict(model: Any, state_dict: Mapping[str, Tensor], strict: bool = True, verbose: bool = True,
+                    consume: bool = False, realize: bool = True) -> list[Tensor]:
+    """Copy `state_dict` values into the model's tensors (cast to each tensor's dtype and device); returns them.
+
+    strict: every model tensor must be present and every key used (as torch); otherwise missing ones are reported
+    (if verbose) and skipped. Shapes must match, except that () and (1,) are interchangeable. consume: delete each key
+    from `state_dict` once loaded (frees memory while loading big checkpoints). realize: compute the tensors now.
+    """
+    model_sd = get_state_dict(model)
+    missing = [k for k in model_sd if k not in state_dict]
+    unexpected = [k for k in state_dict if k not in model_sd]
+    if strict and (missing or unexpected):
+        raise KeyError(f"load_state_dict (strict): missing keys {missing}, unexpected keys {unexpected}")
+    if verbose and (missing or unexpected):
+        print(f"load_state_dict: skipped missing keys {missing}; ignored unexpected keys {unexpected}")
+    for k, t in model_sd.items():
+        if k not in state_dict: continue
+        v = state_dict[k]
+        if not isinstance(v, Tensor): raise TypeError(f"load_state_dict: value for {k!r} is a {type(v).__name__}, not a Tensor")
+        if not _shapes_match(t.shape, v.shape):
+            raise ValueError(f"load_state_dict: shape mismatch for {k!r}: model has {t.shape}, state_dict has {v.shape}")
+    loaded = []
+    for k, t in model_sd.items():
+        if k not in state_dict: continue
+        v = state_dict[k]
+        t.assign(v.detach().to(t.device).cast(t.dtype).reshape(t.shape))  # detach: no autograd link to the source
+        loaded.append(t)
+        if consume: del state_dict[k]  # type: ignore[attr-defined]
+        if realize: t.realize()
+    return loaded
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# safetensors: u64 little-endian header length, a JSON header {name: {dtype, shape, data_offsets}, "__metadata__": {}},
+# then the tensors' raw little-endian bytes (offsets relative to the end of the header)
+
+SAFETENSORS_DTYPES: dict[str, DType] = {
+    "BOOL": dtypes.bool, "U8": dtypes.uint8, "I8": dtypes.int8, "U16": dtypes.uint16, "I16": dtypes.int16,
+    "U32": dtypes.uint32, "I32": dtypes.int32, "U64": dtypes.uint64, "I64": dtypes.int64,
+    "F16": dtypes.float16, "BF16": dtypes.bfloat16, "F32": dtypes.float32, "F64": dtypes.float64}
+_SAFETENSORS_NAMES = {v: k for k, v in SAFETENSORS_DTYPES.items()}
+_MAX_HEADER = 100 << 20
+
+
+def safe_save(tensors: Mapping[str, Tensor], fn: str | pathlib.Path, metadata: dict[str, str] | None = None) -> None:
+    """Write tensors to a .safetensors file (atomically: a crash mid-write leaves any old file intact).
+
+    >>> import tempfile, os
+    >>> fn = os.path.join(tempfile.mkdtemp(), "w.safetensors")
+    >>> safe_save({"w": Tensor([1.0, 2.0])}, fn)
+    >>> safe_load(fn)["w"].tolist()
+    [1.0, 2.0]
+    """
+    header: dict[str, Any] = {}
+    if metadata is not None:
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
+            raise TypeError("safetensors metadata must map str to str")
+        header["__metadata__"] = dict(metadata)
+    offset = 0
+    for k, t in tensors.items():
+        if not isinstance(t, Tensor): raise TypeError(f"safe_save: {k!r} is a {type(t).__name__}, not a Tensor")
+        if k == "__metadata__": raise ValueError("'__metadata__' is reserved in safetensors and can't name a tensor")
+        if t.dtype not in _SAFETENSORS_NAMES: raise ValueError(f"safe_save: {k!r} has dtype {t.dtype}, not storable")
+        header[k] = {"dtype": _SAFETENSORS_NAMES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + t.nbytes()]}
+        offset += t.nbytes()
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)   # the data starts 8-byte aligned
+
+    def write(f: Any) -> None:
+        f.write(struct.pack("<Q", len(raw)) + raw)
+        for t in tensors.values(): f.write(tensor_bytes(t))
+    atomic_write(fn, write)
+
+
+def _safetensors_header(src: Source) -> tuple[int, dict[str, Any]]:
+    if len(src) < 8: raise src.error(f"too short for a safetensors file ({len(src)} bytes, the header length alone is 8)")
+    (n,) = struct.unpack("<Q", src.read(0, 8))
+    if n > _MAX_HEADER: raise src.error(f"safetensors header length {n} is implausible: not a safetensors file?")
+    raw = bytes(src.read(8, 8 + n, "the safetensors header"))
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise src.error(f"safetensors header is not valid JSON: {e}") from None
+    if not isinstance(header, dict): raise src.error("safetensors header must be a JSON object")
+    return n, header
+
+
+def safe_load_metadata(fn: Tensor | str | pathlib.Path) -> tuple[memoryview, int, dict[str, Any]]:
+    """(the file's bytes as a read-only memoryview, the header length, the parsed JSON header incl. "__metadata__")."""
+    src = Source(fn)
+    n, header = _safetensors_header(src)
+    return src.buf, n, header
+
+
+def safe_load(fn: Tensor | str | pathlib.Path) -> LazyStateDict:
+    """Open a .safetensors file: returns name -> Tensor, each copied out of the memory-mapped file when first used."""
+    src = Source(fn)
+    n, header = _safetensors_header(src)
+    data_start, data_len = 8 + n, len(src) - 8 - n
+    entries: dict[str, tuple[tuple[int, ...], Callable[[], Tensor]]] = {}
+    for k, info in header.items():
+        if k == "__metadata__": continue
+        if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= set(info):
+            raise src.error(f"safetensors entry {k!r} needs dtype, shape and data_offsets, got {info!r}")
+        if info["dtype"] not in SAFETENSORS_DTYPES:
+            raise src.error(f"tensor {k!r} has unsupported dtype {info['dtype']!r} (supported: {sorted(SAFETENSORS_DTYPES)})")
+        dt, shape, offs = SAFETENSORS_DTYPES[info["dtype"]], info["shape"], info["data_offsets"]
+        if not isinstance(shape, list) or not all(isinstance(s, int) and s >= 0 for s in shape):
+            raise src.error(f"tensor {k!r} has an invalid shape {shape!r}")
+        if not (isinstance(offs, list) and len(offs) == 2 and all(isinstance(o, int) for o in offs)
+                and 0 <= offs[0] <= offs[1]):
+            raise src.error(f"tensor {k!r} has invalid data_offsets {offs!r}")
+        if offs[1] - offs[0] != prod(shape) * dt.itemsize:
+            raise src.error(f"tensor {k!r}: data_offsets {offs} hold {offs[1] - offs[0]} bytes, but {info['dtype']} "
+                            f"shape {shape} needs {prod(shape) * dt.itemsize}")
+        if offs[1] > data_len:
+            raise src.error(f"tensor {k!r} ends at byte {offs[1]} of the data, but the file holds only {data_len} bytes "
+                            "after the header: the file is truncated")
+        entries[k] = (tuple(shape), functools.partial(_read_tensor, src, k, dt, tuple(shape),
+                                                      data_start + offs[0], data_start + offs[1]))
+    meta = header.get("__metadata__", {})
+    return LazyStateDict(src.name, entries, meta if isinstance(meta, dict) else {})
+
+
+def _read_tensor(src: Source, name: str, dt: DType, shape: tuple[int, ...], start: int, end: int) -> Tensor:
+    return tensor_from_bytes(src.read(start, end, f"tensor {name!r}"), dt, shape)
+
+
+from fusegrad.nn.pth import torch_load  # noqa: E402  (the readers use this module's helpers)
+from fusegrad.nn.gguf import gguf_load, ggml_data_to_tensor  # noqa: E402
+
+__all__ = ["get_state_dict", "get_parameters", "load_state_dict", "safe_save", "safe_load", "safe_load_metadata",
+           "torch_load", "gguf_load", "ggml_data_to_tensor", "LazyStateDict", "FormatError", "UnsafePickleError"]
