@@ -138,6 +138,13 @@ def div_mod_fold(x: UOp, c: int, is_mod: bool, dtype: Any) -> UOp | None:
     """(q*c + r) // c -> q + r//c and (q*c + r) % c -> r % c, valid when x >= 0 and r >= 0; also divides out gcds."""
     if c <= 0 or x.vmin < 0: return None
     terms, const = split_terms(x)
+    # first try reducing every coefficient mod c: (13*a + b) % 12 -> a + b when that sum stays below 12
+    if any(k % c != k for k in terms.values()) and all(t.vmin >= 0 for t in terms):
+        q_all = {t: k // c for t, k in terms.items() if k // c}
+        r_all = {t: k % c for t, k in terms.items() if k % c}
+        r = build_sum(r_all, const % c, dtype)
+        if r.vmin >= 0 and r.vmax < c:
+            return r if is_mod else build_sum(q_all, const // c, dtype)
     quot: dict[UOp, int] = {}
     rem: dict[UOp, int] = {}
     for t, k in terms.items():
