@@ -52,7 +52,8 @@ def mark_thread_loop(uops: list[UOp], renderer: Renderer) -> int:
     return size
 
 
-def to_program(ast: UOp, renderer: Renderer) -> ProgramSpec:
+def to_program(ast: UOp, renderer: Renderer, opts: list | None = None) -> ProgramSpec:
+    """Kernel AST -> ProgramSpec. `opts` overrides the hand-coded optimizations (a list of `Opt`; [] for none)."""
     if SPEC:
         from fusegrad.ir.spec import verify_kernel
         verify_kernel(ast)
@@ -60,7 +61,7 @@ def to_program(ast: UOp, renderer: Renderer) -> ProgramSpec:
     sink = graph_rewrite(ast, pm_symbolic, name="kernel symbolic")
     name = kernel_name(sink)
     sink = decompose_dtypes(sink, renderer.native_dtypes())
-    if not NOOPT: sink = apply_opts(sink, renderer)
+    if not NOOPT or opts: sink = apply_opts(sink, renderer, opts)
     uops, est = linearize(sink)
     thread_size = mark_thread_loop(uops, renderer)
     if SPEC:

@@ -40,8 +40,9 @@ class Linearizer:
         self.depth: dict[UOp | None, int] = {None: 0}
         glob = sorted((n for n in self.topo if n.op is Ops.RANGE and n.arg[1] != "reduce"), key=lambda r: r.arg[0])
         self._chain(glob, None)
-        for n in self.topo:
-            if n.op is Ops.REDUCE: self._chain(list(n.src[1:]), self.deepest(self.ranges_of[n]))
+        for n in self.topo:  # reduces over the same ranges share one loop nest (one accumulator each)
+            if n.op is Ops.REDUCE and n.src[1] not in self.parent:
+                self._chain(list(n.src[1:]), self.deepest(self.ranges_of[n]))
         self.block = {n: self.deepest(self.ranges_of[n]) for n in self.topo}
         self.out: list[UOp] = []
         self.val: dict[UOp, UOp] = {}
@@ -55,6 +56,12 @@ class Linearizer:
             if r in self.parent: raise RuntimeError(f"range {r} is used by two reduces")
             self.parent[r], self.depth[r] = parent, self.depth[parent] + 1
             parent = r
+
+    def _under(self, r: UOp | None, ancestors: set[UOp]) -> bool:
+        while r is not None:
+            if r in ancestors: return True
+            r = self.parent[r]
+        return False
 
     def deepest(self, rs: frozenset[UOp]) -> UOp | None:
         return max(rs, key=lambda r: self.depth[r]) if rs else None
@@ -87,31 +94,46 @@ class Linearizer:
         self.push(UOp(Ops.END, dtypes.void, (r,)))
 
     def emit_reduce(self, red: UOp) -> None:
-        op, rngs = red.arg, list(red.src[1:])
-        acc = self.push(UOp(Ops.DEFINE_REG, red.dtype.ptr(1, "reg"), (), self.n_acc))
-        self.n_acc += 1
-        zero, ident = UOp.const(dtypes.int32, 0), UOp.const(red.dtype, reduce_identity(op, red.dtype))
-        for c in (zero, ident):
-            if c not in self.val: self.val[c] = self.push(c)
-        slot = self.push(UOp(Ops.INDEX, red.dtype, (acc, zero)))
-        init = self.push(UOp(Ops.STORE, dtypes.void, (slot, ident)))
+        """Every not-yet-emitted reduce over the same ranges joins this loop nest: one accumulator each, so upcast
+        outputs share the loads they have in common."""
+        rngs = list(red.src[1:])
+        group = [n for n in self.topo if n.op is Ops.REDUCE and n not in self.val and list(n.src[1:]) == rngs
+                 and self.block[n] is self.block[red]]
+        # whatever the bodies need from outside the loops comes first (another row's max, say, for an upcast softmax)
+        inside = set(rngs)
+        for r in group:
+            for n in r.src[0].toposort():
+                if n not in self.val and n.op is not Ops.RANGE and self.block[n] not in inside and \
+                        not (self.block[n] is not None and self._under(self.block[n], inside)):
+                    self.emit_node(n)
+        slots, inits = [], []
+        for r in group:
+            acc = self.push(UOp(Ops.DEFINE_REG, r.dtype.ptr(1, "reg"), (), self.n_acc))
+            self.n_acc += 1
+            zero, ident = UOp.const(dtypes.int32, 0), UOp.const(r.dtype, reduce_identity(r.arg, r.dtype))
+            for c in (zero, ident):
+                if c not in self.val: self.val[c] = self.push(c)
+            slots.append(self.push(UOp(Ops.INDEX, r.dtype, (acc, zero))))
+            inits.append(self.push(UOp(Ops.STORE, dtypes.void, (slots[-1], ident))))
 
         def body(i: int) -> None:
-            r = rngs[i]
+            rg = rngs[i]
             for n in self.topo:
-                if self.block[n] is r and n not in self.val and n.op is not Ops.RANGE: self.emit_node(n)
+                if self.block[n] is rg and n not in self.val and n.op is not Ops.RANGE: self.emit_node(n)
             if i + 1 < len(rngs): self.emit_loop(rngs[i + 1], lambda: body(i + 1))
             else:
-                cur = self.push(UOp(Ops.LOAD, red.dtype, (slot, init)))
-                new = UOp(op, red.dtype, (cur, self.val[red.src[0]]))
-                self.data_dep.add(new)
-                self.push(new)
-                self.push(UOp(Ops.STORE, dtypes.void, (slot, new)))
+                for r, slot, init in zip(group, slots, inits):
+                    cur = self.push(UOp(Ops.LOAD, r.dtype, (slot, init)))
+                    new = UOp(r.arg, r.dtype, (cur, self.val[r.src[0]]))
+                    self.data_dep.add(new)
+                    self.push(new)
+                    self.push(UOp(Ops.STORE, dtypes.void, (slot, new)))
         if rngs: self.emit_loop(rngs[0], lambda: body(0))
         end = self.out[-1]
-        res = UOp(Ops.LOAD, red.dtype, (slot, end))
-        self.data_dep.add(res)
-        self.val[red] = self.push(res)
+        for r, slot in zip(group, slots):
+            res = UOp(Ops.LOAD, r.dtype, (slot, end))
+            self.data_dep.add(res)
+            self.val[r] = self.push(res)
 
     def run(self) -> tuple[list[UOp], Estimates]:
         params = sorted((n for n in self.topo if n.op is Ops.PARAM), key=lambda p: p.arg)

@@ -17,8 +17,8 @@ from typing import Any
 
 from fusegrad.dtype import dtypes
 from fusegrad.helpers import TRAINING, make_tuple, prod
+from fusegrad.nn import datasets, optim, state
 from fusegrad.tensor import Tensor
-from fusegrad.nn import datasets, optim, state  # noqa: F401  (`from fusegrad import nn; nn.optim` must work)
 
 
 def _param(t: Tensor) -> Tensor:
@@ -48,7 +48,7 @@ def is_training() -> bool:
 class Linear:
     """y = x @ weight.T + bias, weight (out_features, in_features), both uniform(-1/sqrt(in), 1/sqrt(in)).
 
-    >>> nn.Linear(3, 5).weight.shape
+    >>> Linear(3, 5).weight.shape
     (5, 3)
     """
 
@@ -288,6 +288,24 @@ class LSTMCell:
         return h_new, c_new
 
 
-__all__ = ["Linear", "Conv1d", "Conv2d", "ConvTranspose1d", "ConvTranspose2d", "BatchNorm", "BatchNorm1d", "BatchNorm2d",
-           "BatchNorm3d", "GroupNorm", "InstanceNorm", "LayerNorm", "LayerNorm2d", "RMSNorm", "Embedding", "LSTMCell",
-           "optim", "state", "datasets"]
+__all__ = [
+    "BatchNorm",
+    "BatchNorm1d",
+    "BatchNorm2d",
+    "BatchNorm3d",
+    "Conv1d",
+    "Conv2d",
+    "ConvTranspose1d",
+    "ConvTranspose2d",
+    "Embedding",
+    "GroupNorm",
+    "InstanceNorm",
+    "LSTMCell",
+    "LayerNorm",
+    "LayerNorm2d",
+    "Linear",
+    "RMSNorm",
+    "datasets",
+    "optim",
+    "state",
+]

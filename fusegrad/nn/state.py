@@ -14,13 +14,22 @@ import json
 import pathlib
 import struct
 import types
-from collections.abc import Mapping
-from typing import Any, Callable
+from collections.abc import Callable, Mapping
+from typing import Any, cast
 
 from fusegrad.dtype import DType, dtypes
 from fusegrad.helpers import prod
-from fusegrad.nn._io import FormatError, LazyStateDict, Source, UnsafePickleError, atomic_write, tensor_bytes, \
-    tensor_from_bytes
+from fusegrad.nn._io import (
+    FormatError,
+    LazyStateDict,
+    Source,
+    UnsafePickleError,
+    atomic_write,
+    tensor_bytes,
+    tensor_from_bytes,
+)
+from fusegrad.nn.gguf import ggml_data_to_tensor, gguf_load
+from fusegrad.nn.pth import torch_load
 from fusegrad.tensor import Tensor
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -40,12 +49,12 @@ def get_state_dict(obj: Any, prefix: str = "", tensor_type: type = Tensor) -> di
 
 def _walk(obj: Any, prefix: str, tensor_type: type, out: dict[str, Tensor], seen: set[int]) -> None:
     if isinstance(obj, tensor_type):
-        out[prefix.rstrip(".")] = obj
+        out[prefix.rstrip(".")] = cast(Tensor, obj)
         return
     if obj is None or isinstance(obj, (str, bytes, int, float, bool, complex, types.ModuleType, type)): return
     if id(obj) in seen: return
     seen.add(id(obj))
-    if hasattr(obj, "_asdict") and isinstance(obj, tuple): items: Any = obj._asdict().items()   # namedtuple
+    if hasattr(obj, "_asdict") and isinstance(obj, tuple): items: Any = obj._asdict().items()  # type: ignore[attr-defined]   # namedtuple
     elif isinstance(obj, Mapping): items = obj.items()
     elif isinstance(obj, (list, tuple)): items = enumerate(obj)
     elif hasattr(obj, "__dict__") and not isinstance(obj, (types.FunctionType, types.MethodType)): items = vars(obj).items()
@@ -190,8 +199,17 @@ def _read_tensor(src: Source, name: str, dt: DType, shape: tuple[int, ...], star
     return tensor_from_bytes(src.read(start, end, f"tensor {name!r}"), dt, shape)
 
 
-from fusegrad.nn.pth import torch_load  # noqa: E402  (the readers use this module's helpers)
-from fusegrad.nn.gguf import gguf_load, ggml_data_to_tensor  # noqa: E402
-
-__all__ = ["get_state_dict", "get_parameters", "load_state_dict", "safe_save", "safe_load", "safe_load_metadata",
-           "torch_load", "gguf_load", "ggml_data_to_tensor", "LazyStateDict", "FormatError", "UnsafePickleError"]
+__all__ = [
+    "FormatError",
+    "LazyStateDict",
+    "UnsafePickleError",
+    "get_parameters",
+    "get_state_dict",
+    "ggml_data_to_tensor",
+    "gguf_load",
+    "load_state_dict",
+    "safe_load",
+    "safe_load_metadata",
+    "safe_save",
+    "torch_load",
+]

@@ -41,7 +41,7 @@ def test_debug_3_schedule():
 
 def test_debug_4_source():
     out = run(4)
-    assert "void r_4_4_4(float* restrict data0" in out and "for (int gidx0 = 0; gidx0 < 4; gidx0++)" in out
+    assert "void r_4_4_4(float* restrict data0" in out and "data0[" in out and "data1[" in out and "data2[" in out
 
 
 def test_debug_5_ast_and_linear():

@@ -5,6 +5,7 @@ import pytest
 from fusegrad import Tensor
 from fusegrad.codegen import to_program
 from fusegrad.codegen.linearize import linearize
+from fusegrad.codegen.opt import Opt, hand_coded_opts
 from fusegrad.device import Device
 from fusegrad.ir.ops import GroupOp, Ops, UOp
 from fusegrad.ir.pattern import graph_rewrite
@@ -19,10 +20,15 @@ C_NP = rng.standard_normal((M,)).astype(np.float32)
 
 
 def linear(t: Tensor, opt: bool) -> list[UOp]:
-    """The linear program of the single kernel computing t: with the codegen optimizations (unrolling) or without."""
+    """The linear program of the single kernel computing t: with the heuristic's reduce unrolling or without any opts
+    (upcasts change the loop structure; test_upcast_* covers them)."""
     (si,) = t.schedule()
-    if opt: return to_program(si.ast, Device[Device.DEFAULT].renderer).uops
+    if opt: return to_program(si.ast, Device[Device.DEFAULT].renderer, unroll_opts(si.ast)).uops
     return linearize(graph_rewrite(si.ast, pm_symbolic))[0]
+
+
+def unroll_opts(ast: UOp) -> list[Opt]:
+    return [o for o in hand_coded_opts(graph_rewrite(ast, pm_symbolic)) if o.op == "UNROLL"]
 
 
 def open_loops(uops: list[UOp]) -> dict[int, tuple[UOp, ...]]:
@@ -157,10 +163,44 @@ def test_softmax_row_reductions_are_hoisted_out_of_the_column_loop():
 @pytest.mark.parametrize("opt", [False, True])
 def test_estimated_ops_count_loop_trips(matmul_scaled, opt):
     (si,) = matmul_scaled.schedule()
-    if opt: ops = to_program(si.ast, Device[Device.DEFAULT].renderer).ops
+    if opt: ops = to_program(si.ast, Device[Device.DEFAULT].renderer, unroll_opts(si.ast)).ops
     else: ops = linearize(graph_rewrite(si.ast, pm_symbolic))[1].ops
     assert ops == 2 * M * N * K + M * N  # a multiply and an add per (i, j, k), the scale per (i, j)
 
 
 def test_linearized_matmul_computes_the_right_values(matmul_scaled):
     np.testing.assert_allclose(matmul_scaled.numpy(), (A_NP @ B_NP) * C_NP[:, None], rtol=1e-5, atol=1e-5)
+
+
+def test_upcast_tiles_the_output_with_one_accumulator_each(matmul_scaled):
+    """The heuristic upcasts both output axes (8 -> 2x4, 4 -> 1x4): 16 accumulators share one reduce loop, each updated
+    once per iteration, and every a/b load in the loop is shared by the 4 outputs that use it."""
+    (si,) = matmul_scaled.schedule()
+    opts = hand_coded_opts(graph_rewrite(si.ast, pm_symbolic))
+    assert [o.op for o in opts] == ["UPCAST", "UPCAST", "UNROLL"]
+    uops = to_program(si.ast, Device[Device.DEFAULT].renderer).uops
+    verify_linear(uops)
+    accs = [u for u in uops if u.op is Ops.DEFINE_REG]
+    assert len(accs) == 16
+    (rk,) = ranges(uops, "reduce")
+    pos = {u: i for i, u in enumerate(uops)}
+    start = pos[rk]
+    end = next(i for i, u in enumerate(uops) if u.op is Ops.END and u.src[0] is rk)
+    updates = [i for i, u in enumerate(uops) if u.op is Ops.STORE and u.src[0].src[0].op is Ops.DEFINE_REG
+               and start < i < end]
+    assert len(updates) == 16
+    loads_in_loop = [i for i in loads_from(uops, 1) + loads_from(uops, 2) if start < i < end]
+    assert len(loads_in_loop) == (4 + 4) * (K // rk.src[0].arg)  # 4 rows of a and 4 columns of b per k step
+    np.testing.assert_allclose(matmul_scaled.numpy(), (A_NP @ B_NP) * C_NP[:, None], rtol=1e-5, atol=1e-5)
+
+
+def test_bad_opts_raise():
+    (si,) = Tensor(A_NP).sum(1).schedule()
+    ast = graph_rewrite(si.ast, pm_symbolic)
+    glob = next(n for n in ast.toposort() if n.op is Ops.RANGE and n.arg[1] == "global")
+    red = next(n for n in ast.toposort() if n.op is Ops.RANGE and n.arg[1] == "reduce")
+    dev = Device[Device.DEFAULT].renderer
+    with pytest.raises(ValueError, match="must divide"): to_program(si.ast, dev, [Opt("UPCAST", glob.arg[0], 3)])
+    with pytest.raises(ValueError, match="needs a reduce range"): to_program(si.ast, dev, [Opt("UNROLL", glob.arg[0], 2)])
+    with pytest.raises(ValueError, match="needs an output range"): to_program(si.ast, dev, [Opt("UPCAST", red.arg[0], 2)])
+    with pytest.raises(ValueError, match="no range"): to_program(si.ast, dev, [Opt("UNROLL", 99, 2)])
