@@ -22,7 +22,7 @@ class Estimates:
 def reduce_identity(op: Ops, dtype: object) -> float | int | bool:
     if op is Ops.ADD: return 0
     if op is Ops.MUL: return 1
-    return dtypes.min(dtype)  # type: ignore[arg-type]
+    return dtypes.min(dtype.scalar())  # type: ignore[union-attr]
 
 
 class Linearizer:
@@ -69,7 +69,7 @@ class Linearizer:
     # ----- emission -----
     def push(self, u: UOp) -> UOp:
         self.out.append(u)
-        if u.op in GroupOp.ALU and u in self.data_dep: self.est.ops += self.mult
+        if u.op in GroupOp.ALU and u in self.data_dep: self.est.ops += self.mult * u.dtype.count
         return u
 
     def emit_node(self, n: UOp) -> None:
@@ -110,7 +110,7 @@ class Linearizer:
         for r in group:
             acc = self.push(UOp(Ops.DEFINE_REG, r.dtype.ptr(1, "reg"), (), self.n_acc))
             self.n_acc += 1
-            zero, ident = UOp.const(dtypes.int32, 0), UOp.const(r.dtype, reduce_identity(r.arg, r.dtype))
+            zero, ident = UOp.const(dtypes.int32, 0), UOp.const(r.dtype, reduce_identity(r.arg, r.dtype))  # vector consts broadcast
             for c in (zero, ident):
                 if c not in self.val: self.val[c] = self.push(c)
             slots.append(self.push(UOp(Ops.INDEX, r.dtype, (acc, zero))))

@@ -1,6 +1,7 @@
 """Kernel optimizations as explicit actions (`Opt`) on the kernel AST, and the hand-coded heuristic that picks them.
 
 UPCAST(r, k): split output range r into n/k iterations of k copies of every store (a register tile).
+VECTORIZE(r, w): w consecutive iterations of r become the lanes of SIMD vectors (see vectorize.py).
 UNROLL(r, k): split reduce range r of size n into an outer range of n/k and k unrolled copies of the body, combined
 with the reduce op, so each loop iteration does k accumulations.
 """
@@ -10,13 +11,15 @@ from dataclasses import dataclass
 
 from fusegrad.ir.ops import Ops, UOp
 from fusegrad.ir.pattern import graph_rewrite, substitute
-from fusegrad.ir.symbolic import pm_symbolic
+from fusegrad.dtype import dtypes
+from fusegrad.ir.symbolic import pm_symbolic, split_terms
 from fusegrad.renderer import Renderer
+from fusegrad.codegen.vectorize import vectorize_range
 
 
 @dataclass(frozen=True)
 class Opt:
-    op: str          # "UPCAST" (output range) or "UNROLL" (reduce range)
+    op: str          # "UPCAST" (output range), "UNROLL" (reduce range) or "VECTORIZE" (any range: SIMD lanes)
     axis: int        # which range, by its id
     amount: int
 
@@ -67,6 +70,9 @@ def apply_opt(ast: UOp, opt: Opt) -> UOp:
     if opt.op == "UPCAST":
         if rng.arg[1] == "reduce": raise ValueError(f"{opt}: UPCAST needs an output range, {opt.axis} is a reduce")
         return upcast_global(ast, rng, opt.amount)
+    if opt.op == "VECTORIZE":
+        if opt.amount & (opt.amount - 1) or opt.amount < 2: raise ValueError(f"{opt}: the width must be a power of two")
+        return vectorize_range(ast, rng, opt.amount)
     if opt.op == "UNROLL":
         if rng.arg[1] != "reduce": raise ValueError(f"{opt}: UNROLL needs a reduce range, {opt.axis} is an output")
         next_id = max(n.arg[0] for n in ast.toposort() if n.op is Ops.RANGE) + 1
@@ -76,26 +82,78 @@ def apply_opt(ast: UOp, opt: Opt) -> UOp:
     raise ValueError(f"unknown optimization {opt.op!r}")
 
 
-def hand_coded_opts(ast: UOp) -> list[Opt]:
-    """The heuristic. Kernels with a reduce: upcast the two innermost output ranges by 4 (else 2), a register tile of
-    accumulators; then unroll each reduce's innermost range (fully when <= 8 long, else by 4)."""
+def _stride(idx: UOp, rng: UOp) -> int | None:
+    """How an address moves with rng: 0 (doesn't depend on it), its coefficient when rng is a plain term of the sum,
+    None when it's buried in other math (a div, a mod, a gate)."""
+    if rng not in idx.toposort(): return 0
+    terms, _ = split_terms(idx)
+    c = terms.get(rng)
+    return c if c is not None and all(rng not in t.toposort() for t in terms if t is not rng) else None
+
+
+def _vector_score(accesses: list[UOp], rng: UOp) -> int:
+    """+1 for every load/store a vector over rng makes one contiguous access, -1 for every one it makes a gather."""
+    score = 0
+    for idx in accesses:
+        gate_dep = len(idx.src) > 2 and rng in idx.src[2].toposort()
+        st = _stride(idx.src[1], rng)
+        score += -1 if gate_dep or (st not in (0, 1)) else st
+    return score
+
+
+VECTOR_DTYPES = {dtypes.float32, dtypes.float64, dtypes.int32, dtypes.uint32, dtypes.int64, dtypes.bool}
+
+
+def hand_coded_opts(ast: UOp, renderer: Renderer | None = None) -> list[Opt]:
+    """The heuristic, for kernels with a reduce (elementwise kernels are left to the C compiler's vectorizer):
+    1. VECTORIZE the range along which most loads/stores are contiguous (an output axis, or the reduce axis when the
+       inputs are contiguous in it: x @ w.T), at the target's SIMD width;
+    2. UPCAST up to two output ranges along which some input doesn't move (its loads are then shared): a register
+       tile of accumulators, at most 16 vectors (or 16 scalars without SIMD);
+    3. UNROLL short reduce ranges fully (<= 8), and long ones by 4 when nothing was vectorized."""
     opts: list[Opt] = []
-    nodes = ast.toposort()
+    nodes = list(ast.toposort())
     if not any(n.op is Ops.REDUCE for n in nodes): return opts
-    glob = sorted((n for n in nodes if n.op is Ops.RANGE and n.arg[1] == "global"), key=lambda r: r.arg[0])
-    for rng in list(reversed(glob))[:2]:
-        size = int(rng.src[0].arg)
-        k = next((a for a in (4, 2) if size % a == 0), 1)
-        if k > 1: opts.append(Opt("UPCAST", rng.arg[0], k))
+    sizes = {n: int(n.src[0].arg) for n in nodes if n.op is Ops.RANGE}
+    accesses = [n.src[0] for n in nodes if n.op in (Ops.LOAD, Ops.STORE) and n.src[0].src[0].op is Ops.PARAM]
+    vec_rng, width = None, 1
+    simd = renderer.simd_bytes if renderer is not None else 0
+    kernel_dts = {n.dtype.scalar() for n in nodes if n.op not in (Ops.SINK, Ops.STORE, Ops.PARAM, Ops.INDEX)}
+    if simd and kernel_dts <= VECTOR_DTYPES | {dtypes.void}:
+        item = max(d.itemsize for d in kernel_dts if d not in (dtypes.bool, dtypes.void))
+        best = 0
+        for r in sorted(sizes, key=lambda r: (r.arg[1] == "reduce", -r.arg[0])):  # ties: innermost output axis
+            w = next((w for w in (simd // item, simd // item // 2) if w >= 4 and sizes[r] % w == 0), None)
+            if w is None: continue
+            sc = _vector_score(accesses, r)
+            if sc > best: vec_rng, width, best = r, w, sc
+    if vec_rng is not None:
+        opts.append(Opt("VECTORIZE", vec_rng.arg[0], width))
+        sizes[vec_rng] //= width
+    # register tile: output axes that some input doesn't move along (innermost first), 16 accumulators at most
+    loads = [a for a in accesses if any(n.op is Ops.LOAD and n.src[0] is a for n in nodes)]
+    glob = sorted((r for r in sizes if r.arg[1] == "global" and sizes[r] > 1), key=lambda r: -r.arg[0])
+    reuse = [r for r in glob if any(_stride(a.src[1], r) == 0 for a in loads)]
+    budget = 16
+    picked = sorted(reuse, key=lambda r: (r is vec_rng, -sum(_stride(a.src[1], r) == 0 for a in loads)))[:2]
+    for i, r in enumerate(picked):  # the first axis gets up to 8, the second what's left of the budget
+        k = next((a for a in (8, 4, 2) if sizes[r] % a == 0 and a <= (min(8, budget // 2) if i + 1 < len(picked)
+                                                                         else budget)), 1)
+        if k > 1:
+            opts.append(Opt("UPCAST", r.arg[0], k))
+            budget //= k
+            sizes[r] //= k
     for key in dict.fromkeys(n.src[1:] for n in nodes if n.op is Ops.REDUCE):
-        size = int(key[-1].src[0].arg)
-        amount = size if size <= 8 else 4 if size % 4 == 0 else 1
-        if amount > 1 and Opt("UNROLL", key[-1].arg[0], amount) not in opts: opts.append(Opt("UNROLL", key[-1].arg[0], amount))
+        r = key[-1]
+        if r is vec_rng or sizes[r] <= 1: continue
+        amount = sizes[r] if sizes[r] <= 8 else 4 if sizes[r] % 4 == 0 and vec_rng is None and budget > 4 else 1
+        if amount > 1 and not any(o.op == "UNROLL" and o.axis == r.arg[0] for o in opts):
+            opts.append(Opt("UNROLL", r.arg[0], amount))
     return opts
 
 
 def apply_opts(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) -> UOp:
     """Apply `opts` (default: the hand-coded heuristic) in order, then re-simplify the index math."""
-    for o in (hand_coded_opts(ast) if opts is None else opts):
+    for o in (hand_coded_opts(ast, renderer) if opts is None else opts):
         ast = graph_rewrite(apply_opt(ast, o), pm_symbolic, name=f"opt {o.op} {o.axis} {o.amount}")
     return ast

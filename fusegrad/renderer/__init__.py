@@ -30,6 +30,7 @@ class Renderer:
     global_max: tuple[int, ...] | None = None
     threads: int = 1              # >1: the runtime can split a kernel's outermost output loop over this many threads
     min_thread_work: int = 1 << 17  # loop iterations below which a kernel runs on one thread
+    simd_bytes: int = 0           # width of the target's vector registers; 0: no vector types (no VECTORIZE)
 
     def supported_dtypes(self) -> list[DType]:
         """Every dtype kernels on this device can use (natively or emulated by codegen)."""

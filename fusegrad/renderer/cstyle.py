@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-from fusegrad.dtype import DType, dtypes
+from fusegrad.dtype import DType, PtrDType, dtypes
 from fusegrad.ir.ops import GroupOp, Ops, UOp
 from fusegrad.renderer import Renderer, is_pure, uop_uses
 
@@ -36,9 +36,29 @@ class CStyleLanguage(Renderer):
         """Native types plus bfloat16, which codegen emulates with float32 math on 16-bit storage."""
         return self.native_dtypes() + ([dtypes.bfloat16] if dtypes.bfloat16 not in self.type_map else [])
 
+    # ops the target's vector types do natively (GCC/Clang vector extensions); others are rendered lane by lane
+    vector_ops = {Ops.ADD, Ops.MUL, Ops.NEG, Ops.RECIPROCAL, Ops.AND, Ops.OR, Ops.XOR}
+
     def render_dtype(self, dt: DType) -> str:
         if dt.scalar() not in self.type_map: raise RuntimeError(f"{type(self).__name__} has no type for {dt}")
+        if dt.count > 1: return f"{self.vector_elem(dt).replace(' ', '_')}_x{dt.count}"
         return self.type_map[dt.scalar()]
+
+    def vector_elem(self, dt: DType) -> str:
+        return "unsigned char" if dt.scalar() == dtypes.bool else self.type_map[dt.scalar()]
+
+    def vector_typedefs(self, dts: set[DType]) -> list[str]:
+        """GCC/Clang vector types: T_xN (aligned, for registers) and T_xN_u (any alignment, for memory access)."""
+        out = []
+        for dt in sorted(dts, key=lambda d: (d.scalar().name, d.count)):
+            nbytes = dt.count * (1 if dt.scalar() == dtypes.bool else dt.scalar().itemsize)
+            name, elem = self.render_dtype(dt), self.vector_elem(dt)
+            out += [f"typedef {elem} {name} __attribute__((vector_size({nbytes})));",
+                    f"typedef {elem} {name}_u __attribute__((vector_size({nbytes}), aligned({dt.scalar().itemsize})));"]
+        return out
+
+    def render_lanes(self, dt: DType, lanes: list[str]) -> str:
+        return f"(({self.render_dtype(dt)}){{{', '.join(_strip(x) for x in lanes)}}})"
 
     def render_const(self, val: object, dt: DType) -> str:
         if dtypes.is_float(dt):
@@ -55,6 +75,9 @@ class CStyleLanguage(Renderer):
         return f"{val}{suffix}" if dt.itemsize >= 4 else f"(({self.render_dtype(dt)}){val})"
 
     def render_alu(self, op: Ops, dt: DType, a: list[str], src_dtype: DType) -> str:
+        if dt.count > 1 and (op not in self.vector_ops or dt.scalar() == dtypes.bool):
+            return self.render_lanes(dt, [self.render_alu(op, dt.scalar(), [f"{x}[{i}]" for x in a], src_dtype.scalar())
+                                          for i in range(dt.count)])
         binops = {Ops.ADD: "+", Ops.MUL: "*", Ops.IDIV: "/", Ops.MOD: "%", Ops.CMPLT: "<", Ops.CMPNE: "!=",
                   Ops.AND: "&", Ops.OR: "|", Ops.XOR: "^", Ops.SHL: "<<", Ops.SHR: ">>"}
         if op in binops: return f"({a[0]}{binops[op]}{a[1]})"
@@ -73,13 +96,20 @@ class CStyleLanguage(Renderer):
         return f"(({self.render_dtype(dt)}){self.float_fn[op]}((float)({x})))"
 
     def render_cast(self, dt: DType, x: str, src_dt: DType) -> str:
+        if dt.count > 1: return self.render_lanes(dt, [self.render_cast(dt.scalar(), f"{x}[{i}]", src_dt.scalar())
+                                                       for i in range(dt.count)])
         return f"(({self.render_dtype(dt)})({x}))"
 
     def render_bitcast(self, dt: DType, x: str, src_dt: DType) -> str:
+        if dt.count > 1: return self.render_lanes(dt, [self.render_bitcast(dt.scalar(), f"{x}[{i}]", src_dt.scalar())
+                                                       for i in range(dt.count)])
         return f"((union {{{self.render_dtype(src_dt)} a; {self.render_dtype(dt)} b;}}){{.a={x}}}).b"
 
-    def render_kernel(self, name: str, args: list[str], body: list[str]) -> str:
-        return f"{self.kernel_prefix}{name}({', '.join(args)}) {{\n" + "\n".join(body) + "\n}\n"
+    # float reduce kernels may fuse acc + a*b into one fused multiply-add (as BLAS does); elementwise math never is
+    reduce_prefix = ""
+
+    def render_kernel(self, name: str, args: list[str], body: list[str], has_float_acc: bool = False) -> str:
+        return f"{self.reduce_prefix * has_float_acc}{self.kernel_prefix}{name}({', '.join(args)}) {{\n" + "\n".join(body) + "\n}\n"
 
     def render(self, name: str, uops: list[UOp]) -> str:
         uses = uop_uses(uops)
@@ -91,7 +121,9 @@ class CStyleLanguage(Renderer):
             if u.op is Ops.END: d -= 1
             depth_of[u] = d
             for s in u.src: use_depth[s] = d
-            if u.op is Ops.MAX: repeated.update(u.src)
+            if u.op is Ops.MAX or u.dtype.count > 1 and u.op in GroupOp.ALU | {Ops.CAST, Ops.BITCAST}:
+                repeated.update(u.src)  # rendered lane by lane: each operand is read once per lane
+            if u.op is Ops.GEP: repeated.update(u.src)
             if u.op is Ops.RANGE: d += 1
         r: dict[UOp, str] = {}
         args: list[str] = []
@@ -113,7 +145,16 @@ class CStyleLanguage(Renderer):
                 r[u] = u.arg[0]
                 args.append(f"{self.arg_int_prefix} {u.arg[0]}")
             elif op is Ops.CONST:
-                r[u] = self.render_const(u.arg, dt)
+                r[u] = self.render_const(u.arg, dt.scalar())
+                if dt.count > 1: r[u] = self.render_lanes(dt, [r[u]] * dt.count)
+            elif op is Ops.VECTORIZE:
+                r[u] = self.render_lanes(dt, [r[x] for x in u.src])
+                if not (uses.get(u, 0) == 1 and use_depth.get(u) == depth_of[u]) or u in repeated:
+                    vname = new_name("vec")
+                    line(f"{self.render_dtype(dt)} {vname} = {_strip(r[u])};")
+                    r[u] = vname
+            elif op is Ops.GEP:
+                r[u] = f"{r[u.src[0]]}[{u.arg}]"
             elif op is Ops.DEFINE_REG:
                 r[u] = new_name("acc")
                 line(f"{self.render_dtype(dt.base)} {r[u]}[{dt.size}];")
@@ -130,13 +171,19 @@ class CStyleLanguage(Renderer):
                 r[u] = f"{r[u.src[0]]}[{_strip(r[u.src[1]])}]"
             elif op is Ops.LOAD:
                 idx = u.src[0]
-                expr = r[idx] if len(idx.src) < 3 else f"({r[idx.src[2]]}?{r[idx]}:{self.render_const(_zero(dt), dt)})"
+                mem = f"(*({self.render_dtype(dt)}_u*)&{r[idx]})" if dt.count > 1 and idx.src[0].op is Ops.PARAM else r[idx]
+                zero = self.render_const(_zero(dt), dt.scalar())
+                if dt.count > 1: zero = self.render_lanes(dt, [zero] * dt.count)
+                expr = mem if len(idx.src) < 3 else f"({r[idx.src[2]]}?{mem}:{zero})"
                 if idx.src[0].op is Ops.DEFINE_REG: r[u] = expr  # accumulators are read in place
                 else:
                     r[u] = new_name("val")
                     line(f"{self.render_dtype(dt)} {r[u]} = {_strip(expr)};")
             elif op is Ops.STORE:
-                line(f"{r[u.src[0]]} = {_strip(r[u.src[1]])};")
+                idx = u.src[0]
+                vec_mem = u.src[1].dtype.count > 1 and idx.src[0].op is Ops.PARAM
+                dst = f"*({self.render_dtype(u.src[1].dtype)}_u*)&{r[idx]}" if vec_mem else r[idx]
+                line(f"{dst} = {_strip(r[u.src[1]])};")
             elif op in GroupOp.ALU or op in (Ops.CAST, Ops.BITCAST):
                 a = [r[s] for s in u.src]
                 if op is Ops.CAST: expr = self.render_cast(dt, a[0], u.src[0].dtype)
@@ -148,7 +195,10 @@ class CStyleLanguage(Renderer):
                     line(f"{self.render_dtype(dt)} {r[u]} = {_strip(expr)};")
             else:
                 raise RuntimeError(f"{type(self).__name__} can't render {op}")
-        return self.render_kernel(name, args, body)
+        vecs = {u.dtype.base if isinstance(u.dtype, PtrDType) else u.dtype for u in uops}
+        typedefs = self.vector_typedefs({d for d in vecs if d.count > 1})
+        return "\n".join(typedefs + [""]) * bool(typedefs) + self.render_kernel(
+            name, args, body, any(u.op is Ops.DEFINE_REG and dtypes.is_float(u.dtype.base) for u in uops))
 
 
 def _strip(s: str) -> str:
@@ -166,8 +216,11 @@ def _zero(dt: DType) -> object:
 
 
 class ClangRenderer(CStyleLanguage):
-    """C for the CPU device, compiled by the system C compiler."""
+    """C for the CPU device, compiled by the system C compiler (flags: -ffp-contract=off, so only float reduce kernels
+    get fused multiply-adds, through GCC's optimize attribute; other compilers ignore it)."""
     device = "CPU"
+    reduce_prefix = '__attribute__((optimize("fp-contract=fast"))) '
+
 
 
 __all__ = ["CStyleLanguage", "ClangRenderer", "is_pure", "Callable"]

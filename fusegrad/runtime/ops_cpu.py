@@ -80,6 +80,13 @@ class CPUCompiler(Compiler):
             with open(out, "rb") as f: return f.read()
 
 
+def simd_bytes() -> int:
+    """The vector register width -march=native gives the compiler: 64 with AVX-512, 32 with AVX2, else 16 (SSE/NEON)."""
+    try: flags = open("/proc/cpuinfo").read()
+    except OSError: return 16
+    return 64 if " avx512f" in flags else 32 if " avx2" in flags else 16
+
+
 def cpu_threads() -> int:
     """CPU_THREADS, else the cores this process may run on."""
     if (n := os.getenv("CPU_THREADS")): return max(int(n), 1)
@@ -163,4 +170,5 @@ class CPUDevice(Compiled):
     def __init__(self, device: str):
         renderer = ClangRenderer()
         renderer.threads = cpu_threads()
+        renderer.simd_bytes = simd_bytes()
         super().__init__(device, CPUAllocator(), renderer, CPUCompiler(), CPUProgram)

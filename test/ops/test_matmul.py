@@ -1,6 +1,8 @@
 """matmul / @ / dot against torch.matmul, with gradients: 2-D, vector cases, batched and broadcast batches,
 non-contiguous operands, int operands, empty and size-1 dimensions."""
 import numpy as np
+
+from fusegrad import Tensor
 import pytest
 import torch
 
@@ -82,9 +84,13 @@ def test_matmul_empty_inner_dim():
 
 
 def test_matmul_large_values():
-    check_op(None, lambda x, y: x @ y, vals=[np.array([[1e20, 1e20]], np.float32), np.array([[1e20], [-1e20]],
+    # products that overflow: unfused math gives inf + -inf = nan (torch's small-matmul path); a fused multiply-add,
+    # which our float reduce kernels use like BLAS does, keeps the exact product and may give -inf. Both are non-finite.
+    x, y = np.array([[1e20, 1e20]], np.float32), np.array([[1e20], [-1e20]], np.float32)
+    assert not np.isfinite((Tensor(x) @ Tensor(y)).numpy()).any()
+    check_op(None, lambda x, y: x @ y, vals=[np.array([[1e20, 1e19]], np.float32), np.array([[1e19], [-1e20]],
                                                                                               np.float32)],
-             forward_only=True)
+             forward_only=True)  # large but finite products: exact agreement
     check_op(None, lambda x, y: x @ y, vals=[np.array([[np.nan, 1.0]], np.float32), np.array([[0.0], [2.0]],
                                                                                               np.float32)],
              forward_only=True)

@@ -1,0 +1,121 @@
+"""VECTORIZE: SIMD lanes for output and reduce ranges, checked against NumPy with forced optimization lists."""
+import numpy as np
+import pytest
+
+import fusegrad.codegen as codegen
+from fusegrad import Device, Tensor, dtypes
+from fusegrad.codegen.opt import Opt, apply_opts, hand_coded_opts
+from fusegrad.engine import realize
+from fusegrad.ir.ops import Ops
+from fusegrad.ir.pattern import graph_rewrite
+from fusegrad.ir.symbolic import pm_symbolic
+
+CPU = Device["CPU"].renderer
+rng = np.random.default_rng(7)
+
+
+def ranges_of(t: Tensor) -> dict[int, tuple[int, str]]:
+    """range id -> (size, kind) of the last kernel of t's schedule."""
+    ast = graph_rewrite(t.schedule()[-1].ast, pm_symbolic)
+    return {n.arg[0]: (int(n.src[0].arg), n.arg[1]) for n in ast.toposort() if n.op is Ops.RANGE}
+
+
+def run_forced(monkeypatch, make, opts):
+    """Realize make() with `opts` applied to its last kernel (instead of the heuristic)."""
+    realize._programs.clear()
+    target = make().schedule()[-1].ast
+    orig = apply_opts
+    monkeypatch.setattr(codegen, "apply_opts", lambda ast, ren, o=None: orig(ast, ren, opts if ast is target else o))
+    out = make().numpy()
+    monkeypatch.undo()
+    realize._programs.clear()
+    return out
+
+
+A = rng.standard_normal((32, 48)).astype(np.float32)
+B = rng.standard_normal((48, 64)).astype(np.float32)
+X = rng.standard_normal((2, 3, 12, 16)).astype(np.float32)
+W = rng.standard_normal((8, 3, 3, 3)).astype(np.float32)
+
+CASES = {
+    # name: (make, reference, which range to vectorize (by role), extra opts)
+    "matmul_out": (lambda: Tensor(A) @ Tensor(B), lambda: A @ B),
+    "matmul_bT_reduce": (lambda: Tensor(A) @ Tensor(B.T.copy()).T, lambda: A @ B),
+    "sum_rows": (lambda: Tensor(A).sum(1), lambda: A.sum(1)),
+    "sum_cols": (lambda: Tensor(A).sum(0), lambda: A.sum(0)),
+    "max_rows": (lambda: Tensor(A).max(1), lambda: A.max(1)),
+    "relu_epilogue": (lambda: (Tensor(A) @ Tensor(B) - 0.5).relu(), lambda: np.maximum(A @ B - 0.5, 0)),
+    "conv_pad": (lambda: Tensor(X).conv2d(Tensor(W), padding=1), None),
+    "int_sum": (lambda: Tensor((A * 10).astype(np.int32)).sum(1), lambda: (A * 10).astype(np.int32).sum(1)),
+}
+
+
+def conv_ref():
+    import torch
+    return torch.nn.functional.conv2d(torch.tensor(X), torch.tensor(W), padding=1).numpy()
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_every_range_vectorizes_correctly(monkeypatch, name):
+    """Force VECTORIZE on each range in turn (at every width that divides it), with and without an upcast after it."""
+    make, ref = CASES[name]
+    expect = conv_ref() if ref is None else ref()
+    tried = 0
+    for rid, (size, kind) in ranges_of(make()).items():
+        for w in (4, 8, 16):
+            if size % w: continue
+            for extra in ([], [Opt("UPCAST", g, 2) for g, (s, k) in ranges_of(make()).items()
+                               if k == "global" and g != rid and s % 2 == 0][:1]):
+                got = run_forced(monkeypatch, make, [Opt("VECTORIZE", rid, w)] + extra)
+                np.testing.assert_allclose(got, expect, rtol=1e-4, atol=1e-4, err_msg=f"{name} range {rid} w {w} {extra}")
+                tried += 1
+    assert tried > 0
+
+
+def _opts(t: Tensor):
+    return hand_coded_opts(graph_rewrite(t.schedule()[-1].ast, pm_symbolic), CPU)
+
+
+def test_heuristic_vectorizes_the_contiguous_axis():
+    rids = ranges_of(Tensor(A) @ Tensor(B))
+    opts = _opts(Tensor(A) @ Tensor(B))  # b and the output are contiguous along the output column axis
+    vec = [o for o in opts if o.op == "VECTORIZE"]
+    if CPU.simd_bytes == 0: return
+    assert len(vec) == 1 and rids[vec[0].axis][1] == "global" and rids[vec[0].axis][0] == 64
+    opts = _opts(Tensor(A) @ Tensor(B.T.copy()).T)  # both inputs are contiguous along the reduce axis: dot products
+    vec = [o for o in opts if o.op == "VECTORIZE"]
+    assert len(vec) == 1 and ranges_of(Tensor(A) @ Tensor(B.T.copy()).T)[vec[0].axis][1] == "reduce"
+
+
+def test_vector_source_uses_vector_types():
+    if CPU.simd_bytes == 0: pytest.skip("the CPU renderer reports no SIMD width on this machine")
+    from fusegrad.codegen import to_program
+    (si,) = (Tensor(A) @ Tensor(B)).schedule()
+    src = to_program(si.ast, CPU).src
+    assert "__attribute__((vector_size(" in src and "_x" in src
+
+
+def test_python_backend_never_vectorizes():
+    assert Device["PYTHON"].renderer.simd_bytes == 0
+    t = Tensor(A, device="PYTHON") @ Tensor(B, device="PYTHON")
+    assert not any(o.op == "VECTORIZE" for o in hand_coded_opts(graph_rewrite(t.schedule()[-1].ast, pm_symbolic),
+                                                                 Device["PYTHON"].renderer))
+
+
+def test_bad_vectorize_width():
+    (si,) = Tensor(A).sum(1).schedule()
+    from fusegrad.codegen import to_program
+    red = next(n for n in graph_rewrite(si.ast, pm_symbolic).toposort() if n.op is Ops.RANGE and n.arg[1] == "reduce")
+    with pytest.raises(ValueError, match="power of two"): to_program(si.ast, CPU, [Opt("VECTORIZE", red.arg[0], 3)])
+    with pytest.raises(ValueError, match="must divide"): to_program(si.ast, CPU, [Opt("VECTORIZE", red.arg[0], 32)])
+
+
+def test_half_kernels_stay_scalar():
+    t = Tensor(A).cast(dtypes.float16).sum(1)
+    assert not any(o.op == "VECTORIZE" for o in _opts(t))
+
+
+def test_forced_opts_reach_the_kernel(monkeypatch):
+    """The harness above really compiles with the given opts (an invalid one must raise)."""
+    with pytest.raises(ValueError, match="no range"):
+        run_forced(monkeypatch, lambda: Tensor(A).sum(1), [Opt("VECTORIZE", 99, 4)])
