@@ -123,22 +123,27 @@ def hand_coded_opts(ast: UOp, renderer: Renderer | None = None) -> list[Opt]:
         item = max(d.itemsize for d in kernel_dts if d not in (dtypes.bool, dtypes.void))
         best = 0
         for r in sorted(sizes, key=lambda r: (r.arg[1] == "reduce", -r.arg[0])):  # ties: innermost output axis
-            w = next((w for w in (simd // item, simd // item // 2) if w >= 4 and sizes[r] % w == 0), None)
+            w = next((w for w in (simd // item, simd // item // 2, simd // item // 4) if w >= 4 and sizes[r] % w == 0),
+                     None)
             if w is None: continue
             sc = _vector_score(accesses, r)
             if sc > best: vec_rng, width, best = r, w, sc
     if vec_rng is not None:
         opts.append(Opt("VECTORIZE", vec_rng.arg[0], width))
         sizes[vec_rng] //= width
-    # register tile: output axes that some input doesn't move along (innermost first), 16 accumulators at most
+    # register tile: output axes that some input doesn't move along; an input that is a vector load counts `width`
+    # times (sharing it saves a whole vector load), a scalar one once. Up to 8 on the best axis, 16 accumulators in all.
     loads = [a for a in accesses if any(n.op is Ops.LOAD and n.src[0] is a for n in nodes)]
     glob = sorted((r for r in sizes if r.arg[1] == "global" and sizes[r] > 1), key=lambda r: -r.arg[0])
-    reuse = [r for r in glob if any(_stride(a.src[1], r) == 0 for a in loads)]
+
+    def reuse_score(r: UOp) -> int:
+        return sum((width if vec_rng is not None and _stride(a.src[1], vec_rng) == 1 else 1)
+                   for a in loads if _stride(a.src[1], r) == 0)
     budget = 16
-    picked = sorted(reuse, key=lambda r: (r is vec_rng, -sum(_stride(a.src[1], r) == 0 for a in loads)))[:2]
+    picked = sorted((r for r in glob if reuse_score(r) > 0), key=lambda r: -reuse_score(r))[:2]
     for i, r in enumerate(picked):  # the first axis gets up to 8, the second what's left of the budget
-        k = next((a for a in (8, 4, 2) if sizes[r] % a == 0 and a <= (min(8, budget // 2) if i + 1 < len(picked)
-                                                                         else budget)), 1)
+        cap = min(8, budget // 2) if i + 1 < len(picked) else budget
+        k = next((a for a in range(min(cap, 8), 1, -1) if sizes[r] % a == 0), 1)
         if k > 1:
             opts.append(Opt("UPCAST", r.arg[0], k))
             budget //= k

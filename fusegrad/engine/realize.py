@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from fusegrad.device import Device
-from fusegrad.helpers import DEBUG, GlobalCounters, colored
+from fusegrad.helpers import BEAM, DEBUG, JITBEAM, NOOPT, GlobalCounters, colored
 from fusegrad.ir.ops import UOp
 from fusegrad.schedule import ScheduleItem
 
@@ -19,8 +19,15 @@ def get_runner(ast: UOp, device: str) -> Any:
     key = (ast, device)
     if (prg := _programs.get(key)) is None:
         from fusegrad.codegen import to_program
+        from fusegrad.engine.jit import capturing
         dev = Device[device]
-        spec = to_program(ast, dev.renderer)
+        opts = None
+        amt = int(BEAM.value) or (int(JITBEAM.value) if capturing else 0)
+        if amt and not NOOPT:
+            from fusegrad.codegen.search import beam_search
+            from fusegrad.codegen import kernel_name
+            opts = beam_search(ast, device, amt, kernel_name(ast))
+        spec = to_program(ast, dev.renderer, opts)
         lib = dev.compiler.compile_cached(spec.src)
         prg = _programs[key] = dev.runtime(spec, lib)
     return prg

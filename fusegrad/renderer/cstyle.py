@@ -87,7 +87,7 @@ class CStyleLanguage(Renderer):
         if op is Ops.MAX:
             if dtypes.is_float(dt): return f"((({a[0]})!=({a[0]})||({a[0]})>({a[1]}))?({a[0]}):({a[1]}))"
             return f"((({a[0]})>({a[1]}))?({a[0]}):({a[1]}))"
-        if op is Ops.RECIPROCAL: return f"({self.render_const(1.0, dt)}/{a[0]})"
+        if op is Ops.RECIPROCAL: return f"({self.render_const(1.0, dt.scalar())}/{a[0]})"
         return self.render_math(op, dt, a[0])
 
     def render_math(self, op: Ops, dt: DType, x: str) -> str:

@@ -61,7 +61,8 @@ def _compiler_identity(cc: str) -> str:
 
 
 class CPUCompiler(Compiler):
-    # -ffp-contract=off: no silent fused multiply-adds, so results round like the reference (and inf-inf stays NaN)
+    # -ffp-contract=off: no silent fused multiply-adds in elementwise math, so results round like the reference (and
+    # inf-inf stays NaN); float reduce kernels opt in to FMA through the renderer (see ClangRenderer.reduce_prefix)
     flags = ["-O2", "-march=native", "-shared", "-fPIC", "-fno-math-errno", "-fno-strict-aliasing", "-ffp-contract=off"]
 
     def __init__(self) -> None:

@@ -45,6 +45,8 @@ CASES = {
     "sum_cols": (lambda: Tensor(A).sum(0), lambda: A.sum(0)),
     "max_rows": (lambda: Tensor(A).max(1), lambda: A.max(1)),
     "relu_epilogue": (lambda: (Tensor(A) @ Tensor(B) - 0.5).relu(), lambda: np.maximum(A @ B - 0.5, 0)),
+    "layernorm": (lambda: Tensor(A).layernorm(), lambda: (A - A.mean(1, keepdims=True)) / np.sqrt(A.var(1, keepdims=True) + 1e-5)),
+    "where_exp": (lambda: (Tensor(A) @ Tensor(B)).exp2().minimum(3.0).sqrt(), lambda: np.sqrt(np.minimum(np.exp2(A @ B), 3.0))),
     "conv_pad": (lambda: Tensor(X).conv2d(Tensor(W), padding=1), None),
     "int_sum": (lambda: Tensor((A * 10).astype(np.int32)).sum(1), lambda: (A * 10).astype(np.int32).sum(1)),
 }
