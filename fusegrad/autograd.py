@@ -18,8 +18,18 @@ def _c(like: UOp, val: float) -> UOp:
     return build.const(val, like.dtype, like.device, like.shape)
 
 
+def _zeros(like: UOp, shape: tuple[int, ...]) -> UOp:
+    assert like.device is not None
+    return build.const(0, like.dtype, like.device, shape)
+
+
 def _mul(a: UOp, b: UOp) -> UOp: return build.alu(Ops.MUL, a, b)
 def _add(a: UOp, b: UOp) -> UOp: return build.alu(Ops.ADD, a, b)
+
+
+def _not(x: UOp) -> UOp:
+    assert x.shape is not None and x.device is not None
+    return build.alu(Ops.CMPNE, x, build.const(True, dtypes.bool, x.device, x.shape))
 
 
 def _max_grad(ret: UOp, ctx: UOp) -> tuple[UOp, UOp]:
@@ -47,10 +57,20 @@ def _reduce_max_grad(ret: UOp, ctx: UOp) -> tuple[UOp]:
 
 
 def _reduce_mul_grad(ret: UOp, ctx: UOp) -> tuple[UOp]:
-    # d prod / d x_i = prod / x_i (inputs are assumed nonzero, as for torch's fast path)
+    """d prod / d x_i is the product of the other elements: prod / x_i when no element is zero; with one zero, the
+    product of the nonzero elements at the zero and 0 elsewhere; with more zeros, 0 everywhere (as torch)."""
     src = ret.src[0]
     assert src.shape is not None
-    return (_mul(build.expand(_mul(ctx, ret), src.shape), build.alu(Ops.RECIPROCAL, src)),)
+    axes, zero = ret.arg[1], _c(src, 0)
+    is_zero = _not(build.alu(Ops.CMPNE, src, zero))
+    nonzero_prod = build.expand(build.reduce_axis(build.alu(Ops.WHERE, is_zero, _c(src, 1), src), Ops.MUL, axes),
+                                src.shape)
+    n_zeros = build.expand(build.reduce_axis(build.cast(is_zero, src.dtype), Ops.ADD, axes), src.shape)
+    at_zero = build.alu(Ops.WHERE, build.alu(Ops.CMPNE, n_zeros, _c(src, 1)), zero, nonzero_prod)
+    elsewhere = build.alu(Ops.WHERE, build.alu(Ops.CMPNE, n_zeros, zero), zero,
+                          _mul(nonzero_prod, build.alu(Ops.RECIPROCAL, src)))
+    others = build.alu(Ops.WHERE, is_zero, at_zero, elsewhere)                       # prod of all x_j, j != i
+    return (_mul(build.expand(ctx, src.shape), others),)
 
 
 def _pad_grad(ret: UOp, ctx: UOp) -> tuple[UOp]:
@@ -61,6 +81,8 @@ def _pad_grad(ret: UOp, ctx: UOp) -> tuple[UOp]:
 def _shrink_grad(ret: UOp, ctx: UOp) -> tuple[UOp]:
     src_shape = ret.src[0].shape
     assert src_shape is not None
+    # an empty slice passes no gradient back (and a PAD of an empty source must not reach a kernel as a read)
+    if ctx.size == 0: return (_zeros(ctx, src_shape),)
     return (build.pad(ctx, [(b, s - e) for (b, e), s in zip(ret.arg, src_shape)]),)
 
 
@@ -82,6 +104,7 @@ def _gather_grad(ret: UOp, ctx: UOp) -> tuple[UOp | None, None]:
     rest = [d for d in range(nd) if d != ax]
     moved = build.permute(summed, rest[:ax] + [nd] + rest[ax:] + [ax])   # j into axis ax, the size-1 axis last
     out = build.reshape(moved, tuple(n if d == ax else s for d, s in enumerate(idx.shape)))
+    if out.size == 0: return _zeros(ctx, x.shape), None   # an empty index gathers nothing
     return build.pad(out, [(0, xs - os) for xs, os in zip(x.shape, out.shape)]), None
 
 
@@ -121,13 +144,28 @@ pm_gradient = PatternMatcher([
     (UPat(Ops.ASSIGN), lambda ctx: (None, ctx)),                                       # the value flows through
     (UPat(Ops.CONTIGUOUS), lambda ctx: (ctx,)),
     (UPat(Ops.COPY, name="ret"), lambda ret, ctx: (UOp(Ops.COPY, ctx.dtype, (ctx,), ret.src[0].device),)),
-    (UPat(Ops.DETACH, name="ret"), lambda ret: (None,)),
+    (UPat(Ops.DETACH, name="ret"), lambda ret, ctx: (None,) if ret.arg is None else (None, *ret.arg.backward(ctx, ret))),
 ])
+
+
+class GradFn:
+    """A custom backward: DETACH(value, *inputs, arg=GradFn(f)) is `value` going forward, and f(grad, node) gives the
+    gradients of `inputs` going backward (value itself is built from detached inputs). The scheduler never sees it:
+    `strip_grad_fns` replaces the node by `value` before scheduling. Used where the generic rules make a slow backward
+    (the input gradient of a convolution is a transposed convolution, not a scatter through the unfolded windows)."""
+    def __init__(self, backward, name: str = ""): self.backward, self.name = backward, name
+    def __repr__(self) -> str: return f"GradFn({self.name})"
+
+
+def strip_grad_fns(u: UOp) -> UOp:
+    from fusegrad.ir.pattern import substitute
+    custom = {n: n.src[0] for n in u.toposort() if n.op is Ops.DETACH and n.arg is not None}
+    return substitute(u, custom) if custom else u
 
 
 def compute_gradient(root: UOp, root_grad: UOp, targets: set[UOp]) -> dict[UOp, UOp]:
     """Reverse-mode gradients of `root` (seeded with `root_grad`) for every node on a path to a target."""
-    topo = list(root.toposort(gate=lambda u: u.op is not Ops.DETACH))
+    topo = list(root.toposort(gate=lambda u: u.op is not Ops.DETACH or u.arg is not None))
     on_path: set[UOp] = set()
     for n in topo:  # children first, so a node is on a path if it is a target or a source is
         if n in targets or any(s in on_path for s in n.src): on_path.add(n)

@@ -3,6 +3,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import struct
 import weakref
@@ -44,10 +45,23 @@ _all_tensors: "weakref.WeakSet[Tensor]" = weakref.WeakSet()
 _unique_ids = iter(range(1, 1 << 62))
 
 
+def _half_memoryview() -> bool:
+    """Whether memoryview.cast accepts float16 ('e'): Python 3.12 and later."""
+    try:
+        memoryview(bytes(2)).cast("e")
+        return True
+    except ValueError:
+        return False
+
+
+_HALF_MEMORYVIEW = _half_memoryview()
+
+
 def _make_unique(u: UOp) -> UOp:
     """Nodes are hash-consed, so two Tensor.zeros(3) share a node (and would share a gradient). A tensor that asks for
     its own gradient gets a node of its own: a CONTIGUOUS with a unique tag (it is materialized on first use)."""
     if u.op is Ops.BUFFER or (u.op is Ops.RESHAPE and u.src[0].op is Ops.BUFFER): return u
+    if u.op is Ops.CONTIGUOUS and isinstance(u.arg, int): return u  # already unique
     return UOp(Ops.CONTIGUOUS, u.dtype, (u,), next(_unique_ids))
 
 
@@ -105,7 +119,7 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
     >>> (Tensor([1.0, 2.0]) * 3).tolist()
     [3.0, 6.0]
     """
-    __slots__ = ("uop", "grad", "requires_grad", "_derived", "is_param", "__weakref__")
+    __slots__ = ("uop", "grad", "requires_grad", "_derived", "_used", "is_param", "__weakref__")
     training: ClassVar[bool] = False
     no_grad: ClassVar[bool] = False
     _seed: ClassVar[int] = 0
@@ -142,6 +156,7 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
         self.grad: Tensor | None = None
         self.requires_grad: bool | None = requires_grad
         self._derived = False  # True when computed from tensors that require grad (has autograd history)
+        self._used = False     # True once another tensor was computed from this one (its node is in that graph)
         self.is_param = False
         if requires_grad: self.uop = _make_unique(self.uop)
         _all_tensors.add(self)
@@ -158,7 +173,8 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
         t = Tensor.__new__(Tensor)
         t.uop, t.grad, t.is_param = u, None, False
         t.requires_grad = True if not Tensor.no_grad and any(p.requires_grad for p in parents) else None
-        t._derived = bool(t.requires_grad)
+        t._derived, t._used = bool(t.requires_grad), False
+        for p in parents: p._used = True
         _all_tensors.add(t)
         return t
 
@@ -203,7 +219,12 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
                f"{self.grad.uop.op.name if self.grad is not None else None}>"
 
     def is_param_(self, is_param: bool = True) -> "Tensor":
-        """Mark as a parameter (what optimizers update); parameters get their own graph node like requires_grad."""
+        """Mark as a parameter (what optimizers update); like `requires_grad_(True)` it only sets flags on this tensor.
+
+        >>> w = Tensor.zeros(2).is_param_()
+        >>> (w.is_param, w.requires_grad)
+        (True, True)
+        """
         self.is_param = is_param
         if is_param and self.requires_grad is None: self.requires_grad_(True)
         return self
@@ -214,8 +235,22 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
         return self
 
     def requires_grad_(self, requires_grad: bool = True) -> "Tensor":
+        """Set the flag on this tensor; graphs already built from it stay connected to it.
+
+        Identical constants share one graph node, so a fresh leaf (say `Tensor.zeros(3)`) that asks for a gradient
+        gets a node of its own. That happens only while no other tensor was computed from it: once it was used, the
+        node stays, so an earlier `loss` still sends its gradient here (as the flag change does in tinygrad).
+
+        >>> x = Tensor.zeros(3)
+        >>> loss = (x * Tensor([1.0, 2.0, 3.0])).sum()
+        >>> _ = x.requires_grad_()           # after x was used: only the flag changes
+        >>> _ = loss.backward()
+        >>> x.grad.tolist()
+        [1.0, 2.0, 3.0]
+        """
+        if requires_grad and not self.requires_grad and not self._derived and not self._used:
+            self.uop = _make_unique(self.uop)
         self.requires_grad = requires_grad
-        if requires_grad and not self._derived: self.uop = _make_unique(self.uop)
         return self
 
     # ----- realize and data access -----
@@ -237,7 +272,9 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
         if not todo: return
         snaps = _snapshot_old_values(todo)
         uops = dedup([t.uop for t in todo] + [s for _, s in snaps.values()])
-        sched, results = create_schedule(uops)
+        plain = {u: autograd.strip_grad_fns(u) for u in uops}  # custom backward rules aren't scheduled
+        sched, results = create_schedule(dedup(list(plain.values())))
+        results = {**results, **{u: results[p] for u, p in plain.items() if p in results}}
         run_schedule(sched)
         for old, new in results.items(): realized[old] = new
         for t in todo:
@@ -261,10 +298,19 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
         return buffers[t.uop.base]
 
     def data(self) -> memoryview:
-        buf = self._buffer()
-        mv = memoryview(buf.as_bytes())
+        """The data as a memoryview in the dtype's struct format, shaped like the tensor.
+
+        float16 ('e') views need Python 3.12; on older versions a float16 tensor comes back as its bit patterns in
+        format 'H' (uint16), which `numpy.frombuffer(t.data(), numpy.float16)` reads on any version. Dtypes without
+        a struct format (bfloat16, fp8) come back as flat bytes ('B').
+
+        >>> Tensor([[1, 2], [3, 4]]).data().tolist()
+        [[1, 2], [3, 4]]
+        """
+        mv = memoryview(self._buffer().as_bytes())
         if self.dtype.fmt is None: return mv
-        return mv.cast(self.dtype.fmt, self.shape) if self.shape and 0 not in self.shape else mv.cast(self.dtype.fmt)
+        fmt = self.dtype.fmt if self.dtype.fmt != "e" or _HALF_MEMORYVIEW else "H"
+        return mv.cast(fmt, self.shape) if self.shape and 0 not in self.shape else mv.cast(fmt)
 
     def numpy(self) -> Any:
         """A NumPy copy of the data."""
@@ -592,6 +638,10 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
             x = self.shrink([(-min(b, 0), s + min(a, 0)) for (b, a), s in zip(pairs, self.shape)])
             return x.pad([(max(b, 0), max(a, 0)) for b, a in pairs], value)
         out = self._apply(lambda u: build.pad(u, pairs))
+        if self.numel() == 0 and out.numel():
+            # padding nothing is all padding: kernels see a constant (they must not read the empty source), while
+            # autograd still sees the PAD, so the empty source gets its (empty) gradient
+            realized[out.uop] = build.const(0, out.dtype, out.device, out.shape)
         if value == 0: return out
         mask = Tensor.ones(self.shape, dtype=dtypes.bool, device=self.device)._apply(lambda u: build.pad(u, pairs))
         return mask.where(out, value)
@@ -737,7 +787,7 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
     def minimum(self, x: "Tensor | ConstType") -> "Tensor":
         a, b = self._broadcasted(x)
         if dtypes.is_bool(a.dtype): return a & b
-        return -((-a).maximum(-b)) if not dtypes.is_unsigned(a.dtype) else (a < b).where(a, b)
+        return ~((~a).maximum(~b)) if dtypes.is_int(a.dtype) else -((-a).maximum(-b))   # ~: see min()
 
     def where(self, x: "Tensor | ConstType", y: "Tensor | ConstType") -> "Tensor":
         """`x` where self is true, else `y` (self is cast to bool)."""
@@ -830,7 +880,9 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
     def sum(self, axis: int | Sequence[int] | None = None, keepdim: bool = False,
             dtype: DTypeLike | None = None) -> "Tensor":
         x = self.cast(to_dtype(dtype) if dtype is not None else sum_acc_dtype(self.dtype))
-        return x._reduce(Ops.ADD, axis, keepdim)
+        out = x._reduce(Ops.ADD, axis, keepdim)
+        # half/bfloat16 accumulate in float32 but return their own dtype, like torch
+        return out.cast(self.dtype) if dtype is None and dtypes.is_float(self.dtype) else out
 
     def max(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> "Tensor":
         if dtypes.is_bool(self.dtype): return self.cast(dtypes.uint8)._reduce(Ops.MAX, axis, keepdim).cast(dtypes.bool)
@@ -838,14 +890,15 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
 
     def min(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> "Tensor":
         if dtypes.is_bool(self.dtype): return self.logical_not().max(axis, keepdim).logical_not()
-        if dtypes.is_unsigned(self.dtype): return (self.dtype.max - (self.dtype.max - self).max(axis, keepdim))
+        # ints: ~x = -x-1 reverses the order without overflowing (-x does at the most negative value)
+        if dtypes.is_int(self.dtype): return ~((~self).max(axis, keepdim))
         return -((-self).max(axis, keepdim))
 
     def mean(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> "Tensor":
         x = self._float_or_self()
-        s = x.sum(axis, keepdim)
+        s = x.sum(axis, keepdim, dtype=sum_acc_dtype(x.dtype))   # divide before rounding back to half
         n = prod(self.shape) // max(prod(s.shape), 1) if self.numel() else 0
-        return s.cast(x.dtype) * (1 / n if n else math.nan)
+        return (s * (1 / n if n else math.nan)).cast(x.dtype)
 
     # ----- matmul -----
     def dot(self, w: "Tensor", dtype: DTypeLike | None = None) -> "Tensor":
@@ -907,8 +960,8 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
         return [Tensor._wrap(grads[u]) if u in grads else t.zeros_like() for t, u in zip(targets, tu)]
 
     # train/test mode: tinygrad's old and new spellings
-    class train:
-        """`with Tensor.train():` sets Tensor.training (and the TRAINING flag) for the block."""
+    class train(contextlib.ContextDecorator):
+        """`with Tensor.train():` or `@Tensor.train()` sets Tensor.training (and the TRAINING flag) for the block."""
         def __init__(self, mode: bool = True): self.mode = mode
         def __enter__(self) -> None:
             self.prev, self.prev_flag = Tensor.training, TRAINING.value

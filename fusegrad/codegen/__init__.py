@@ -63,6 +63,13 @@ def to_program(ast: UOp, renderer: Renderer, opts: list | None = None) -> Progra
     sink = decompose_dtypes(sink, renderer.native_dtypes())
     if not NOOPT or opts: sink = apply_opts(sink, renderer, opts)
     uops, est = linearize(sink)
+    # a buffer whose every read simplified away (a pad of an empty tensor) still takes its argument slot: the runtime
+    # passes buffers by position
+    have = {u.arg for u in uops if u.op is Ops.PARAM}
+    lost = [p for p in ast.toposort() if p.op is Ops.PARAM and p.arg not in have]
+    if lost:
+        params = sorted(lost + [u for u in uops if u.op is Ops.PARAM], key=lambda p: p.arg)
+        uops = params + [u for u in uops if u.op is not Ops.PARAM]
     thread_size = mark_thread_loop(uops, renderer)
     if SPEC:
         from fusegrad.ir.spec import verify_linear

@@ -140,10 +140,12 @@ def hand_coded_opts(ast: UOp, renderer: Renderer | None = None) -> list[Opt]:
         return sum((width if vec_rng is not None and _stride(a.src[1], vec_rng) == 1 else 1)
                    for a in loads if _stride(a.src[1], r) == 0)
     budget = 16
-    picked = sorted((r for r in glob if reuse_score(r) > 0), key=lambda r: -reuse_score(r))[:2]
+    def amount(r: UOp, cap: int) -> int: return next((a for a in range(min(cap, 8), 1, -1) if sizes[r] % a == 0), 1)
+    # loads saved per step ~ reuse score x the tile size the axis allows: a row of 5 shares less than a block of 8
+    picked = sorted((r for r in glob if reuse_score(r) > 0), key=lambda r: -reuse_score(r) * amount(r, 8))[:2]
     for i, r in enumerate(picked):  # the first axis gets up to 8, the second what's left of the budget
         cap = min(8, budget // 2) if i + 1 < len(picked) else budget
-        k = next((a for a in range(min(cap, 8), 1, -1) if sizes[r] % a == 0), 1)
+        k = amount(r, cap)
         if k > 1:
             opts.append(Opt("UPCAST", r.arg[0], k))
             budget //= k

@@ -3,15 +3,46 @@ compiler caches binaries on disk). Updates GlobalCounters and prints the DEBUG=1
 """
 from __future__ import annotations
 
+import functools
+import hashlib
+import json
+import os
 import time
 from typing import Any
 
-from fusegrad.device import Device
-from fusegrad.helpers import BEAM, DEBUG, JITBEAM, NOOPT, GlobalCounters, colored
+from fusegrad.device import Device, diskcache_get, diskcache_put
+from fusegrad.renderer import ProgramSpec
+from fusegrad.helpers import BEAM, CACHELEVEL, DEBUG, JITBEAM, NOOPT, SPEC, GlobalCounters, colored
 from fusegrad.ir.ops import UOp
 from fusegrad.schedule import ScheduleItem
 
 _programs: dict[tuple[UOp, str], Any] = {}
+
+
+@functools.cache
+def _code_version() -> str:
+    """A hash of fusegrad's own source: a cached program is reused only by the code that generated it."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    h = hashlib.sha256()
+    for d, _, files in sorted(os.walk(root)):
+        for f in sorted(files):
+            if f.endswith(".py"):
+                with open(os.path.join(d, f), "rb") as fh: h.update(fh.read())
+    return h.hexdigest()[:16]
+
+
+def _load_spec(ast: UOp, device: str, amt: int) -> tuple[str, ProgramSpec | None]:
+    """The rendered program from the disk cache (keyed by kernel, device, compiler, optimization mode and code
+    version), so a warm process skips codegen as well as compilation."""
+    from fusegrad.codegen.search import ast_key
+    dev = Device[device]
+    if dev.compiler.cachekey is None or not CACHELEVEL or DEBUG >= 3 or SPEC: return "", None  # run codegen to show/check it
+    key = hashlib.sha256(f"{ast_key(ast)}:{device}:{dev.compiler.cachekey}:{amt}:{int(NOOPT.value)}:"
+                         f"{_code_version()}".encode()).hexdigest()
+    if (raw := diskcache_get("program", key)) is None: return key, None
+    d = json.loads(raw)
+    return key, ProgramSpec(d["name"], d["src"], [], d["nbufs"], d["ops"], d["mem"], display_name=d["display_name"],
+                            thread_size=d["thread_size"])
 
 
 def get_runner(ast: UOp, device: str) -> Any:
@@ -23,11 +54,16 @@ def get_runner(ast: UOp, device: str) -> Any:
         dev = Device[device]
         opts = None
         amt = int(BEAM.value) or (int(JITBEAM.value) if capturing else 0)
-        if amt and not NOOPT:
-            from fusegrad.codegen.search import beam_search
-            from fusegrad.codegen import kernel_name
-            opts = beam_search(ast, device, amt, kernel_name(ast))
-        spec = to_program(ast, dev.renderer, opts)
+        dkey, spec = _load_spec(ast, device, amt)
+        if spec is None:
+            if amt and not NOOPT:
+                from fusegrad.codegen.search import beam_search
+                from fusegrad.codegen import kernel_name
+                opts = beam_search(ast, device, amt, kernel_name(ast))
+            spec = to_program(ast, dev.renderer, opts)
+            if dkey and not spec.vars:
+                diskcache_put("program", dkey, json.dumps({k: getattr(spec, k) for k in (
+                    "name", "src", "nbufs", "ops", "mem", "display_name", "thread_size")}).encode())
         lib = dev.compiler.compile_cached(spec.src)
         prg = _programs[key] = dev.runtime(spec, lib)
     return prg

@@ -103,6 +103,8 @@ tensor_spec = PatternMatcher([
      lambda x, y: isinstance(x.arg, str) and x.dtype == y.dtype and _shape_ok(x)),        # to another device
     (UPat((Ops.CONTIGUOUS, Ops.DETACH), src=(UPat.var("y"),), name="x"),
      lambda x, y: x.dtype == y.dtype and _shape_ok(x)),                                   # keep value and dtype
+    (UPat(Ops.DETACH, name="x"), lambda x: x.arg is not None and len(x.src) > 1 and x.dtype == x.src[0].dtype
+     and _shape_ok(x)),                                                                   # value + inputs of a GradFn
     (UPat(GroupOp.Movement, src=(UPat.var("y"),), name="x"),
      lambda x, y: x.dtype == y.dtype and _shape_ok(x)),                                   # views: valid args
     (UPat(Ops.REDUCE_AXIS, src=(UPat.var("y"),), name="x"), _reduce_axis_ok),              # (op, sorted axes)

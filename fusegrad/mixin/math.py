@@ -32,7 +32,7 @@ class MathMixin:
         r = poly * b
         r = mid.where(r + math.pi / 4, r)
         r = big.where(math.pi / 2 - r, r)
-        return x.sign() * r  # sign(NaN) is NaN
+        return x.sign() * r  # r is NaN where x is
 
     def asin(self: "Tensor") -> "Tensor":
         x = self._float_or_self()
@@ -73,14 +73,20 @@ class MathMixin:
     def clip(self: "Tensor", min_: Any = None, max_: Any = None) -> "Tensor": return self.clamp(min_, max_)
 
     def sign(self: "Tensor") -> "Tensor":
+        """-1, 0 or 1; sign(+-0) and sign(NaN) are 0, like torch."""
         if dtypes.is_bool(self.dtype): return self
-        s = (self > 0).cast(self.dtype) - (self < 0).cast(self.dtype)
-        return (self != self).where(self, s) if dtypes.is_float(self.dtype) else s
+        return self._zero_grad_through((self > 0).cast(self.dtype) - (self < 0).cast(self.dtype))
+
+    def _zero_grad_through(self: "Tensor", out: "Tensor | ConstType") -> "Tensor":
+        """`out`, with self kept in the graph at gradient zero: torch gives such ops a zero gradient, not none."""
+        return self.zeros_like(dtype=dtypes.bool).where(self, out)
 
     # ----- activations -----
     def logsigmoid(self: "Tensor") -> "Tensor": return -(-self).softplus()
     def hardsigmoid(self: "Tensor", alpha: float = 1 / 6, beta: float = 0.5) -> "Tensor":
-        return (alpha * self + beta).relu() - (alpha * self + beta - 1).relu()
+        # selects instead of relu differences, so +-inf give 1/0 (not inf - inf) and the kinks get gradient 0
+        y = alpha * self + beta
+        return (y <= 0).where(0, (y >= 1).where(1, y))
     def elu(self: "Tensor", alpha: float = 1.0) -> "Tensor": return self.relu() - alpha * (1 - self.exp()).relu()
     def celu(self: "Tensor", alpha: float = 1.0) -> "Tensor":
         return self.maximum(0) + (alpha * ((self / alpha).exp() - 1)).minimum(0)
@@ -88,7 +94,7 @@ class MathMixin:
         return gamma * (self >= 0).where(self, alpha * (self.exp() - 1))
     def swish(self: "Tensor") -> "Tensor": return self * self.sigmoid()
     def silu(self: "Tensor") -> "Tensor": return self.swish()
-    def relu6(self: "Tensor") -> "Tensor": return self.relu() - (self - 6).relu()
+    def relu6(self: "Tensor") -> "Tensor": return (self >= 6).where(6, self.relu())
     def hardswish(self: "Tensor") -> "Tensor": return self * (self + 3).relu6() * (1 / 6)
     def sinh(self: "Tensor") -> "Tensor": return (self.exp() - self.neg().exp()) / 2
     def cosh(self: "Tensor") -> "Tensor": return (self.exp() + self.neg().exp()) / 2
@@ -141,7 +147,9 @@ class MathMixin:
     def fmod(self: "Tensor", x: "Tensor | ConstType") -> "Tensor":
         """C-style remainder: the result has the sign of the dividend."""
         a, b = self._broadcasted(x)
-        if dtypes.is_float(a.dtype): return a - (a / b).trunc() * b
+        if dtypes.is_float(a.dtype):
+            q = (a / b).trunc()
+            return (q == 0).where(a, a - q * b)   # |a| < |b|: a itself (also for b = +-inf, where q * b is NaN)
         from fusegrad.ir.ops import Ops
         return a._alu(Ops.MOD, b)
 
@@ -170,7 +178,8 @@ class MathMixin:
                 and abs(x) <= 16:
             n = int(x)
             base = self if n >= 0 or not dtypes.is_int(self.dtype) else self._float_or_self()
-            if n == 0: return base.ones_like()
+            # ones everywhere (also at 0, inf, NaN), but kept in the graph so the base gets a zero gradient, like torch
+            if n == 0: return base._zero_grad_through(1)
             acc, p, k = None, base, abs(n)
             while k:
                 if k & 1: acc = p if acc is None else acc * p
@@ -199,4 +208,5 @@ class MathMixin:
     def logaddexp(self: "Tensor", other: "Tensor | ConstType") -> "Tensor":
         a, b = self._broadcasted(other)
         m = a.maximum(b)
+        m = m.isinf().where(0, m)  # both -inf (or an inf): shifting by m would make inf - inf
         return m + ((a - m).exp() + (b - m).exp()).log()

@@ -143,12 +143,13 @@ class MovementMixin:
     def meshgrid(*args: "Tensor", indexing: str = "ij") -> "list[Tensor]":
         if indexing not in ("ij", "xy"): raise RuntimeError(f"indexing must be 'ij' or 'xy', got {indexing!r}")
         ts = list(args[0]) if len(args) == 1 and isinstance(args[0], (list, tuple)) else list(args)
-        if indexing == "xy" and len(ts) >= 2: ts[0], ts[1] = ts[1], ts[0]
+        # 'xy' is 'ij' with the first two inputs swapped (so the first axis runs along the second input), and their
+        # outputs swapped back
+        swap = indexing == "xy" and len(ts) >= 2
+        if swap: ts[0], ts[1] = ts[1], ts[0]
         shape = tuple(t.numel() for t in ts)
         out = [t.reshape(tuple(-1 if i == k else 1 for i in range(len(ts)))).expand(shape) for k, t in enumerate(ts)]
-        if indexing == "xy" and len(out) >= 2:
-            out = [o.transpose(0, 1) for o in out]
-            out[0], out[1] = out[1], out[0]
+        if swap: out[0], out[1] = out[1], out[0]
         return out
 
     def unfold(self: "Tensor", dim: int, size: int, step: int) -> "Tensor":
@@ -428,6 +429,7 @@ class MovementMixin:
         if self.numel() == 0 or total == 0:
             return Tensor.full((total, self.ndim), fill_value, dtype=dtypes.int32, device=self.device) if total else \
                 Tensor.zeros(0, self.ndim, dtype=dtypes.int32, device=self.device)
+        if self.ndim == 0: return Tensor.zeros(total, 0, dtype=dtypes.int32, device=self.device)
         pos = flags.cumsum(0) - 1                                # output slot of each nonzero element
         k = Tensor.arange(total, device=self.device).reshape(total, 1)
         hit = (pos.reshape(1, -1) == k) & (flags.reshape(1, -1) == 1)   # (total, numel)
@@ -461,13 +463,13 @@ class MovementMixin:
         Tensor = _T()
         r, c = self.shape[-2], self.shape[-1]
         keep = Tensor.arange(r, device=self.device).reshape(r, 1) + diagonal <= Tensor.arange(c, device=self.device)
-        return keep.where(self, 0)
+        return keep.where(self, self.zeros_like())
 
     def tril(self: "Tensor", diagonal: int = 0) -> "Tensor":
         Tensor = _T()
         r, c = self.shape[-2], self.shape[-1]
         keep = Tensor.arange(r, device=self.device).reshape(r, 1) + diagonal >= Tensor.arange(c, device=self.device)
-        return keep.where(self, 0)
+        return keep.where(self, self.zeros_like())
 
     def rearrange(self: "Tensor", formula: str, **sizes: int) -> "Tensor":
         """einops-style: 'b (h w) c -> b c h w'. Supports grouping with parentheses on either side."""

@@ -35,6 +35,45 @@ def _reduction(x: "Tensor", reduction: str) -> "Tensor":
     raise ValueError(f"reduction must be 'none', 'mean' or 'sum', got {reduction!r}")
 
 
+def _custom_grad(value: "Tensor", inputs: list["Tensor"], backward: Callable, name: str) -> "Tensor":
+    """`value` going forward; backward(grad, *inputs) -> one gradient Tensor per input (see autograd.GradFn)."""
+    from fusegrad.autograd import GradFn
+    from fusegrad.ir.ops import Ops, UOp
+    T = _T()
+
+    def bw(ctx: Any, node: Any) -> tuple[Any, ...]:
+        return tuple(g.uop for g in backward(T._wrap(ctx), *[T._wrap(s) for s in node.src[1:]]))
+    return T._wrap(UOp(Ops.DETACH, value.dtype, (value.uop, *[t.uop for t in inputs]), GradFn(bw, name)), *inputs)
+
+
+def _conv_backward(g: "Tensor", x: "Tensor", w: "Tensor", k: tuple[int, ...], st: tuple[int, ...],
+                   dl: tuple[int, ...], pads: list[tuple[int, int]], groups: int, unfold: Callable) -> list["Tensor"]:
+    """Gradients of a convolution. Input: the stride-dilated gradient, padded by d*(K-1), correlated with the flipped,
+    transposed weight, then cropped to the unpadded input. Weight: (unfolded x * g) summed over batch and positions."""
+    nd = len(k)
+    n, cin = x.shape[:2]
+    cout, cg = w.shape[:2]
+    o = g.shape[2:]
+    gz = g
+    for i, s in enumerate(st):  # insert s-1 zeros between gradient elements along each strided dim
+        if s == 1: continue
+        ax = 2 + i
+        gz = gz.unsqueeze(ax + 1).pad([(0, 0)] * (ax + 1) + [(0, s - 1)] + [(0, 0)] * (gz.ndim - ax - 1))
+        gz = gz.reshape(gz.shape[:ax] + (o[i] * s,) + gz.shape[ax + 2:])
+        gz = gz.shrink([(0, v) if j != ax else (0, (o[i] - 1) * s + 1) for j, v in enumerate(gz.shape)])
+    padded = [x.shape[2 + i] + pb + pa for i, (pb, pa) in enumerate(pads)]
+    edge = [d * (kk - 1) for d, kk in zip(dl, k)]
+    # materialized once, so the convolution below reads plain memory (no per-element bounds checks: it vectorizes)
+    gz = gz.pad([(0, 0), (0, 0)] + [(e, e + p - (gz.shape[2 + i] + e)) for i, (e, p) in enumerate(zip(edge, padded))])
+    gz = gz.contiguous()
+    wt = w.reshape((groups, cout // groups, cg) + k).transpose(1, 2).reshape((cin, cout // groups) + k)
+    dxp = gz.conv2d(wt.flip(list(range(2, 2 + nd))).cast(gz.dtype), groups=groups, dilation=dl)
+    dx = dxp.shrink([(0, n), (0, cin)] + [(pb, pb + x.shape[2 + i]) for i, (pb, _) in enumerate(pads)])
+    gr = g.reshape((n, groups, cout // groups) + o + (1,) * (nd + 1))
+    dw = (unfold(x) * gr).sum([0] + [3 + i for i in range(nd)]).reshape(w.shape)
+    return [dx.cast(x.dtype), dw.cast(w.dtype)]
+
+
 class NNMixin:
     __slots__ = ()
 
@@ -58,13 +97,21 @@ class NNMixin:
             pads = [(t // 2, t - t // 2) for t in tot]
         elif padding == "valid": pads = [(0, 0)] * nd
         else: pads = _pad_pairs(padding, nd)
-        x = self.pad([(0, 0), (0, 0)] + pads)._pool(k, st, dl)                  # (N, Cin, *O, *K)
-        o = x.shape[2:2 + nd]
-        x = x.reshape((n, groups, 1, cg) + o + k)                                # (N, G, 1, Cg, *O, *K)
-        x = x.permute([0, 1, 2] + [4 + i for i in range(nd)] + [3] + [4 + nd + i for i in range(nd)])  # (N,G,1,*O,Cg,*K)
-        w = weight.reshape((1, groups, cout // groups) + (1,) * nd + (cg,) + k)
-        out = (x * w).sum([-1 - i for i in range(nd + 1)], dtype=dtype)            # (N, G, Cout/G, *O)
-        out = out.reshape((n, cout) + o)
+        def unfold(x: "Tensor") -> "Tensor":                                    # (N, G, 1, *O, Cg, *K)
+            x = x.pad([(0, 0), (0, 0)] + pads)._pool(k, st, dl)                  # (N, Cin, *O, *K)
+            x = x.reshape((n, groups, 1, cg) + x.shape[2:2 + nd] + k)           # (N, G, 1, Cg, *O, *K)
+            return x.permute([0, 1, 2] + [4 + i for i in range(nd)] + [3] + [4 + nd + i for i in range(nd)])
+
+        def forward(x: "Tensor", weight: "Tensor") -> "Tensor":
+            w = weight.reshape((1, groups, cout // groups) + (1,) * nd + (cg,) + k)
+            out = (unfold(x) * w).sum([-1 - i for i in range(nd + 1)], dtype=dtype)  # (N, G, Cout/G, *O)
+            return out.reshape((n, cout) + out.shape[3:3 + nd])
+
+        if any(p < 0 for pp in pads for p in pp) or not dtypes.is_float(self.dtype): out = forward(self, weight)
+        else:  # the generic backward of the unfold is a scatter through every window; give it a transposed conv
+            out = _custom_grad(forward(self.detach(), weight.detach()), [self, weight],
+                               functools.partial(_conv_backward, k=k, st=st, dl=dl, pads=pads, groups=groups,
+                                                 unfold=unfold), "conv")
         return out if bias is None else out + bias.reshape((1, cout) + (1,) * nd)
 
     def conv_transpose2d(self: "Tensor", weight: "Tensor", bias: "Tensor | None" = None, groups: int = 1,
@@ -154,7 +201,12 @@ class NNMixin:
         Tensor = _T()
         lead = self.shape[:-2]
         out = Tensor.zeros(lead + (prod(osz),), dtype=self.dtype, device=self.device)
-        out = out.scatter(-1, indices.reshape(lead + (-1,)), self.reshape(lead + (-1,)))
+        idx, vals = indices.reshape(lead + (-1,)), self.reshape(lead + (-1,))
+        # torch: forward writes one value per position, backward gathers the output gradient at every index (so
+        # duplicate indices, from overlapping windows, each get it). The gather is the transpose of a scatter-add:
+        # compute that, and correct its forward value to the written one where duplicates summed up
+        placed, summed = out.scatter(-1, idx, vals), out.scatter(-1, idx, vals, reduce="add")
+        out = summed + (placed == summed).where(0, placed - summed).detach()
         return out.reshape(lead + osz)
 
     # ----- dense layers, normalization -----
@@ -293,9 +345,10 @@ class NNMixin:
                 t = t.diagonal(0, i, j)
                 spec = spec[:i] + spec[i + 1:j] + spec[j + 1:] + c
             for c, s in zip(spec, t.shape):
-                if sizes.get(c, s) != s and s != 1 and sizes[c] != 1:
-                    raise ValueError(f"einsum: size mismatch for {c!r}: {sizes[c]} vs {s}")
-                sizes[c] = max(sizes.get(c, 1), s)
+                prev = sizes.get(c, 1)
+                if prev != s and s != 1 and prev != 1:
+                    raise ValueError(f"einsum: size mismatch for {c!r}: {prev} vs {s}")
+                sizes[c] = s if prev == 1 else prev   # size 1 broadcasts (also against 0)
             perm = sorted(range(len(spec)), key=lambda a: order.index(spec[a]))
             t = t.permute(perm) if perm else t
             srt = [spec[a] for a in perm]

@@ -26,7 +26,8 @@ class ReduceMixin:
         from fusegrad.dtype import sum_acc_dtype
         from fusegrad.ir.ops import Ops
         x = self.cast(to_dtype(dtype) if dtype is not None else sum_acc_dtype(self.dtype))
-        return x._reduce(Ops.MUL, axis, keepdim)
+        out = x._reduce(Ops.MUL, axis, keepdim)
+        return out.cast(self.dtype) if dtype is None and dtypes.is_float(self.dtype) else out
 
     def any(self: "Tensor", axis: Any = None, keepdim: bool = False) -> "Tensor":
         return self.bool().max(axis, keepdim) if self.numel() else self.bool().sum(axis, keepdim) != 0
@@ -36,7 +37,8 @@ class ReduceMixin:
 
     def isclose(self: "Tensor", other: "Tensor", rtol: float = 1e-05, atol: float = 1e-08,
                 equal_nan: bool = False) -> "Tensor":
-        close = (self == other) | ((self - other).abs() <= atol + rtol * other.abs())
+        diff = (self - other).abs()   # an infinite difference is never close (even though rtol * inf is inf)
+        close = (self == other) | (diff.isfinite() & (diff <= atol + rtol * other.abs()))
         return (close | (self.isnan() & other.isnan())) if equal_nan else close
 
     def allclose(self: "Tensor", other: "Tensor", rtol: float = 1e-05, atol: float = 1e-08,
@@ -89,34 +91,40 @@ class ReduceMixin:
 
     # ----- arg reductions -----
     def argmax(self: "Tensor", axis: int | None = None, keepdim: bool = False) -> "Tensor":
-        """Index of the first maximal element (NaN counts as maximal, like torch)."""
-        if axis is None: return self.flatten().argmax(0, keepdim=False).reshape((1,) * self.ndim if keepdim else ())
-        ax = self._axis(axis)
-        n = self.shape[ax]
-        if n == 0: raise IndexError("argmax of an empty dimension")
-        from fusegrad.tensor import Tensor
-        x = self.isnan().where(math.inf, self) if dtypes.is_float(self.dtype) else self
-        is_max = x == x.max(ax, keepdim=True)
-        rev = Tensor.arange(n, 0, -1, device=self.device).reshape((n,) + (1,) * (self.ndim - ax - 1))
-        idx = n - (is_max.where(rev, 0)).max(ax, keepdim=keepdim)
-        return idx.cast(dtypes.int32)
+        """Index of the first maximal element (the first NaN if there is one, like torch)."""
+        return self._arg_extreme(axis, keepdim, largest=True)
 
     def argmin(self: "Tensor", axis: int | None = None, keepdim: bool = False) -> "Tensor":
-        if dtypes.is_bool(self.dtype): return self.logical_not().argmax(axis, keepdim)
-        x = self if not dtypes.is_unsigned(self.dtype) else self.cast(dtypes.int64)
-        return (-x).argmax(axis, keepdim) if dtypes.is_float(x.dtype) or not x.numel() else \
-            (x.max() - x).argmax(axis, keepdim)
+        """Index of the first minimal element (the first NaN if there is one, like torch)."""
+        return self._arg_extreme(axis, keepdim, largest=False)
+
+    def _arg_extreme(self: "Tensor", axis: int | None, keepdim: bool, largest: bool) -> "Tensor":
+        if axis is None:
+            flat = self.flatten()._arg_extreme(0, False, largest)
+            return flat.reshape((1,) * self.ndim if keepdim else ())
+        ax = self._axis(axis)
+        n = self.shape[ax]
+        if n == 0: raise IndexError(f"{'argmax' if largest else 'argmin'} of an empty dimension")
+        from fusegrad.tensor import Tensor
+        ext = self.max(ax, keepdim=True) if largest else self.min(ax, keepdim=True)
+        hit = self == ext
+        if dtypes.is_float(self.dtype): hit = ext.isnan().where(self.isnan(), hit)   # max/min propagate NaN
+        rev = Tensor.arange(n, 0, -1, device=self.device).reshape((n,) + (1,) * (self.ndim - ax - 1))
+        idx = n - hit.where(rev, 0).max(ax, keepdim=keepdim)                          # the first hit has the largest rev
+        return idx.cast(dtypes.int32)
 
     # ----- scans: reductions over windows that end at each position -----
     def _scan(self: "Tensor", axis: int, op: str) -> "Tensor":
         ax = self._axis(axis)
+        if self.ndim == 0: return self.reshape(1)._scan(0, op).reshape(())   # a 0-d scan is the element itself
         n = self.shape[ax]
         if n == 0: return self
         x = self.transpose(ax, -1) if ax != self.ndim - 1 else self
-        fill = {"sum": 0, "prod": 1, "max": -math.inf if dtypes.is_float(x.dtype) else dtypes.min(x.dtype)}[op]
+        low = -math.inf if dtypes.is_float(x.dtype) else dtypes.min(x.dtype)
+        fill = {"sum": 0, "prod": 1, "max": low, "logsumexp": -math.inf}[op]
         w = x.pad([(0, 0)] * (x.ndim - 1) + [(n - 1, 0)], value=fill)._pool((n,))   # (..., n, n)
-        out = {"sum": lambda t: t.sum(-1), "prod": lambda t: t.prod(-1), "max": lambda t: t.max(-1)}[op](w)
-        out = out.cast(self.dtype) if op != "sum" else out
+        out = {"sum": lambda t: t.sum(-1), "prod": lambda t: t.prod(-1), "max": _window_max,
+               "logsumexp": lambda t: t.logsumexp(-1)}[op](w)
         return out.transpose(ax, -1) if ax != self.ndim - 1 else out
 
     def cumsum(self: "Tensor", axis: int = 0) -> "Tensor": return self._scan(axis, "sum")
@@ -124,14 +132,12 @@ class ReduceMixin:
     def cummax(self: "Tensor", axis: int = 0) -> "Tensor": return self._scan(axis, "max")
 
     def cummin(self: "Tensor", axis: int = 0) -> "Tensor":
-        return -((-self)._scan(axis, "max")) if not dtypes.is_unsigned(self.dtype) else \
-            (self.dtype.max - (self.dtype.max - self)._scan(axis, "max"))
+        # ints: ~x reverses the order without overflow (see Tensor.min)
+        return ~((~self)._scan(axis, "max")) if not dtypes.is_float(self.dtype) else -((-self)._scan(axis, "max"))
 
     def logcumsumexp(self: "Tensor", axis: int = 0) -> "Tensor":
-        ax = self._axis(axis)
-        m = self.max(ax, keepdim=True).detach()
-        m = m.isinf().where(0, m)
-        return (self - m).exp().cumsum(ax).log() + m
+        """log(cumsum(exp(x))), each prefix shifted by its own max, so no term underflows against a later one."""
+        return self._float_or_self()._scan(axis, "logsumexp")
 
     # ----- sorting: each element's rank counts the elements before it in order -----
     def _ranks(self: "Tensor", dim: int, descending: bool) -> "Tensor":
@@ -153,6 +159,7 @@ class ReduceMixin:
         """(values, indices), stable. O(n^2) work per row, no data-dependent control flow."""
         from fusegrad.tensor import Tensor
         ax = self._axis(dim)
+        if self.ndim == 0: return self.reshape(()), Tensor.zeros((), dtype=dtypes.int32, device=self.device)
         n = self.shape[ax]
         x = self.transpose(ax, -1) if ax != self.ndim - 1 else self
         rank = x._ranks(-1, descending)
@@ -171,8 +178,24 @@ class ReduceMixin:
 
     def topk(self: "Tensor", k: int, dim: int = -1, largest: bool = True, sorted_: bool = True) -> "tuple[Tensor, Tensor]":
         ax = self._axis(dim)
+        if self.ndim == 0:   # like torch, k=0 and k=1 both return the element
+            if k not in (0, 1): raise RuntimeError(f"selected index k={k} out of range for a 0-d tensor")
+            return self.sort(ax)
         if not 0 <= k <= self.shape[ax]: raise RuntimeError(f"selected index k={k} out of range for size {self.shape[ax]}")
         v, i = self.sort(ax, descending=largest)
         sl = [(0, s) for s in self.shape]
         sl[ax] = (0, k)
         return v.shrink(sl), i.shrink(sl)
+
+
+def _window_max(w: "Tensor") -> "Tensor":
+    """Max over the last axis, read off the latest maximal element (the latest NaN, if any): so the gradient goes to
+    that one element, as torch's cummax routes it, not split over ties."""
+    from fusegrad.tensor import Tensor
+    m = w.max(-1, keepdim=True)
+    hit = w == m
+    if dtypes.is_float(w.dtype): hit = m.isnan().where(w.isnan(), hit)
+    n = w.shape[-1]
+    pos = Tensor.arange(n, device=w.device)
+    last = hit.where(pos, -1).max(-1, keepdim=True)
+    return (pos == last).where(w, 0).sum(-1, dtype=w.dtype)

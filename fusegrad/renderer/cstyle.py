@@ -47,15 +47,31 @@ class CStyleLanguage(Renderer):
     def vector_elem(self, dt: DType) -> str:
         return "unsigned char" if dt.scalar() == dtypes.bool else self.type_map[dt.scalar()]
 
-    def vector_typedefs(self, dts: set[DType]) -> list[str]:
-        """GCC/Clang vector types: T_xN (aligned, for registers) and T_xN_u (any alignment, for memory access)."""
+    # the signed integer type as wide as each float type (vector compares give masks of it)
+    mask_elem = {dtypes.float32: "int", dtypes.float64: "long long"}
+
+    def vector_typedefs(self, dts: set[DType], max_dts: set[DType] = frozenset()) -> list[str]:
+        """GCC/Clang vector types: T_xN (aligned, for registers) and T_xN_u (any alignment, for memory access), and a
+        vmax_T_xN function for each vector type that takes a MAX (a NaN-propagating select on compare masks)."""
         out = []
         for dt in sorted(dts, key=lambda d: (d.scalar().name, d.count)):
             nbytes = dt.count * (1 if dt.scalar() == dtypes.bool else dt.scalar().itemsize)
             name, elem = self.render_dtype(dt), self.vector_elem(dt)
             out += [f"typedef {elem} {name} __attribute__((vector_size({nbytes})));",
                     f"typedef {elem} {name}_u __attribute__((vector_size({nbytes}), aligned({dt.scalar().itemsize})));"]
+            if dt not in max_dts: continue
+            if dt.scalar() in self.mask_elem:
+                m = f"{self.mask_elem[dt.scalar()].replace(' ', '_')}_m{dt.count}"
+                out += [f"typedef {self.mask_elem[dt.scalar()]} {m} __attribute__((vector_size({nbytes})));",
+                        f"static inline {name} vmax_{name}({name} a, {name} b) {{ {m} k = (a > b) | (a != a); "
+                        f"return ({name})((({m})a & k) | (({m})b & ~k)); }}"]
+            else:
+                out.append(f"static inline {name} vmax_{name}({name} a, {name} b) {{ {name} k = a > b; "
+                           f"return (a & k) | (b & ~k); }}")
         return out
+
+    def has_vector_max(self, dt: DType) -> bool:
+        return dt.count > 1 and (dt.scalar() in self.mask_elem or (dtypes.is_int(dt) and dt.scalar().itemsize >= 4))
 
     def render_lanes(self, dt: DType, lanes: list[str]) -> str:
         return f"(({self.render_dtype(dt)}){{{', '.join(_strip(x) for x in lanes)}}})"
@@ -75,6 +91,7 @@ class CStyleLanguage(Renderer):
         return f"{val}{suffix}" if dt.itemsize >= 4 else f"(({self.render_dtype(dt)}){val})"
 
     def render_alu(self, op: Ops, dt: DType, a: list[str], src_dtype: DType) -> str:
+        if op is Ops.MAX and self.has_vector_max(dt): return f"vmax_{self.render_dtype(dt)}({a[0]}, {a[1]})"
         if dt.count > 1 and (op not in self.vector_ops or dt.scalar() == dtypes.bool):
             return self.render_lanes(dt, [self.render_alu(op, dt.scalar(), [f"{x}[{i}]" for x in a], src_dtype.scalar())
                                           for i in range(dt.count)])
@@ -121,7 +138,8 @@ class CStyleLanguage(Renderer):
             if u.op is Ops.END: d -= 1
             depth_of[u] = d
             for s in u.src: use_depth[s] = d
-            if u.op is Ops.MAX or u.dtype.count > 1 and u.op in GroupOp.ALU | {Ops.CAST, Ops.BITCAST}:
+            if (u.op is Ops.MAX and not self.has_vector_max(u.dtype)) or \
+                    u.dtype.count > 1 and u.op in GroupOp.ALU - {Ops.MAX} | {Ops.CAST, Ops.BITCAST}:
                 repeated.update(u.src)  # rendered lane by lane: each operand is read once per lane
             if u.op is Ops.GEP: repeated.update(u.src)
             if u.op is Ops.RANGE: d += 1
@@ -196,7 +214,8 @@ class CStyleLanguage(Renderer):
             else:
                 raise RuntimeError(f"{type(self).__name__} can't render {op}")
         vecs = {u.dtype.base if isinstance(u.dtype, PtrDType) else u.dtype for u in uops}
-        typedefs = self.vector_typedefs({d for d in vecs if d.count > 1})
+        typedefs = self.vector_typedefs({d for d in vecs if d.count > 1},
+                                        {u.dtype for u in uops if u.op is Ops.MAX and self.has_vector_max(u.dtype)})
         return "\n".join(typedefs + [""]) * bool(typedefs) + self.render_kernel(
             name, args, body, any(u.op is Ops.DEFINE_REG and dtypes.is_float(u.dtype.base) for u in uops))
 

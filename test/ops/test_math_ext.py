@@ -111,6 +111,8 @@ SPECIAL_FNS = ["atan", "ceil", "round", "logsigmoid", "hardsigmoid", "elu", "cel
 
 @pytest.mark.parametrize("name,tf,ff,rng,kinks,kw", [u for u in UNARY if u[0] in SPECIAL_FNS], ids=SPECIAL_FNS)
 def test_unary_ext_special_values(name, tf, ff, rng, kinks, kw):
+    if name == "gelu":  # torch's vectorized float32 gelu gives NaN at +inf; its scalar and float64 paths give inf
+        tf = lambda x, f=tf: f(x.double()).float()
     check_op(None, tf, ff, vals=[SPECIAL], forward_only=True, atol=1e-6, rtol=1e-5)
 
 

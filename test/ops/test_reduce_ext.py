@@ -69,6 +69,14 @@ def test_prod_empty_and_0d():
     check_op([()], torch.prod, lambda t: t.prod())
 
 
+def test_empty_reduce_fused_with_other_inputs():
+    # a reduce over an empty axis (and the gradient of an empty slice) in a kernel that also reads other buffers:
+    # the empty source must not be read, nor shift the other inputs' buffers
+    check_op([(2, 0), (2,)], lambda a, b: a.sum(1) + b)
+    check_op([(2, 0), (2,)], lambda a, b: b * a.prod(1))
+    check_op([(2, 3), (2, 3)], lambda a, b: a[:, 1:1].sum(1) + (a * b).sum(1))
+
+
 def test_prod_noncontiguous_python():
     check_op(None, lambda t: torch.prod(t.T.flip(0), 1), lambda t: t.T.flip(0).prod(1), vals=[rand((2, 3), 0.5, 2)],
              device="PYTHON")
