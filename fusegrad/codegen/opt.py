@@ -161,6 +161,7 @@ def hand_coded_opts(ast: UOp, renderer: Renderer | None = None) -> list[Opt]:
 
 def apply_opts(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) -> UOp:
     """Apply `opts` (default: the hand-coded heuristic) in order, then re-simplify the index math."""
-    for o in (hand_coded_opts(ast, renderer) if opts is None else opts):
-        ast = graph_rewrite(apply_opt(ast, o), pm_symbolic, name=f"opt {o.op} {o.axis} {o.amount}")
-    return ast
+    opts = hand_coded_opts(ast, renderer) if opts is None else opts
+    for o in opts: ast = apply_opt(ast, o)
+    return graph_rewrite(ast, pm_symbolic, name="opts " + " ".join(f"{o.op}({o.axis},{o.amount})" for o in opts)) \
+        if opts else ast
