@@ -28,6 +28,8 @@ buffers: "weakref.WeakKeyDictionary[UOp, Buffer]" = weakref.WeakKeyDictionary()
 realized: "weakref.WeakKeyDictionary[UOp, UOp]" = weakref.WeakKeyDictionary()
 # the lazy graph a realized tensor with autograd history was computed from (for backward through realize)
 lazy_of: "weakref.WeakKeyDictionary[UOp, UOp]" = weakref.WeakKeyDictionary()
+# realized buffer of a leaf -> the unique node graphs built before the realize refer to (gradients still reach it)
+leaf_of: "weakref.WeakKeyDictionary[UOp, UOp]" = weakref.WeakKeyDictionary()
 
 
 def _with_history(u: UOp) -> UOp:
@@ -281,6 +283,7 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
             old = t.uop
             new = results[old]
             if t._derived: lazy_of[new] = old  # keep the history for backward()
+            elif old.op is Ops.CONTIGUOUS and isinstance(old.arg, int): leaf_of.setdefault(new, old)
             t.uop = new
         from fusegrad.ir.pattern import substitute
         for reader, mapping in _stale_readers(snaps):
@@ -942,9 +945,10 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
         root = _with_history(self.uop)
         targets = {t: lazy_of.get(t.uop, t.uop) for t in list(_all_tensors)
                    if t.requires_grad is not False and dtypes.is_float(t.dtype) and t is not gradient}
-        grads = autograd.compute_gradient(root, gradient.uop, set(targets.values()) | {t.uop for t in targets})
+        grads = autograd.compute_gradient(root, gradient.uop, set(targets.values()) | {t.uop for t in targets} |
+                                          {leaf_of[t.uop] for t in targets if t.uop in leaf_of})
         for t, u in targets.items():
-            found = [grads[x] for x in dict.fromkeys((u, t.uop)) if x in grads]
+            found = [grads[x] for x in dict.fromkeys((u, t.uop, leaf_of.get(t.uop, u))) if x in grads]
             if not found: continue
             g = Tensor._wrap(found[0] if len(found) == 1 else build.alu(Ops.ADD, *found))
             if g.dtype != t.dtype: g = g.cast(t.dtype)

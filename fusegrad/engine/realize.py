@@ -74,6 +74,13 @@ def run_schedule(items: list[ScheduleItem]) -> None:
     if capturing: capturing[-1].extend(items)
     st = time.perf_counter()
     kernels = 0
+    # compile every new kernel first, several at a time: the C compiler runs in parallel with the next codegen
+    new = list(dict.fromkeys((si.ast, si.bufs[0].device) for si in items if not si.is_copy
+                             and (si.ast, si.bufs[0].device) not in _programs))
+    if len(new) > 1:
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(max_workers=min(len(new), (os.cpu_count() or 1) + 1)) as pool:
+            list(pool.map(lambda k: get_runner(*k), new))
     for si in items:
         dev = si.bufs[0].device
         show = DEBUG >= 2
