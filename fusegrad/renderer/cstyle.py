@@ -122,6 +122,13 @@ class CStyleLanguage(Renderer):
                                                        for i in range(dt.count)])
         return f"((union {{{self.render_dtype(src_dt)} a; {self.render_dtype(dt)} b;}}){{.a={x}}}).b"
 
+    def buffer_type(self, dt: DType) -> str:
+        """The element type of a buffer argument (a target may store some types differently, e.g. bool as uchar)."""
+        return self.render_dtype(dt)
+
+    def render_special(self, u: UOp) -> str:
+        raise RuntimeError(f"{type(self).__name__} has no work-item ids (SPECIAL {u.arg})")
+
     # float reduce kernels may fuse acc + a*b into one fused multiply-add (as BLAS does); elementwise math never is
     reduce_prefix = ""
 
@@ -158,7 +165,7 @@ class CStyleLanguage(Renderer):
             op, dt = u.op, u.dtype
             if op is Ops.PARAM:
                 r[u] = f"data{u.arg}"
-                args.append(f"{self.buffer_prefix}{self.render_dtype(dt.base)}*{self.buffer_suffix} data{u.arg}")
+                args.append(f"{self.buffer_prefix}{self.buffer_type(dt.base)}*{self.buffer_suffix} data{u.arg}")
             elif op is Ops.DEFINE_VAR:
                 r[u] = u.arg[0]
                 args.append(f"{self.arg_int_prefix} {u.arg[0]}")
@@ -173,6 +180,9 @@ class CStyleLanguage(Renderer):
                     r[u] = vname
             elif op is Ops.GEP:
                 r[u] = f"{r[u.src[0]]}[{u.arg}]"
+            elif op is Ops.SPECIAL:  # a work-item id (GPU-style targets): gpudims.py names it, the target reads it
+                r[u] = u.arg
+                line(f"{self.render_dtype(dt)} {u.arg} = {self.render_special(u)};")
             elif op is Ops.DEFINE_REG:
                 r[u] = new_name("acc")
                 line(f"{self.render_dtype(dt.base)} {r[u]}[{dt.size}];")
@@ -234,11 +244,65 @@ def _zero(dt: DType) -> object:
     return 0.0 if dtypes.is_float(dt) else False if dtypes.is_bool(dt) else 0
 
 
+# exp2 and log2 for float as branch-free C the compiler can vectorize (libm's exp2f/log2f are calls it can't), both
+# within ~1.3 ulp over the whole float range, with IEEE special values (NaN, +-inf, 0, subnormals)
+FAST_MATH_C = {
+    "fg_exp2f": """static inline float fg_exp2f(float x) {
+  float xc = x < -150.0f ? -150.0f : x > 128.0f ? 128.0f : x;   /* NaN passes through both compares */
+  float k = __builtin_rintf(xc), f = xc - k;                    /* 2^x = 2^k * 2^f, f in [-0.5, 0.5] */
+  float p = (((((1.5469732e-4f*f + 1.3400433e-3f)*f + 9.6180253e-3f)*f + 5.5503272e-2f)*f + 2.4022651e-1f)*f
+             + 6.9314718e-1f)*f + 1.0f;
+  int ki = (int)k, a = ki >> 1, b = ki - a;                     /* 2^k as two normal factors: reaches subnormals */
+  union { int i; float f; } sa = {.i = (a + 127) << 23}, sb = {.i = (b + 127) << 23};
+  return x != x ? x : p * sa.f * sb.f;
+}""",
+    "fg_log2f": """static inline float fg_log2f(float x) {
+  int sub = x < 1.17549435e-38f;                                /* subnormals: scale into the normal range */
+  union { float f; int i; } u = {.f = sub ? x * 8388608.0f : x};
+  int e = ((u.i >> 23) & 0xff) - 127 - 23 * sub;
+  u.i = (u.i & 0x007fffff) | 0x3f800000;                        /* mantissa m in [1, 2) */
+  int big = u.f > 1.41421356f;
+  float m = big ? u.f * 0.5f : u.f;                             /* m in [sqrt(1/2), sqrt(2)) */
+  float s = (m - 1.0f) / (m + 1.0f), t = s * s;                 /* log2 m = 2/ln2 * atanh(s) */
+  float q = ((0.14962947f*t + 0.19987394f)*t + 0.33333409f)*t + 1.0f;
+  float r = (float)(e + big) + 2.8853900817779268f * s * q;
+  return x != x || x < 0.0f ? __builtin_nanf("") : x == 0.0f ? -__builtin_inff() : x == __builtin_inff() ? x : r;
+}"""}
+
+
+def vector_exp2_c(w: int) -> str:
+    """fg_exp2f on w-lane float vectors: the same algorithm, with compare masks and bit selects instead of branches."""
+    F, I = f"float_x{w}", f"int_m{w}"
+    return f"""typedef int {I} __attribute__((vector_size({4 * w})));
+static inline {F} fg_exp2f_x{w}({F} x) {{
+  {F} lo = ({F}){{}} - 150.0f, hi = ({F}){{}} + 128.0f;
+  {I} mlo = x < lo, mhi = x > hi, mnan = x != x;
+  {F} xc = ({F})((({I})lo & mlo) | ((({I})hi & mhi) | (({I})x & ~(mlo | mhi))));
+  {F} k = (xc + 12582912.0f) - 12582912.0f, f = xc - k;     /* round to nearest: |xc| <= 150 */
+  {F} p = (((((1.5469732e-4f*f + 1.3400433e-3f)*f + 9.6180253e-3f)*f + 5.5503272e-2f)*f + 2.4022651e-1f)*f
+           + 6.9314718e-1f)*f + 1.0f;
+  {I} ki = __builtin_convertvector(k, {I}), a = ki >> 1, b = ki - a;
+  {F} r = p * ({F})((a + 127) << 23) * ({F})((b + 127) << 23);
+  return ({F})((({I})x & mnan) | (({I})r & ~mnan));
+}}"""
+
+
 class ClangRenderer(CStyleLanguage):
     """C for the CPU device, compiled by the system C compiler (flags: -ffp-contract=off, so only float reduce kernels
     get fused multiply-adds, through GCC's optimize attribute; other compilers ignore it)."""
     device = "CPU"
     reduce_prefix = '__attribute__((optimize("fp-contract=fast"))) '
+    float_fn = {**CStyleLanguage.float_fn, Ops.EXP2: "fg_exp2f", Ops.LOG2: "fg_log2f"}
+
+    def render_alu(self, op: Ops, dt: DType, a: list[str], src_dtype: DType) -> str:
+        if op is Ops.EXP2 and dt.count > 1 and dt.scalar() == dtypes.float32: return f"fg_exp2f_x{dt.count}({a[0]})"
+        return super().render_alu(op, dt, a, src_dtype)
+
+    def render_kernel(self, name: str, args: list[str], body: list[str], has_float_acc: bool = False) -> str:
+        src = super().render_kernel(name, args, body, has_float_acc)
+        used = [FAST_MATH_C[fn] for fn in FAST_MATH_C if fn + "(" in src]
+        used += [vector_exp2_c(w) for w in (4, 8, 16) if f"fg_exp2f_x{w}(" in src]
+        return "".join(f + "\n" for f in used) + src
 
 
 

@@ -38,7 +38,11 @@ B = rng.standard_normal((48, 64)).astype(np.float32)
 X = rng.standard_normal((2, 3, 12, 16)).astype(np.float32)
 W = rng.standard_normal((8, 3, 3, 3)).astype(np.float32)
 
+S = np.array([np.nan, np.inf, -np.inf, 0, -0.0, 128, -126, -149, -149.5, -150, -151, 127.99, 3.3, -7.25, 0.5, 1e-3] * 4,
+             np.float32).reshape(4, 16)
+
 CASES = {
+    "exp2_specials": (lambda: Tensor(S).exp2(), lambda: np.exp2(S)),
     # name: (make, reference, which range to vectorize (by role), extra opts)
     "matmul_out": (lambda: Tensor(A) @ Tensor(B), lambda: A @ B),
     "matmul_bT_reduce": (lambda: Tensor(A) @ Tensor(B.T.copy()).T, lambda: A @ B),
