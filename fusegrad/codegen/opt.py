@@ -1,6 +1,7 @@
 """Kernel optimizations as explicit actions (`Opt`) on the kernel AST, and the hand-coded heuristic that picks them.
 
 UPCAST(r, k): split output range r into n/k iterations of k copies of every store (a register tile).
+SWAP(r, s): output ranges r and s trade places in the loop nest (loop order for cache reuse).
 VECTORIZE(r, w): w consecutive iterations of r become the lanes of SIMD vectors (see vectorize.py).
 UNROLL(r, k): split reduce range r of size n into an outer range of n/k and k unrolled copies of the body, combined
 with the reduce op, so each loop iteration does k accumulations.
@@ -19,7 +20,7 @@ from fusegrad.codegen.vectorize import vectorize_range
 
 @dataclass(frozen=True)
 class Opt:
-    op: str          # "UPCAST" (output range), "UNROLL" (reduce range) or "VECTORIZE" (any range: SIMD lanes)
+    op: str          # "UPCAST" (output range), "UNROLL" (reduce range), "VECTORIZE" (any range: SIMD lanes), "SWAP"
     axis: int        # which range, by its id
     amount: int
 
@@ -66,10 +67,17 @@ def apply_opt(ast: UOp, opt: Opt) -> UOp:
     """One action on the kernel. UPCAST needs an output range, UNROLL a reduce range; the amount must divide it."""
     rng = _range(ast, opt.axis)
     size = int(rng.src[0].arg)
-    if opt.amount < 1 or size % opt.amount: raise ValueError(f"{opt}: amount must divide the range size {size}")
+    if opt.op != "SWAP" and (opt.amount < 1 or size % opt.amount):
+        raise ValueError(f"{opt}: amount must divide the range size {size}")
     if opt.op == "UPCAST":
         if rng.arg[1] == "reduce": raise ValueError(f"{opt}: UPCAST needs an output range, {opt.axis} is a reduce")
         return upcast_global(ast, rng, opt.amount)
+    if opt.op == "SWAP":  # amount names the other output range: their loops trade places (ranges nest by id)
+        other = _range(ast, opt.amount)
+        if rng.arg[1] == "reduce" or other.arg[1] == "reduce" or rng is other:
+            raise ValueError(f"{opt}: SWAP needs two different output ranges")
+        return substitute(ast, {rng: UOp.range(rng.src[0], other.arg[0], other.arg[1]),
+                                other: UOp.range(other.src[0], rng.arg[0], rng.arg[1])})
     if opt.op == "VECTORIZE":
         if opt.amount & (opt.amount - 1) or opt.amount < 2: raise ValueError(f"{opt}: the width must be a power of two")
         return vectorize_range(ast, rng, opt.amount)

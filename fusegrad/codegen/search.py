@@ -67,7 +67,10 @@ def actions(ast: UOp, renderer: Any) -> list[Opt]:
     out = []
     item = max((n.dtype.scalar().itemsize for n in ast.toposort() if n.op is Ops.LOAD), default=4)
     vec_ok = renderer.simd_bytes and not any(n.dtype.count > 1 for n in ast.toposort())  # one VECTORIZE per kernel
-    for r in sorted({n for n in ast.toposort() if n.op is Ops.RANGE}, key=lambda r: r.arg[0]):
+    rngs = sorted({n for n in ast.toposort() if n.op is Ops.RANGE}, key=lambda r: r.arg[0])
+    glob = [r for r in rngs if r.arg[1] != "reduce"]
+    out += [Opt("SWAP", a.arg[0], b.arg[0]) for a, b in zip(glob, glob[1:])]  # loop order
+    for r in rngs:
         size = int(r.src[0].arg)
         if r.arg[1] != "reduce":
             out += [Opt("UPCAST", r.arg[0], k) for k in (2, 3, 4, 5, 8) if size % k == 0 and k < size or k == size <= 8]

@@ -126,3 +126,18 @@ def test_forced_opts_reach_the_kernel(monkeypatch):
     """The harness above really compiles with the given opts (an invalid one must raise)."""
     with pytest.raises(ValueError, match="no range"):
         run_forced(monkeypatch, lambda: Tensor(A).sum(1), [Opt("VECTORIZE", 99, 4)])
+
+
+@pytest.mark.parametrize("name", ["matmul_out", "conv_pad", "relu_epilogue"])
+def test_swap_loop_order(monkeypatch, name):
+    """SWAP changes only the loop nest: every pair of output ranges swapped (with a vector and an upcast too)."""
+    make, ref = CASES[name]
+    expect = conv_ref() if ref is None else ref()
+    rids = ranges_of(make())
+    glob = [r for r, (s, k) in rids.items() if k == "global"]
+    assert len(glob) >= 2
+    for a, b in zip(glob, glob[1:]):
+        got = run_forced(monkeypatch, make, [Opt("SWAP", a, b)])
+        np.testing.assert_allclose(got, expect, rtol=1e-4, atol=1e-4, err_msg=f"swap {a} {b}")
+    with pytest.raises(ValueError, match="two different output ranges"):
+        run_forced(monkeypatch, make, [Opt("SWAP", glob[0], glob[0])])
