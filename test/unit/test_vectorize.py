@@ -4,7 +4,7 @@ import pytest
 
 import fusegrad.codegen as codegen
 from fusegrad import Context, Device, Tensor, dtypes
-from fusegrad.codegen.opt import Opt, apply_opts, hand_coded_opts
+from fusegrad.codegen.opt import Opt, hand_coded_opts
 from fusegrad.engine import realize
 from fusegrad.ir.ops import Ops
 from fusegrad.ir.pattern import graph_rewrite
@@ -24,8 +24,8 @@ def run_forced(monkeypatch, make, opts):
     """Realize make() with `opts` applied to its last kernel (instead of the heuristic)."""
     realize._programs.clear()
     target = make().schedule()[-1].ast
-    orig = apply_opts
-    monkeypatch.setattr(codegen, "apply_opts", lambda ast, ren, o=None: orig(ast, ren, opts if ast is target else o))
+    orig = codegen.to_program  # the engine imports it at call time, with the kernel AST the schedule made
+    monkeypatch.setattr(codegen, "to_program", lambda ast, ren, o=None: orig(ast, ren, opts if ast is target else o))
     with Context(CACHELEVEL=0):  # no program cache: it would hand back the heuristic's program (or keep ours)
         out = make().numpy()
     monkeypatch.undo()
@@ -122,10 +122,11 @@ def test_half_kernels_stay_scalar():
     assert not any(o.op == "VECTORIZE" for o in _opts(t))
 
 
-def test_forced_opts_reach_the_kernel(monkeypatch):
-    """The harness above really compiles with the given opts (an invalid one must raise)."""
+@pytest.mark.parametrize("name", list(CASES))
+def test_forced_opts_reach_the_kernel(monkeypatch, name):
+    """The harness above really compiles with the given opts (an invalid one must raise) for every case."""
     with pytest.raises(ValueError, match="no range"):
-        run_forced(monkeypatch, lambda: Tensor(A).sum(1), [Opt("VECTORIZE", 99, 4)])
+        run_forced(monkeypatch, CASES[name][0], [Opt("VECTORIZE", 99, 4)])
 
 
 @pytest.mark.parametrize("name", ["matmul_out", "conv_pad", "relu_epilogue"])
