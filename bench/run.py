@@ -4,6 +4,7 @@
     python bench/run.py                     # everything (a few minutes on 2 cores)
     python bench/run.py --only matmul conv  # cases whose name starts with one of these
     python bench/run.py --quick             # fewer runs, smaller train step (a smoke run)
+    python bench/run.py --only beam         # how long BEAM=2 takes on two kernels, and what it finds
     python bench/run.py --markdown out.md   # also write the table as markdown
 
 Every case builds the same computation in each library on the same random inputs, checks that the results agree,
@@ -99,6 +100,36 @@ def matmul_cases(sizes: list[int]) -> list[Case]:
             impls["torch"] = lambda ta=ta, tb=tb: ta @ tb
         out.append(Case(f"matmul {n} fp32", impls, 2 * n ** 3, check=agree(1e-4, 1e-4)))
     return out
+
+
+def bf16_matmul_case(n: int) -> list[Case]:
+    """bfloat16 matmul where the CPU device supports it (emulated with float32 math on 16-bit storage)."""
+    from fusegrad import Device
+    if dtypes.bfloat16 not in Device["CPU"].renderer.supported_dtypes(): return []
+    an, bn = rand(n, n), rand(n, n)
+    a, b = Tensor(an).cast(dtypes.bfloat16).realize(), Tensor(bn).cast(dtypes.bfloat16).realize()
+    impls: dict[str, Callable[[], object]] = {"fusegrad": fg(lambda: (a @ b).cast(dtypes.float32))}
+    if torch is not None:
+        ta, tb = torch.from_numpy(an).bfloat16(), torch.from_numpy(bn).bfloat16()
+        impls["torch"] = lambda: (ta @ tb).float()
+    return [Case(f"matmul {n} bf16", impls, 2 * n ** 3, check=agree(3e-2, 3e-2))]
+
+
+def beam_rows() -> list[list[str]]:
+    """How long BEAM=2 searches one kernel (no cache) and what it finds against the heuristic."""
+    from fusegrad import Context
+    from fusegrad.codegen import search
+    rows = []
+    a = Tensor(rand(512, 512)).realize()
+    x, w = Tensor(rand(64, 32, 24, 24)).realize(), Tensor(rand(32, 32, 5, 5)).realize()
+    for name, t in (("matmul 512", a @ a), ("conv2 fwd bs64", x.conv2d(w))):
+        (si,) = t.schedule()
+        with Context(BEAM=2, IGNORE_BEAM_CACHE=1): search.beam_search(si.ast, "CPU", 2, name)
+        rep = search.last_search
+        best, heur = rep["tried"][rep["best"]], rep["tried"].get(rep["heuristic"], float("nan"))
+        rows.append([f"BEAM=2 search: {name}", "fusegrad", f"{rep['seconds'] * 1e3:.0f}",
+                     f"{len(rep['tried'])} candidates", f"best {best * 1e3:.2f} ms / heuristic {heur * 1e3:.2f} ms"])
+    return rows
 
 
 MNIST_CONVS = [("conv1 1->32 k5 28x28", 1, 32, 5, 28), ("conv2 32->32 k5 24x24", 32, 32, 5, 24),
@@ -309,7 +340,8 @@ def main() -> None:
     runs = args.runs or (3 if args.quick else 7)
     bs = 64 if args.quick else 512
     groups: list[tuple[str, Callable[[], list[Case]]]] = [
-        ("matmul", lambda: matmul_cases([256, 512, 1024, 2048])), ("conv", lambda: conv_cases(bs)),
+        ("matmul", lambda: matmul_cases([256, 512, 1024, 2048]) + bf16_matmul_case(512)),
+        ("conv", lambda: conv_cases(bs)),
         ("a*b+c", memory_cases), ("beautiful_mnist", lambda: [train_step_case(bs)])]
     want = lambda name: args.only is None or any(name.startswith(o) for o in args.only)  # noqa: E731
     rows: list[list[str]] = []
@@ -324,6 +356,7 @@ def main() -> None:
             except Exception as e:  # one failing case shouldn't hide the rest of the table
                 rows.append([case.name, "FAILED", type(e).__name__, str(e)[:80], "-"])
     if want("first"): rows += first_step(bs)
+    if want("BEAM") or want("beam"): rows += beam_rows()
     print(f"\n{len(rows)} rows, {time.perf_counter() - st:.0f} s, python {sys.version.split()[0]}, numpy {np.__version__}"
           f", torch {torch.__version__ if torch else '-'}, {os.cpu_count()} cpus\n")
     print_table(rows, args.markdown)

@@ -83,7 +83,8 @@ def actions(ast: UOp, renderer: Any) -> list[Opt]:
 
 
 def _count_accumulators(ast: UOp) -> int:
-    return sum(n.dtype.count for n in ast.toposort() if n.op is Ops.REDUCE)
+    """Accumulator registers: one per REDUCE (a vector accumulator is one register)."""
+    return sum(1 for n in ast.toposort() if n.op is Ops.REDUCE)
 
 
 # ----- timing -----
@@ -131,7 +132,7 @@ def beam_search(ast: UOp, device: str, amt: int, name: str = "") -> list[Opt]:
         def build(c: tuple[Opt, ...]) -> Any:
             try:
                 applied = apply_opts(base, renderer, list(c))
-                if _count_accumulators(applied) > 64: return None  # registers would spill
+                if _count_accumulators(applied) > 32: return None  # registers would spill
                 return timer.compile(list(c))
             except (ValueError, AssertionError, RuntimeError): return None  # an action that doesn't apply here
         for c, prg in zip(cands, pool.map(build, cands)):  # compile in parallel, time one at a time
