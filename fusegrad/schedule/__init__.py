@@ -2,10 +2,12 @@
 
 Fusion is decided by *realize points*: the nodes that get a buffer. Everything between realize points is fused into the
 kernel of the realize point that consumes it. Realize points are the requested tensors, CONTIGUOUS, COPY and its source,
-a reduce consumed by several kernels, and any reduce the indexer reports as unsafe to fuse (see indexing.py).
+any reduce the indexer reports as unsafe to fuse (see indexing.py), a reduce consumed by several kernels, and an
+expensive subgraph that fusing would recompute many times (see recompute.py).
 """
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +17,7 @@ from fusegrad.ir.ops import Ops, UOp
 from fusegrad.ir.pattern import substitute_memo
 from fusegrad.schedule.indexing import lower_kernel
 from fusegrad.schedule.memory import plan_memory
+from fusegrad.schedule.recompute import RecomputePolicy
 
 
 @dataclass
@@ -51,22 +54,7 @@ def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, U
     for n in topo:
         if n.op in (Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN): rp.add(n)
         if n.op is Ops.COPY and not _is_buffer_view(n.src[0]): rp.add(n.src[0])
-    rp |= _shared_reduces(topo, rp)
-
-    # lower every realize point; a reported unsafe reduce becomes a realize point and we lower again
-    kernels: dict[UOp, Any] = {}
-    for _ in range(1000):
-        kernels.clear()
-        violations: set[UOp] = set()
-        for r in rp:
-            if r.op is Ops.COPY or r.size == 0: continue
-            kb, bad = lower_kernel(r, rp)
-            kernels[r] = kb
-            violations |= bad
-        if not violations: break
-        rp |= violations
-    else:
-        raise RuntimeError("scheduler did not converge")
+    kernels = _lower_all(topo, rp)
 
     order = _order(topo, rp, kernels)
     held = set(new_targets.values()) | {r for r in rp if r.op is Ops.ASSIGN}
@@ -109,34 +97,96 @@ def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, U
 
 def _order(topo: list[UOp], rp: set[UOp], kernels: dict[UOp, Any]) -> list[UOp]:
     """Realize points in an order that respects data flow, and runs every reader of a buffer's old contents before
-    the ASSIGN that overwrites it."""
+    the ASSIGN that overwrites it. Among the ready ones, the earliest in the graph's topological order goes first."""
     pos = {n: i for i, n in enumerate(topo)}
     reads: dict[UOp, list[UOp]] = {r: ([r.src[0]] if r.op is Ops.COPY else kernels[r].inputs if r in kernels else [])
                                    for r in rp}
     deps: dict[UOp, set[UOp]] = {r: {i for i in reads[r] if i in rp} for r in rp}
+    readers: dict[UOp, list[UOp]] = {}
+    for r in rp:
+        for i in reads[r]: readers.setdefault(i, []).append(r)
     for w in rp:
         if w.op is not Ops.ASSIGN: continue
-        target = w.src[0].base
-        for r in rp:
-            if r is not w and target in reads[r] and w not in deps[r]: deps[w].add(r)
+        for r in readers.get(w.src[0].base, ()):
+            if r is not w and w not in deps[r]: deps[w].add(r)
+    users: dict[UOp, list[UOp]] = {}
+    for r, ds in deps.items():
+        for d in ds: users.setdefault(d, []).append(r)
+    waiting = {r: len(ds) for r, ds in deps.items()}
+    ready = [(pos[r], id(r), r) for r, k in waiting.items() if k == 0]
+    heapq.heapify(ready)
     out: list[UOp] = []
-    done: set[UOp] = set()
-    ready = sorted((r for r in rp if not deps[r]), key=pos.__getitem__)
     while ready:
-        r = ready.pop(0)
+        r = heapq.heappop(ready)[2]
         out.append(r)
-        done.add(r)
-        for k in rp:
-            if k not in done and k not in out and k not in ready and deps[k] <= done: ready.append(k)
-        ready.sort(key=pos.__getitem__)
+        for u in users.get(r, ()):
+            waiting[u] -= 1
+            if waiting[u] == 0: heapq.heappush(ready, (pos[u], id(u), u))
     if len(out) != len(rp): raise RuntimeError("cycle in the schedule (an assign depends on its own readers)")
     return out
 
 
-def _shared_reduces(topo: list[UOp], rp: set[UOp]) -> set[UOp]:
-    """Reduces reached from two or more realize points would be computed twice: realize them once instead."""
-    users: dict[UOp, set[UOp]] = {}
-    for r in rp:
-        for n in r.toposort(gate=lambda u: u is r or u not in rp):
-            if n.op is Ops.REDUCE_AXIS and n is not r: users.setdefault(n, set()).add(r)
-    return {n for n, us in users.items() if len(us) > 1}
+def _lower_all(topo: list[UOp], rp: set[UOp]) -> dict[UOp, Any]:
+    """Lower every realize point to a kernel, adding realize points (to `rp`, in place) until no kernel fuses work it
+    must not: a reduce the indexer reports as unsafe to fuse, a reduce computed by two kernels, or an expensive
+    subgraph computed many times (recompute.py). Only kernels affected by a new realize point are lowered again."""
+    pos = {n: i for i, n in enumerate(topo)}
+    kernels: dict[UOp, Any] = {}
+    fused_in: dict[UOp, set[UOp]] = {}   # tensor node -> the kernels that compute it inline
+    work: set[UOp] = set()
+    policy = RecomputePolicy(rp)
+    heap: list[tuple[int, int, UOp]] = []  # consumers first: the reduces they report are their producers' roots
+
+    def push(r: UOp) -> None:
+        if r not in work:
+            work.add(r)
+            heapq.heappush(heap, (-pos.get(r, -1), id(r), r))
+
+    def add(new: set[UOp], why: str) -> None:
+        policy.realize(new)
+        for n in new:
+            if DEBUG >= 3: print(f"scheduler: realize {n.op.name} {n.shape}: {why}")
+            push(n)
+            for k in fused_in.get(n, ()): push(k)
+
+    for r in rp: push(r)
+    while True:
+        while heap:
+            r = heapq.heappop(heap)[2]
+            if r not in work: continue
+            work.discard(r)
+            if r.op is Ops.COPY or r.size == 0: continue
+            if (old := kernels.pop(r, None)) is not None:
+                for n in old.walked: fused_in[n].discard(r)
+            while True:
+                kb, bad = lower_kernel(r, rp, policy)
+                if not bad: break
+                if bad <= rp: raise RuntimeError("scheduler did not converge")
+                add(bad, f"not fusable into the kernel of {r.op.name} {r.shape}")
+                work.discard(r)
+            kernels[r] = kb
+            for n in kb.walked: fused_in.setdefault(n, set()).add(r)
+        if not (new := _recomputed(kernels, rp, pos, policy)): return kernels
+        add(new, "recomputed across kernels")
+
+
+def _recomputed(kernels: dict[UOp, Any], rp: set[UOp], pos: dict[UOp, int], policy: RecomputePolicy) -> set[UOp]:
+    """Fused nodes that the kernels together evaluate too often (see recompute.py): a reduce computed by two kernels,
+    an expensive subgraph computed by several. Of nested candidates only the outermost is taken: whatever it fuses is
+    then computed once, in its kernel (a node below it that is still recomputed shows up in the next round)."""
+    evals: dict[UOp, int] = {}
+    for kb in kernels.values():
+        for n, c in kb.evals.items(): evals[n] = evals.get(n, 0) + c
+    cands = sorted((n for n, c in evals.items() if n not in rp and c >= 2 * n.size), key=lambda u: -pos.get(u, -1))
+    out: set[UOp] = set()
+    covered: set[UOp] = set()
+    for n in cands:
+        if n in covered or not policy.worth_realizing(n, evals[n]): continue
+        out.add(n)
+        stack = [n]
+        while stack:
+            for x in stack.pop().src:
+                if x not in covered and x not in rp and x.op is not Ops.BUFFER:
+                    covered.add(x)
+                    stack.append(x)
+    return out

@@ -6,16 +6,26 @@ at the same index, a REDUCE_AXIS opens fresh reduce RANGEs for its reduced axes,
 result is the kernel AST: SINK(STORE(INDEX(PARAM 0, flat index), value)).
 
 While lowering, the indexer reports reduces that must not be fused (`violations`): a reduce that would be recomputed
-inside another reduce's loop, at two different indices, or inside an output loop it doesn't depend on.
+inside another reduce's loop, at two different indices, or inside an output loop it doesn't depend on. The walk stops at
+such a reduce (its value is a placeholder): the kernel is lowered again once the reduce has its own buffer, so nothing
+below it is walked, and fresh reduce ranges can't multiply the walk (that made deep matmul chains exponential).
+
+It also counts how often the kernel evaluates each fused node (`evals`), and with a `RecomputePolicy` reports a node
+the kernel would recompute too often as a violation too (see recompute.py). The linearizer emits a node in the loop of the
+deepest RANGE its index depends on, so a node at index `idx` runs once per iteration of the loop chain down to that
+range: `(i, 0)` inside output loops `(i, j)` runs N times (hoisted out of `j`), an operand of a matmul's reduce runs
+N*N*K times. The scheduler compares those counts with the node's size to find work recomputed across or within kernels.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 from fusegrad.dtype import dtypes
 from fusegrad.helpers import prod
 from fusegrad.ir.ops import GroupOp, Ops, UOp
 from fusegrad.ir.symbolic import simplify
+from fusegrad.schedule.recompute import RecomputePolicy
 
 TRUE = UOp.const(dtypes.bool, True)
 INDEX_MAX = 2**31 - 1
@@ -30,19 +40,48 @@ def strides_for(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(out))
 
 
+ZERO = UOp.const(dtypes.int32, 0)
+
+
+# index math is pure (nodes are immutable), and the same views are indexed the same way in every kernel
+@functools.lru_cache(maxsize=1 << 16)
 def flat_index(idx: Index, shape: tuple[int, ...]) -> UOp:
-    acc = UOp.const(dtypes.int32, 0)
+    acc = ZERO
     for i, st, s in zip(idx, strides_for(shape), shape):
         if s != 1: acc = acc + i * st
     return simplify(acc)
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def unflatten(flat: UOp, shape: tuple[int, ...]) -> Index:
     out = []
     for j, (st, s) in enumerate(zip(strides_for(shape), shape)):
-        if s == 1: out.append(UOp.const(dtypes.int32, 0)); continue
+        if s == 1: out.append(ZERO); continue
         e = flat // st if st != 1 else flat
         out.append(simplify(e % s if j != 0 else e))
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _kernel_const(x: UOp) -> UOp: return UOp.const(x.dtype, x.arg)
+
+
+def reshape_index(idx: Index, shape: tuple[int, ...], src_shape: tuple[int, ...]) -> Index:
+    """The source index of a reshape. Axes are matched in groups of equal size (a reshape that splits, merges or adds
+    axes only touches its own group) and each group is flattened and unflattened on its own: much smaller index
+    expressions than flattening the whole index, so much less work for the simplifier."""
+    if 0 in shape or 0 in src_shape: return unflatten(flat_index(idx, shape), src_shape)
+    out: list[UOp] = []
+    i = j = 0
+    while i < len(shape) or j < len(src_shape):
+        i0, j0, pi, pj = i, j, 1, 1
+        if i < len(shape): pi, i = shape[i], i + 1
+        if j < len(src_shape): pj, j = src_shape[j], j + 1
+        while pi != pj:   # equal totals: the smaller side always has axes left
+            if pi < pj: pi, i = pi * shape[i], i + 1
+            else: pj, j = pj * src_shape[j], j + 1
+        if shape[i0:i] == src_shape[j0:j]: out.extend(idx[i0:i])
+        else: out.extend(unflatten(flat_index(idx[i0:i], shape[i0:i]), src_shape[j0:j]))
     return tuple(out)
 
 
@@ -55,11 +94,13 @@ class KernelBuild:
     ast: UOp
     inputs: list[UOp]                       # tensor-level nodes loaded, in PARAM slot order (slot 0 is the output)
     tensor_ops: list[str] = field(default_factory=list)
+    walked: set[UOp] = field(default_factory=set)       # tensor-level nodes computed inline (fused) by this kernel
+    evals: dict[UOp, int] = field(default_factory=dict)  # fused non-movement node -> times the kernel evaluates it
 
 
 class Indexer:
-    def __init__(self, root: UOp, realize_points: set[UOp]):
-        self.root, self.rp = root, realize_points
+    def __init__(self, root: UOp, realize_points: set[UOp], policy: RecomputePolicy | None = None):
+        self.root, self.rp, self.policy = root, realize_points, policy
         self.params: dict[UOp, UOp] = {}
         self.inputs: list[UOp] = []
         self.memo: dict[tuple[UOp, Index, UOp], UOp] = {}
@@ -70,6 +111,11 @@ class Indexer:
         # an ASSIGN writes into its target's buffer; loads of that buffer go through the output param (slot 0)
         self.alias = root.src[0].base if root.op is Ops.ASSIGN else None
         self.alias_reads: list[tuple[UOp, UOp]] = []
+        self.walked: set[UOp] = set()
+        self.evals: dict[UOp, int] = {}
+        self.loop_vol: dict[UOp, int] = {}    # RANGE -> iterations of its loop chain (outer loops included)
+        self.vol_memo: dict[UOp, int] = {}    # index expression -> loop_vol of the deepest RANGE it depends on
+        self.live: dict[UOp, float] = {TRUE: 1.0}  # validity mask -> the fraction of elements it lets through (PAD)
 
     def new_range(self, size: int, kind: str) -> UOp:
         r = UOp.range(size, self.n_ranges, kind)
@@ -92,8 +138,12 @@ class Indexer:
         if big:  # index math is 32-bit; refuse rather than overflow into a wrong address
             raise RuntimeError(f"tensor of shape {big[0].shape} has more than {INDEX_MAX} elements; "
                                "kernels index with 32-bit integers for now")
-        out_idx = tuple(self.new_range(s, "global") if s != 1 else UOp.const(dtypes.int32, 0) for s in shape)
+        out_idx = tuple(self.new_range(s, "global") if s != 1 else ZERO for s in shape)
         self.global_order = [i for i in out_idx if i.op is Ops.RANGE]
+        vol = 1
+        for r in self.global_order:
+            vol *= r.src[0].arg
+            self.loop_vol[r] = vol
         value_node = self.root.src[0] if self.root.op is Ops.CONTIGUOUS else \
             self.root.src[1] if self.root.op is Ops.ASSIGN else self.root
         out = self.out_param = UOp(Ops.PARAM, self.root.dtype.ptr(prod(shape)), (), 0)
@@ -103,11 +153,34 @@ class Indexer:
         if any(f is not out_flat or v is not TRUE for f, v in self.alias_reads): self.violations.add(value_node)
         store = UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, self.root.dtype, (out, out_flat)), val))
         ast = UOp(Ops.SINK, dtypes.void, (store,))
-        return KernelBuild(ast, self.inputs, list(self.ops_seen))
+        return KernelBuild(ast, self.inputs, list(self.ops_seen), self.walked, self.evals)
+
+    def volume(self, exprs: Index) -> int:
+        """How many times a value indexed by `exprs` is computed: the iterations of the loop chain down to the deepest
+        RANGE the expressions use (1 when they use none)."""
+        best = 1
+        for e in exprs:
+            if (v := self.vol_memo.get(e)) is None:
+                for n in e.toposort():
+                    if n in self.vol_memo: continue
+                    self.vol_memo[n] = self.loop_vol.get(n, 1) if n.op is Ops.RANGE else \
+                        max((self.vol_memo[s] for s in n.src), default=1)
+                v = self.vol_memo[e]
+            best = max(best, v)
+        return best
 
     def index(self, x: UOp, idx: Index, valid: UOp) -> UOp:
         key = (x, idx, valid)
         if (ret := self.memo.get(key)) is not None: return ret
+        if x not in self.rp or x is self.root:
+            self.walked.add(x)
+            if x.op not in GroupOp.Movement and x.op not in (Ops.BUFFER, Ops.CONST):
+                ev = self.evals[x] = self.evals.get(x, 0) + int(self.volume(idx + (valid,)) * self.live.get(valid, 1.0))
+                # recomputed so often in this kernel that it is worth a buffer: report it, don't walk below it again
+                if self.policy is not None and x is not self.root and x.op is not Ops.REDUCE_AXIS and \
+                   self.policy.worth_realizing(x, ev):
+                    self.violations.add(x)
+                    return UOp.const(x.dtype, 0)
         ret = self._index(x, idx, valid)
         self.memo[key] = ret
         return ret
@@ -125,7 +198,7 @@ class Indexer:
             assert x.shape is not None
             return self._load(x, flat_index(idx, x.shape), valid)
         self.ops_seen[op.name if op is not Ops.REDUCE_AXIS else f"REDUCE_AXIS({x.arg[0].name})"] = None
-        if op is Ops.CONST: return UOp.const(x.dtype, x.arg)
+        if op is Ops.CONST: return _kernel_const(x)
         if op is Ops.IOTA: return idx[0].cast(x.dtype)
         if op in (Ops.DETACH, Ops.CONTIGUOUS): return self.index(x.src[0], idx, valid)
         if op in GroupOp.Movement: return self._movement(x, idx, valid)
@@ -139,9 +212,9 @@ class Indexer:
         src = x.src[0]
         ss, arg = src.shape, x.arg
         assert ss is not None and x.shape is not None
-        zero = UOp.const(dtypes.int32, 0)
+        zero = ZERO
         if x.op is Ops.RESHAPE:
-            new = unflatten(flat_index(idx, x.shape), ss)
+            new = reshape_index(idx, x.shape, ss)
         elif x.op is Ops.PERMUTE:
             new_l = [zero] * len(ss)
             for i, a in enumerate(arg): new_l[a] = idx[i]
@@ -155,8 +228,8 @@ class Indexer:
         else:  # PAD: outside the source's extent the value is 0 and its loads are masked off
             conds = []
             new_l = []
-            for i, s, (b, _) in zip(idx, ss, arg):
-                j = simplify(i - b) if b else i
+            for ix, s, (b, _) in zip(idx, ss, arg):
+                j = simplify(ix - b) if b else ix
                 new_l.append(j)
                 conds += [UOp.const(dtypes.int32, -1).lt(j), j.lt(s)]
             new = tuple(new_l)
@@ -164,7 +237,10 @@ class Indexer:
             for c in conds: in_range = in_range.logical_and(c)
             in_range = simplify(in_range)
             if in_range is TRUE: return self.index(src, new, valid)
-            inner = self.index(src, new, simplify(valid.logical_and(in_range)))
+            inner_valid = simplify(valid.logical_and(in_range))
+            # masked-off elements are not counted as work (a concatenation pads every piece to the full extent)
+            self.live.setdefault(inner_valid, self.live.get(valid, 1.0) * prod(ss) / prod(x.shape))
+            inner = self.index(src, new, inner_valid)
             return UOp(Ops.WHERE, x.dtype, (in_range, inner, UOp.const(x.dtype, 0)))
         return self.index(src, new, valid)
 
@@ -188,20 +264,27 @@ class Indexer:
         if any(r.arg[1] != "global" for r in leaves) or \
            leaves != set(self.global_order[:len(leaves)]) or \
            (x in self.reduce_seen and self.reduce_seen[x] != (idx, valid)):
+            # it gets a buffer and this kernel is lowered again: don't walk below it now
             self.violations.add(x)
-        self.reduce_seen.setdefault(x, (idx, valid))
+            return UOp.const(x.dtype, 0)
+        self.reduce_seen[x] = (idx, valid)
         new = list(idx)
         rngs = []
+        vol = self.volume(idx + (valid,))   # a reduce's loops nest under the deepest loop its index uses
         for a in axes:
             r = self.new_range(src.shape[a], "reduce")
+            vol *= src.shape[a]
+            self.loop_vol[r] = vol
             rngs.append(r)
             new[a] = r
         inner = self.index(src, tuple(new), valid)
         return UOp(Ops.REDUCE, x.dtype, (inner, *rngs), op)
 
 
-def lower_kernel(root: UOp, realize_points: set[UOp]) -> tuple[KernelBuild, set[UOp]]:
-    """The kernel AST computing `root`, plus the reduces that must be realized first (empty when fusion is fine)."""
-    ix = Indexer(root, realize_points)
+def lower_kernel(root: UOp, realize_points: set[UOp], policy: RecomputePolicy | None = None) \
+        -> tuple[KernelBuild, set[UOp]]:
+    """The kernel AST computing `root`, plus the nodes that must be realized first (empty when fusion is fine): unsafe
+    reduces, and with a `policy`, nodes this kernel alone would recompute too often."""
+    ix = Indexer(root, realize_points, policy)
     kb = ix.build()
     return kb, ix.violations

@@ -1,0 +1,75 @@
+"""When fusing recomputes too much: the cost model that turns an expensive fused subgraph into a realize point.
+
+A node fused into its consumers is recomputed wherever it is used: by several kernels, or many times inside one
+kernel's loops (an LSTM's gate gradients inside the weight-gradient matmuls, a GELU inside a matmul's reduce loop).
+Giving it a buffer trades that recomputation for one more kernel, a store of each element and a load per use. In units
+of ALU ops, a node of `cost` ops per element (its fused subgraph, see `node_cost`) that the schedule evaluates `evals`
+times is realized when
+
+    cost >= EXPENSIVE_OPS  and  cost * (evals - size) > KERNEL_OPS + MEMORY_OPS * (size + evals)
+
+The first condition keeps cheap prologues (a scale, a cast, a masked load) fused however often they run, so a matmul of
+`x * 2` stays one kernel; the second asks that the work saved pays for the extra kernel. Softmax's `exp(x - max)` (about
+8 ops, evaluated twice per element) therefore stays fused at any size.
+
+`evals` comes from index propagation (indexing.py): the linearizer emits a node in the loop of the deepest RANGE its
+index depends on, so its number of evaluations is the trip count of that loop chain.
+"""
+from __future__ import annotations
+
+from fusegrad.ir.ops import GroupOp, Ops, UOp
+
+EXPENSIVE_OPS = 16
+KERNEL_OPS = 1 << 18   # an extra kernel (launch, Python overhead, scheduling) is worth this many ALU ops
+MEMORY_OPS = 4         # storing or loading one element
+OP_COST = {Ops.EXP2: 4, Ops.LOG2: 4, Ops.SIN: 4, Ops.SQRT: 4, Ops.RECIPROCAL: 4, Ops.IDIV: 4, Ops.MOD: 4,
+           Ops.GATHER: 2, Ops.PAD: 1, Ops.CAST: 1, Ops.BITCAST: 1, Ops.REDUCE_AXIS: 1}
+FREE = (Ops.BUFFER, Ops.CONST)
+
+
+def node_cost(n: UOp, rp: set[UOp], limit: int) -> tuple[int, bool, set[UOp]]:
+    """Weighted ALU ops per element of the subgraph fused under `n`, counted up to `limit`; whether the count is
+    complete; and the nodes it looked at. Loads (realize points, buffers), constants and movement ops are free; a fused
+    reduce counts as one op (it runs at its own loop level, its recomputation is judged on its own)."""
+    cost, seen, stack = 0, {n}, [n]
+    while stack and cost < limit:
+        x = stack.pop()
+        if x is not n and x in rp: continue
+        cost += OP_COST.get(x.op, 1 if x.op in GroupOp.ALU else 0)
+        if x.op is Ops.REDUCE_AXIS: continue
+        for s in x.src:
+            if s not in seen and s.op not in FREE:
+                seen.add(s)
+                stack.append(s)
+    return cost, not stack, seen
+
+
+class RecomputePolicy:
+    """Decides whether a fused node evaluated `evals` times is worth a buffer. Counted costs are cached across the
+    scheduler's rounds; a count stays valid until a new realize point lands in the subgraph it looked at."""
+
+    def __init__(self, rp: set[UOp]):
+        self.rp = rp
+        self.added: list[UOp] = []   # realize points added since the start, in order (see `realize`)
+        self.costs: dict[UOp, tuple[int, bool, set[UOp], int]] = {}  # node -> (cost, complete, looked at, len(added))
+
+    def realize(self, new: set[UOp]) -> None:
+        self.rp.update(new)
+        self.added.extend(new)
+
+    def worth_realizing(self, n: UOp, evals: int) -> bool:
+        size = n.size
+        if evals < 2 * size or n.device is None: return False
+        if n.op is Ops.REDUCE_AXIS: return True    # a reduce is never cheap to run twice
+        if n.op in GroupOp.Movement or n.op in FREE: return False
+        extra = evals - size
+        need = max(EXPENSIVE_OPS, (KERNEL_OPS + MEMORY_OPS * (size + evals)) // extra + 1)
+        if (c := self.costs.get(n)) is not None:
+            cost, complete, seen, mark = c
+            if complete and cost < need: return False   # realize points only lower a cost
+            if mark == len(self.added) or not any(r in seen for r in self.added[mark:]):
+                self.costs[n] = (cost, complete, seen, len(self.added))
+                if complete or cost >= need: return cost >= need
+        cost, complete, seen = node_cost(n, self.rp, need)
+        self.costs[n] = (cost, complete, seen, len(self.added))
+        return cost >= need
