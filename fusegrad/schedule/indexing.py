@@ -133,9 +133,16 @@ class Indexer:
     def build(self) -> KernelBuild:
         shape = self.root.shape
         assert shape is not None
+        # index math is 32-bit. Only flat indices can grow past a dimension's size: into buffers, into the output, and
+        # across a reshape. Broadcasts, permutes, pads and reduces index per dimension, so a (512, 32, 400, 32, 25)
+        # product feeding a reduce is fine as long as those three stay below 2**31; refuse rather than overflow.
+        def flat_size(n: UOp) -> int:
+            if n.shape is None: return 0
+            if n.op is Ops.RESHAPE and n.src[0].shape is not None: return max(n.size, n.src[0].size)
+            return n.size if n.op is Ops.BUFFER or n is self.root else 0
         big = [n for n in self.root.toposort(gate=lambda u: u is self.root or u not in self.rp)
-               if n.shape is not None and n.size > INDEX_MAX]
-        if big:  # index math is 32-bit; refuse rather than overflow into a wrong address
+               if flat_size(n) > INDEX_MAX]
+        if big:
             raise RuntimeError(f"tensor of shape {big[0].shape} has more than {INDEX_MAX} elements; "
                                "kernels index with 32-bit integers for now")
         out_idx = tuple(self.new_range(s, "global") if s != 1 else ZERO for s in shape)

@@ -205,3 +205,13 @@ def test_reshape_index_matches_full_flatten(shape, src_shape):
     for vals in itertools.product(*(range(s) for s in shape)):
         env = {r: v for r, v in zip(idx, vals) if r.op is Ops.RANGE}
         assert [_eval_index(g, env) for g in got] == [_eval_index(r, env) for r in ref]
+
+
+def test_index_guard_allows_huge_broadcasts_into_reduces():
+    """A (2^16, 2^16) product that is only reduced never gets a flat index: it runs; materializing it doesn't."""
+    import pytest
+    a = Tensor.ones(1 << 16, 1).contiguous().realize()
+    b = Tensor.ones(1, 1 << 16).contiguous().realize()
+    assert (a * b).sum(axis=1).numpy()[:3].tolist() == [65536.0] * 3
+    with pytest.raises(RuntimeError, match="32-bit"):
+        Tensor.ones(1 << 16, 1).expand(1 << 16, 1 << 16).contiguous().realize()
