@@ -1,5 +1,8 @@
 """fusegrad: a small, hackable deep learning framework. Lazy tensors -> one IR -> fused kernels -> many backends."""
-from fusegrad.tensor import Tensor
+import warnings
+# `python -m fusegrad.device` (the backend listing) runs device.py again as __main__, after this package imported it
+warnings.filterwarnings("ignore", message="'fusegrad.device' found in sys.modules", category=RuntimeWarning)
+from fusegrad.tensor import Tensor  # noqa: E402
 from fusegrad.dtype import dtypes
 from fusegrad.device import Device
 from fusegrad.helpers import Context, GlobalCounters, getenv

@@ -254,3 +254,22 @@ def is_dtype_supported(dtype: DType, device: str | None = None) -> bool:
 
 
 __all__ = ["Device", "Buffer", "Allocator", "Compiler", "Compiled", "CompileError", "dtypes", "is_dtype_supported"]
+
+
+# backends that have no runtime/ops_<name>.py yet, and what each will need
+PLANNED = {"LLVM": "needs libLLVM (e.g. `apt-get install llvm`)",
+           "WEBGPU": "needs a WebGPU runtime (wgpu-native or Dawn)",
+           "CUDA": "needs an NVIDIA GPU with its driver (libcuda.so) and NVRTC",
+           "METAL": "needs macOS with a Metal GPU"}
+
+if __name__ == "__main__":  # python -m fusegrad.device: every backend, and whether it opens here
+    from fusegrad.device import Device as _registry  # the imported module's registry, not this __main__ copy
+    for _name in _registry._devices + [p for p in PLANNED if p not in _registry._devices]:
+        if _name not in _registry._devices: _status, _why = "unavailable", f"not built yet; {PLANNED[_name]}"
+        else:
+            try:
+                _dev = _registry[_name]
+                _status, _why = "available", f"{type(_dev.renderer).__name__} {getattr(_dev, 'name', '')}".strip()
+            except Exception as e:  # the backend's own message says what is missing and how to install it
+                _status, _why = "unavailable", str(e).splitlines()[0]
+        print(f"{_name:7s} {_status:11s} {'default' if _name == _registry.DEFAULT else '':7s}  {_why}")

@@ -9,6 +9,7 @@ from fusegrad.ir.ops import Ops, UOp, print_tree
 from fusegrad.ir.pattern import graph_rewrite
 from fusegrad.ir.symbolic import pm_symbolic
 from fusegrad.codegen.decompose import decompose_dtypes
+from fusegrad.codegen.gpudims import add_gpudims
 from fusegrad.codegen.linearize import linearize
 from fusegrad.codegen.opt import apply_opts
 from fusegrad.renderer import ProgramSpec, Renderer
@@ -62,6 +63,10 @@ def to_program(ast: UOp, renderer: Renderer, opts: list | None = None) -> Progra
     name = kernel_name(sink)
     sink = decompose_dtypes(sink, renderer.native_dtypes())
     if not NOOPT or opts: sink = apply_opts(sink, renderer, opts)
+    # GPU-style targets only (renderer.has_local): the output loops become the grid of work-items
+    global_size: tuple[int, ...] = (1, 1, 1)
+    local_size: tuple[int, ...] = (1, 1, 1)
+    if renderer.has_local: sink, global_size, local_size = add_gpudims(sink, renderer)
     uops, est = linearize(sink)
     # a buffer whose every read simplified away (a pad of an empty tensor) still takes its argument slot: the runtime
     # passes buffers by position
@@ -80,4 +85,5 @@ def to_program(ast: UOp, renderer: Renderer, opts: list | None = None) -> Progra
     src = renderer.render(name, uops)
     if DEBUG >= 4: print(src)
     nbufs = sum(1 for u in uops if u.op is Ops.PARAM)
-    return ProgramSpec(name, src, uops, nbufs, est.ops, est.mem, display_name=name, thread_size=thread_size)
+    return ProgramSpec(name, src, uops, nbufs, est.ops, est.mem, global_size, local_size, display_name=name,
+                       thread_size=thread_size)

@@ -46,7 +46,9 @@ class Linearizer:
         self.block = {n: self.deepest(self.ranges_of[n]) for n in self.topo}
         self.out: list[UOp] = []
         self.val: dict[UOp, UOp] = {}
-        self.mult = 1
+        self.mult = 1  # trip count of the loops around what is emitted; work-item ids (SPECIAL) count as loops
+        for n in self.topo:
+            if n.op is Ops.SPECIAL: self.mult *= int(n.src[0].arg)
         self.est = Estimates()
         self.n_acc = 0
         self.data_dep: set[UOp] = set()

@@ -13,6 +13,7 @@ from typing import Any
 from fusegrad.device import Device, diskcache_get, diskcache_put
 from fusegrad.renderer import ProgramSpec
 from fusegrad.helpers import BEAM, CACHELEVEL, DEBUG, JITBEAM, NOOPT, SPEC, GlobalCounters, colored
+from fusegrad.helpers import CAPTURE_PROCESS_REPLAY  # process replay (fusegrad/replay)
 from fusegrad.ir.ops import UOp
 from fusegrad.schedule import ScheduleItem
 
@@ -41,8 +42,8 @@ def _load_spec(ast: UOp, device: str, amt: int) -> tuple[str, ProgramSpec | None
                          f"{_code_version()}".encode()).hexdigest()
     if (raw := diskcache_get("program", key)) is None: return key, None
     d = json.loads(raw)
-    return key, ProgramSpec(d["name"], d["src"], [], d["nbufs"], d["ops"], d["mem"], display_name=d["display_name"],
-                            thread_size=d["thread_size"])
+    return key, ProgramSpec(d["name"], d["src"], [], d["nbufs"], d["ops"], d["mem"], tuple(d["global_size"]),
+                            tuple(d["local_size"]), display_name=d["display_name"], thread_size=d["thread_size"])
 
 
 def get_runner(ast: UOp, device: str) -> Any:
@@ -54,7 +55,8 @@ def get_runner(ast: UOp, device: str) -> Any:
         dev = Device[device]
         opts = None
         amt = int(BEAM.value) or (int(JITBEAM.value) if capturing else 0)
-        dkey, spec = _load_spec(ast, device, amt)
+        # process replay (fusegrad/replay): when capturing, always run codegen, so the opts used are known
+        dkey, spec = ("", None) if CAPTURE_PROCESS_REPLAY else _load_spec(ast, device, amt)
         if spec is None:
             if amt and not NOOPT:
                 from fusegrad.codegen.search import beam_search
@@ -63,7 +65,11 @@ def get_runner(ast: UOp, device: str) -> Any:
             spec = to_program(ast, dev.renderer, opts)
             if dkey and not spec.vars:
                 diskcache_put("program", dkey, json.dumps({k: getattr(spec, k) for k in (
-                    "name", "src", "nbufs", "ops", "mem", "display_name", "thread_size")}).encode())
+                    "name", "src", "nbufs", "ops", "mem", "global_size", "local_size", "display_name",
+                    "thread_size")}).encode())
+            if CAPTURE_PROCESS_REPLAY:  # process replay: record the AST, renderer, flags and source
+                from fusegrad.replay import capture_kernel
+                capture_kernel(ast, device, dev.renderer, opts, spec)
         lib = dev.compiler.compile_cached(spec.src)
         prg = _programs[key] = dev.runtime(spec, lib)
     return prg

@@ -27,7 +27,9 @@ class Renderer:
     """Base class: a target's name for the device it renders for, and which dtypes it supports."""
     device: str = ""
     has_local: bool = False
-    global_max: tuple[int, ...] | None = None
+    global_max: tuple[int, ...] | None = None  # with has_local: the grid's size limit per dimension
+    local_max: int = 1            # with has_local: the most work-items in one workgroup...
+    local_dim_max: tuple[int, ...] = (1, 1, 1)  # ...and along each dimension
     threads: int = 1              # >1: the runtime can split a kernel's outermost output loop over this many threads
     min_thread_work: int = 1 << 17  # loop iterations below which a kernel runs on one thread
     simd_bytes: int = 0           # width of the target's vector registers; 0: no vector types (no VECTORIZE)

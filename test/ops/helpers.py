@@ -5,13 +5,24 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 import numpy as np
+import pytest
 import torch
 
-from fusegrad import Tensor
+from fusegrad import Device, Tensor
 from fusegrad.dtype import DType, to_dtype
 
-# the two backends under test; PYTHON only gets a small, representative subset with tiny shapes
-DEVICES = ["CPU", "PYTHON"]
+
+def _optional_device(name: str) -> Any:
+    """The device's name if it opens here, else a parameter skipped with the reason (a missing driver, say)."""
+    try:
+        Device[name]
+        return name
+    except Exception as e:
+        return pytest.param(name, marks=pytest.mark.skip(reason=f"{name} unavailable: {str(e).splitlines()[0]}"))
+
+
+# the backends under test; PYTHON and CL only get a small, representative subset with tiny shapes
+DEVICES = ["CPU", "PYTHON", _optional_device("CL")]
 
 
 def fg_dtype_of(t: torch.Tensor | torch.dtype) -> DType:
