@@ -35,6 +35,12 @@ class DType:
     def __ne__(self, other: object) -> bool: return not self.__eq__(other)
     def __hash__(self) -> int: return self._hash
 
+    # pickled by name (`dtypes.float` loads as that very object) or rebuilt through the constructor, never with its
+    # state: the cached `_hash` of a str key differs from process to process
+    def __reduce__(self) -> tuple:
+        if type(self) is DType and getattr(dtypes, self.name, None) == self: return getattr, (dtypes, self.name)
+        return type(self), tuple(getattr(self, f) for f in self.__dataclass_fields__)
+
     def __repr__(self) -> str:
         return f"dtypes.{self.name}" if self.count == 1 else f"dtypes.{self.scalar().name}.vec({self.count})"
 

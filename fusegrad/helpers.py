@@ -90,6 +90,7 @@ DEV = ContextVar("DEV", "")
 SPEC = ContextVar("SPEC", 0)
 CACHELEVEL = ContextVar("CACHELEVEL", 2)
 VIZ = ContextVar("VIZ", 0)
+CAPTURE_PROCESS_REPLAY = ContextVar("CAPTURE_PROCESS_REPLAY", 0)  # record every compiled kernel (fusegrad/replay)
 
 
 class GlobalCounters:

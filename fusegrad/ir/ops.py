@@ -83,6 +83,8 @@ class Ops(enum.Enum):
     MULACC = enum.auto()        # a*b+c
 
     def __repr__(self) -> str: return f"Ops.{self.name}"
+    # pickled by name, not by the auto() number, so a pickle stays valid when ops are added or reordered
+    def __reduce_ex__(self, protocol: Any) -> tuple: return getattr, (self.__class__, self._name_)
 
 
 class GroupOp:
