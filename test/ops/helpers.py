@@ -21,8 +21,8 @@ def _optional_device(name: str) -> Any:
         return pytest.param(name, marks=pytest.mark.skip(reason=f"{name} unavailable: {str(e).splitlines()[0]}"))
 
 
-# the backends under test; PYTHON and CL only get a small, representative subset with tiny shapes
-DEVICES = ["CPU", "PYTHON", _optional_device("CL")]
+# the backends under test; the ones other than CPU only get a small, representative subset with tiny shapes
+DEVICES = ["CPU", "PYTHON"] + [_optional_device(d) for d in ("CL", "LLVM", "WEBGPU")]
 
 
 def fg_dtype_of(t: torch.Tensor | torch.dtype) -> DType:
