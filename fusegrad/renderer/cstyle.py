@@ -50,25 +50,48 @@ class CStyleLanguage(Renderer):
     # the signed integer type as wide as each float type (vector compares give masks of it)
     mask_elem = {dtypes.float32: "int", dtypes.float64: "long long"}
 
-    def vector_typedefs(self, dts: set[DType], max_dts: set[DType] = frozenset()) -> list[str]:
-        """GCC/Clang vector types: T_xN (aligned, for registers) and T_xN_u (any alignment, for memory access), and a
-        vmax_T_xN function for each vector type that takes a MAX (a NaN-propagating select on compare masks)."""
+    def vector_typedefs(self, dts: set[DType], max_dts: set[DType] = frozenset(),
+                        where_dts: set[DType] = frozenset()) -> list[str]:
+        """GCC/Clang vector types: T_xN (aligned, for registers) and T_xN_u (any alignment, for memory access), a
+        vmax_T_xN function for each vector type that takes a MAX (a NaN-propagating select on compare masks), and a
+        vwhere_T_xN function for each vector type a WHERE selects (a bitwise blend on a mask widened from the bools)."""
         out = []
+        masks: set[str] = set()
+
+        def mask_type(dt: DType, nbytes: int) -> str:
+            elem = {1: "signed char", 2: "short", 4: "int", 8: "long long"}[dt.scalar().itemsize if dt.scalar() !=
+                                                                             dtypes.bool else 1]
+            m = f"{elem.replace(' ', '_')}_m{dt.count}"
+            if m not in masks:
+                masks.add(m)
+                out.append(f"typedef {elem} {m} __attribute__((vector_size({nbytes})));")
+            return m
         for dt in sorted(dts, key=lambda d: (d.scalar().name, d.count)):
             nbytes = dt.count * (1 if dt.scalar() == dtypes.bool else dt.scalar().itemsize)
             name, elem = self.render_dtype(dt), self.vector_elem(dt)
             out += [f"typedef {elem} {name} __attribute__((vector_size({nbytes})));",
                     f"typedef {elem} {name}_u __attribute__((vector_size({nbytes}), aligned({dt.scalar().itemsize})));"]
+            if dt in where_dts:
+                # GCC 12 at -O2 -march=native (AVX-512) miscompiles the lane-wise `c[i]?a[i]:b[i]` when the bools are
+                # a broadcast scalar compare (lanes 1.. read as false); a blend on an explicit mask is both correct
+                # and one instruction
+                m = mask_type(dt, nbytes)
+                bools = self.render_dtype(dtypes.bool.vec(dt.count))
+                lanes = ", ".join(f"c[{i}]" for i in range(dt.count))
+                out.append(f"static inline {name} vwhere_{name}({bools} c, {name} a, {name} b) {{ "
+                           f"{m} k = -({m}){{{lanes}}}; return ({name})((({m})a & k) | (({m})b & ~k)); }}")
             if dt not in max_dts: continue
             if dt.scalar() in self.mask_elem:
-                m = f"{self.mask_elem[dt.scalar()].replace(' ', '_')}_m{dt.count}"
-                out += [f"typedef {self.mask_elem[dt.scalar()]} {m} __attribute__((vector_size({nbytes})));",
-                        f"static inline {name} vmax_{name}({name} a, {name} b) {{ {m} k = (a > b) | (a != a); "
-                        f"return ({name})((({m})a & k) | (({m})b & ~k)); }}"]
+                m = mask_type(dt, nbytes)
+                out.append(f"static inline {name} vmax_{name}({name} a, {name} b) {{ {m} k = (a > b) | (a != a); "
+                           f"return ({name})((({m})a & k) | (({m})b & ~k)); }}")
             else:
                 out.append(f"static inline {name} vmax_{name}({name} a, {name} b) {{ {name} k = a > b; "
                            f"return (a & k) | (b & ~k); }}")
         return out
+
+    def has_vector_where(self, dt: DType) -> bool:
+        return dt.count > 1 and dt.scalar().itemsize in (1, 2, 4, 8)
 
     def has_vector_max(self, dt: DType) -> bool:
         return dt.count > 1 and (dt.scalar() in self.mask_elem or (dtypes.is_int(dt) and dt.scalar().itemsize >= 4))
@@ -92,6 +115,7 @@ class CStyleLanguage(Renderer):
 
     def render_alu(self, op: Ops, dt: DType, a: list[str], src_dtype: DType) -> str:
         if op is Ops.MAX and self.has_vector_max(dt): return f"vmax_{self.render_dtype(dt)}({a[0]}, {a[1]})"
+        if op is Ops.WHERE and self.has_vector_where(dt): return f"vwhere_{self.render_dtype(dt)}({', '.join(a)})"
         if dt.count > 1 and (op not in self.vector_ops or dt.scalar() == dtypes.bool):
             return self.render_lanes(dt, [self.render_alu(op, dt.scalar(), [f"{x}[{i}]" for x in a], src_dtype.scalar())
                                           for i in range(dt.count)])
@@ -225,7 +249,8 @@ class CStyleLanguage(Renderer):
                 raise RuntimeError(f"{type(self).__name__} can't render {op}")
         vecs = {u.dtype.base if isinstance(u.dtype, PtrDType) else u.dtype for u in uops}
         typedefs = self.vector_typedefs({d for d in vecs if d.count > 1},
-                                        {u.dtype for u in uops if u.op is Ops.MAX and self.has_vector_max(u.dtype)})
+                                        {u.dtype for u in uops if u.op is Ops.MAX and self.has_vector_max(u.dtype)},
+                                        {u.dtype for u in uops if u.op is Ops.WHERE and self.has_vector_where(u.dtype)})
         return "\n".join(typedefs + [""]) * bool(typedefs) + self.render_kernel(
             name, args, body, any(u.op is Ops.DEFINE_REG and dtypes.is_float(u.dtype.base) for u in uops))
 

@@ -142,3 +142,16 @@ def test_swap_loop_order(monkeypatch, name):
         np.testing.assert_allclose(got, expect, rtol=1e-4, atol=1e-4, err_msg=f"swap {a} {b}")
     with pytest.raises(ValueError, match="two different output ranges"):
         run_forced(monkeypatch, make, [Opt("SWAP", glob[0], glob[0])])
+
+
+def test_vector_where_on_broadcast_scalar_condition():
+    # a per-row condition broadcast across a vectorized axis: GCC 12 (-O2 -march=native, AVX-512) miscompiled the
+    # lane-wise ternary (lanes 1.. read the condition as false); the renderer now blends on an explicit mask
+    m = 12
+    xn = np.random.default_rng(3).standard_normal((m, m)).astype(np.float32)
+    x = Tensor(xn)
+    vn = x.square().sum(-1, keepdim=True)
+    v = (vn > 1e-30).where(x / vn.sqrt(), 0.0)
+    out = ((Tensor.eye(m).expand((m, m)) * v.unsqueeze(-2)).sum(-1, keepdim=True) * v.unsqueeze(-2)).numpy()
+    vv = xn / np.sqrt((xn.astype(np.float64) ** 2).sum(-1, keepdims=True))
+    np.testing.assert_allclose(out, vv[:, :, None] * vv[:, None, :], rtol=1e-5, atol=1e-6)
