@@ -46,6 +46,15 @@ def _custom_grad(value: "Tensor", inputs: list["Tensor"], backward: Callable, na
     return T._wrap(UOp(Ops.DETACH, value.dtype, (value.uop, *[t.uop for t in inputs]), GradFn(bw, name)), *inputs)
 
 
+def _samples_per_group(n: int, sample_bytes: int, out_bytes: int, target: int = 1 << 20) -> int:
+    """The most samples (a divisor of n) whose inputs fit in `target` bytes (about one core's L2), but enough that the
+    per-group partial sums take no more memory than the inputs; n (no grouping) for small batches."""
+    if n < 8: return n
+    divs = [d for d in range(1, n + 1) if n % d == 0]
+    spg = max([d for d in divs if d * sample_bytes <= target], default=1)
+    return min([d for d in divs if d >= spg and (n // d) * out_bytes <= n * sample_bytes], default=n)
+
+
 def _conv_backward(g: "Tensor", x: "Tensor", w: "Tensor", k: tuple[int, ...], st: tuple[int, ...],
                    dl: tuple[int, ...], pads: list[tuple[int, int]], groups: int, unfold: Callable) -> list["Tensor"]:
     """Gradients of a convolution. Input: the stride-dilated gradient, padded by d*(K-1), correlated with the flipped,
@@ -54,6 +63,9 @@ def _conv_backward(g: "Tensor", x: "Tensor", w: "Tensor", k: tuple[int, ...], st
     n, cin = x.shape[:2]
     cout, cg = w.shape[:2]
     o = g.shape[2:]
+    # the incoming gradient is often a fused expression (relu, pooling and norm backward); both gradients below read
+    # each of its elements many times (once per weight tap), so compute it once
+    g = g.contiguous()
     gz = g
     for i, s in enumerate(st):  # insert s-1 zeros between gradient elements along each strided dim
         if s == 1: continue
@@ -70,7 +82,16 @@ def _conv_backward(g: "Tensor", x: "Tensor", w: "Tensor", k: tuple[int, ...], st
     dxp = gz.conv2d(wt.flip(list(range(2, 2 + nd))).cast(gz.dtype), groups=groups, dilation=dl)
     dx = dxp.shrink([(0, n), (0, cin)] + [(pb, pb + x.shape[2 + i]) for i, (pb, _) in enumerate(pads)])
     gr = g.reshape((n, groups, cout // groups) + o + (1,) * (nd + 1))
-    dw = (unfold(x) * gr).sum([0] + [3 + i for i in range(nd)]).reshape(w.shape)
+    prod_ = unfold(x) * gr                                   # (N, G, Cout/G, *O, Cg, *K)
+    # the weight gradient reduces over the batch and every position into a small output, so each output tile would
+    # stream the whole batch from memory; summing groups of samples first (the group is the outer output loop) keeps
+    # one group's inputs in the cache while every tile reads them, then a small second kernel adds the groups
+    spg = _samples_per_group(n, (cin * math.prod(x.shape[2:]) + cout * math.prod(o)) * x.dtype.itemsize,
+                             math.prod(w.shape) * max(x.dtype.itemsize, 4))
+    if spg < n:
+        prod_ = prod_.reshape((n // spg, spg) + prod_.shape[1:])
+        dw = prod_.sum([1] + [4 + i for i in range(nd)]).sum(0).reshape(w.shape)
+    else: dw = prod_.sum([0] + [3 + i for i in range(nd)]).reshape(w.shape)
     return [dx.cast(x.dtype), dw.cast(w.dtype)]
 
 

@@ -25,6 +25,7 @@ from fusegrad.dtype import dtypes
 from fusegrad.helpers import prod
 from fusegrad.ir.ops import GroupOp, Ops, UOp
 from fusegrad.ir.symbolic import simplify
+from fusegrad.ir.shape import all_static, smax, smul, sprod, sym_eq
 from fusegrad.schedule.recompute import RecomputePolicy
 
 TRUE = UOp.const(dtypes.bool, True)
@@ -66,12 +67,10 @@ def unflatten(flat: UOp, shape: tuple[int, ...]) -> Index:
 def _kernel_const(x: UOp) -> UOp: return UOp.const(x.dtype, x.arg)
 
 
-def reshape_index(idx: Index, shape: tuple[int, ...], src_shape: tuple[int, ...]) -> Index:
-    """The source index of a reshape. Axes are matched in groups of equal size (a reshape that splits, merges or adds
-    axes only touches its own group) and each group is flattened and unflattened on its own: much smaller index
-    expressions than flattening the whole index, so much less work for the simplifier."""
-    if 0 in shape or 0 in src_shape: return unflatten(flat_index(idx, shape), src_shape)
-    out: list[UOp] = []
+def reshape_groups(shape: tuple[int, ...], src_shape: tuple[int, ...]) -> list[tuple[int, int, int, int]]:
+    """A reshape's axes matched in groups of equal size: (i0, i1, j0, j1) per group, shape[i0:i1] ~ src_shape[j0:j1]."""
+    if not (all_static(shape) and all_static(src_shape)): return _symbolic_reshape_groups(shape, src_shape)
+    out = []
     i = j = 0
     while i < len(shape) or j < len(src_shape):
         i0, j0, pi, pj = i, j, 1, 1
@@ -80,6 +79,42 @@ def reshape_index(idx: Index, shape: tuple[int, ...], src_shape: tuple[int, ...]
         while pi != pj:   # equal totals: the smaller side always has axes left
             if pi < pj: pi, i = pi * shape[i], i + 1
             else: pj, j = pj * src_shape[j], j + 1
+        out.append((i0, i, j0, j))
+    return out
+
+
+def _symbolic_reshape_groups(shape: tuple, src_shape: tuple) -> list[tuple[int, int, int, int]]:
+    """reshape_groups for shapes with variables: a group closes when its two products are provably equal (the side
+    with the smaller largest value grows first). What can't be matched becomes one last group, flattened whole:
+    always correct, just more index math (a div/mod by a variable)."""
+    out = []
+    i = j = 0
+    while i < len(shape) or j < len(src_shape):
+        i0, j0, pi, pj = i, j, 1, 1
+        if i < len(shape): pi, i = shape[i], i + 1
+        if j < len(src_shape): pj, j = src_shape[j], j + 1
+        while not sym_eq(pi, pj):
+            if i < len(shape) and (j >= len(src_shape) or smax(pi) <= smax(pj)): pi, i = smul(pi, shape[i]), i + 1
+            elif j < len(src_shape): pj, j = smul(pj, src_shape[j]), j + 1
+            else: return out + [(i0, len(shape), j0, len(src_shape))]
+        out.append((i0, i, j0, j))
+    return out
+
+
+def reshape_flat_size(shape: tuple[int, ...], src_shape: tuple[int, ...]) -> int:
+    """The largest flat index a reshape's index math forms (0 when it only renames axes)."""
+    if 0 in shape or 0 in src_shape: return 0
+    return max((smax(sprod(shape[i0:i1])) for i0, i1, j0, j1 in reshape_groups(shape, src_shape)
+                if shape[i0:i1] != src_shape[j0:j1]), default=0)
+
+
+def reshape_index(idx: Index, shape: tuple[int, ...], src_shape: tuple[int, ...]) -> Index:
+    """The source index of a reshape. Axes are matched in groups of equal size (a reshape that splits, merges or adds
+    axes only touches its own group) and each group is flattened and unflattened on its own: much smaller index
+    expressions than flattening the whole index, so much less work for the simplifier."""
+    if 0 in shape or 0 in src_shape: return unflatten(flat_index(idx, shape), src_shape)
+    out: list[UOp] = []
+    for i0, i, j0, j in reshape_groups(shape, src_shape):
         if shape[i0:i] == src_shape[j0:j]: out.extend(idx[i0:i])
         else: out.extend(unflatten(flat_index(idx[i0:i], shape[i0:i]), src_shape[j0:j]))
     return tuple(out)
@@ -126,7 +161,7 @@ class Indexer:
         if node is self.alias: return self.out_param
         if node not in self.params:
             slot = len(self.params) + 1
-            self.params[node] = UOp(Ops.PARAM, node.dtype.ptr(node.size), (), slot)
+            self.params[node] = UOp(Ops.PARAM, node.dtype.ptr(smax(node.size)), (), slot)  # symbolic: the largest
             self.inputs.append(node)
         return self.params[node]
 
@@ -134,12 +169,13 @@ class Indexer:
         shape = self.root.shape
         assert shape is not None
         # index math is 32-bit. Only flat indices can grow past a dimension's size: into buffers, into the output, and
-        # across a reshape. Broadcasts, permutes, pads and reduces index per dimension, so a (512, 32, 400, 32, 25)
-        # product feeding a reduce is fine as long as those three stay below 2**31; refuse rather than overflow.
+        # across a reshape (within the group of axes it splits or merges). Broadcasts, permutes, pads and reduces index
+        # per dimension, so a (512, 32, 400, 32, 25) product feeding a reduce is fine as long as those three stay below
+        # 2**31; refuse rather than overflow.
         def flat_size(n: UOp) -> int:
             if n.shape is None: return 0
-            if n.op is Ops.RESHAPE and n.src[0].shape is not None: return max(n.size, n.src[0].size)
-            return n.size if n.op is Ops.BUFFER or n is self.root else 0
+            if n.op is Ops.RESHAPE and n.src[0].shape is not None: return reshape_flat_size(n.shape, n.src[0].shape)
+            return smax(n.size) if n.op is Ops.BUFFER or n is self.root else 0
         big = [n for n in self.root.toposort(gate=lambda u: u is self.root or u not in self.rp)
                if flat_size(n) > INDEX_MAX]
         if big:
@@ -149,11 +185,11 @@ class Indexer:
         self.global_order = [i for i in out_idx if i.op is Ops.RANGE]
         vol = 1
         for r in self.global_order:
-            vol *= r.src[0].arg
+            vol *= smax(r.src[0].arg if r.src[0].op is Ops.CONST else r.src[0])
             self.loop_vol[r] = vol
         value_node = self.root.src[0] if self.root.op is Ops.CONTIGUOUS else \
             self.root.src[1] if self.root.op is Ops.ASSIGN else self.root
-        out = self.out_param = UOp(Ops.PARAM, self.root.dtype.ptr(prod(shape)), (), 0)
+        out = self.out_param = UOp(Ops.PARAM, self.root.dtype.ptr(smax(sprod(shape))), (), 0)
         val = self.index(value_node, out_idx, TRUE)
         out_flat = flat_index(out_idx, shape)
         # in place is safe only if every element reads its own old value: otherwise compute the value first
@@ -246,7 +282,7 @@ class Indexer:
             if in_range is TRUE: return self.index(src, new, valid)
             inner_valid = simplify(valid.logical_and(in_range))
             # masked-off elements are not counted as work (a concatenation pads every piece to the full extent)
-            self.live.setdefault(inner_valid, self.live.get(valid, 1.0) * prod(ss) / prod(x.shape))
+            self.live.setdefault(inner_valid, self.live.get(valid, 1.0) * smax(sprod(ss)) / max(smax(sprod(x.shape)), 1))
             inner = self.index(src, new, inner_valid)
             return UOp(Ops.WHERE, x.dtype, (in_range, inner, UOp.const(x.dtype, 0)))
         return self.index(src, new, valid)
@@ -280,7 +316,7 @@ class Indexer:
         vol = self.volume(idx + (valid,))   # a reduce's loops nest under the deepest loop its index uses
         for a in axes:
             r = self.new_range(src.shape[a], "reduce")
-            vol *= src.shape[a]
+            vol *= smax(src.shape[a])
             self.loop_vol[r] = vol
             rngs.append(r)
             new[a] = r

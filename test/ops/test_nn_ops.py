@@ -59,6 +59,15 @@ def test_conv2d(xs, ws, kw, bias):
              lambda x, w, *b: x.conv2d(w, b[0] if b else None, **kw), atol=1e-5, grad_atol=1e-4)
 
 
+@pytest.mark.parametrize("kw", [{}, {"groups": 2, "stride": 2, "padding": 1}])
+def test_conv2d_weight_grad_grouped_batches(kw):
+    # a batch large enough that the weight gradient sums groups of samples first (mixin/nn.py _samples_per_group)
+    from fusegrad.mixin.nn import _samples_per_group
+    assert _samples_per_group(16, 8 * 64 * 64 * 4, 8 * 8 * 9 * 4) < 16
+    check_op([(16, 8, 64, 64), (8, 8 // kw.get("groups", 1), 3, 3)], lambda x, w: F.conv2d(x, w, **kw),
+             lambda x, w: x.conv2d(w, **kw), atol=1e-4, grad_atol=1e-3)
+
+
 def test_conv2d_python():
     check_op([(1, 2, 4, 4), (2, 2, 2, 2), (2,)], lambda x, w, b: F.conv2d(x, w, b, stride=2, padding=1),
              lambda x, w, b: x.conv2d(w, b, stride=2, padding=1), device="PYTHON", atol=1e-5)
