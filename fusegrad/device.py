@@ -257,10 +257,7 @@ __all__ = ["Device", "Buffer", "Allocator", "Compiler", "Compiled", "CompileErro
 
 
 # backends that have no runtime/ops_<name>.py yet, and what each will need
-PLANNED = {"LLVM": "needs libLLVM (e.g. `apt-get install llvm`)",
-           "WEBGPU": "needs a WebGPU runtime (wgpu-native or Dawn)",
-           "CUDA": "needs an NVIDIA GPU with its driver (libcuda.so) and NVRTC",
-           "METAL": "needs macOS with a Metal GPU"}
+PLANNED: dict[str, str] = {}
 
 if __name__ == "__main__":  # python -m fusegrad.device: every backend, and whether it opens here
     from fusegrad.device import Device as _registry  # the imported module's registry, not this __main__ copy

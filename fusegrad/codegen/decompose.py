@@ -34,6 +34,10 @@ def _retype_param(p: UOp) -> UOp | None:
 
 def _emulate(x: UOp) -> UOp | None:
     """Every bf16-typed value becomes float32; ALU results and casts into bf16 are rounded."""
+    if x.op is Ops.BITCAST and x.dtype.itemsize == 2 and x.src[0].dtype == F32:
+        # out of bf16 (its source already emulated: a float32 holding a bf16 value exactly) -> its top 16 bits
+        bits = x.src[0].bitcast(U32).alu(Ops.SHR, 16).cast(U16)
+        return bits if x.dtype == U16 else bits.bitcast(x.dtype)
     if x.dtype != BF16: return None
     if x.op is Ops.CONST: return UOp.const(F32, dtypes.as_const(x.arg, BF16))
     if x.op is Ops.LOAD:

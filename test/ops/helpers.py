@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from fusegrad import Device, Tensor
+from fusegrad.device import is_dtype_supported
 from fusegrad.dtype import DType, to_dtype
 
 
@@ -22,7 +23,7 @@ def _optional_device(name: str) -> Any:
 
 
 # the backends under test; the ones other than CPU only get a small, representative subset with tiny shapes
-DEVICES = ["CPU", "PYTHON"] + [_optional_device(d) for d in ("CL", "LLVM", "WEBGPU")]
+DEVICES = ["CPU", "PYTHON"] + [_optional_device(d) for d in ("CL", "LLVM", "WEBGPU", "CUDA", "METAL")]
 
 
 def fg_dtype_of(t: torch.Tensor | torch.dtype) -> DType:
@@ -81,6 +82,8 @@ def check_op(shapes: Sequence[tuple[int, ...]], torch_fn: Callable[..., torch.Te
     ft = [fg_tensor(a, device, wants_grad(a) or None) for a in arrays]
 
     t_out = torch_fn(*tt)
+    for dt in [fg_dtype_of(t) for t in tt] + [fg_dtype_of(t_out) if out_dtype is None else to_dtype(out_dtype)]:
+        if not is_dtype_supported(dt, device): pytest.skip(f"{dt} is not supported on {device}")
     f_out = fg_fn(*ft)
     assert isinstance(f_out, Tensor), f"fusegrad returned {type(f_out).__name__}, not a Tensor"
     assert f_out.device == device, f"output on {f_out.device}, expected {device}"
