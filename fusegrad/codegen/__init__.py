@@ -10,7 +10,8 @@ from fusegrad.ir.pattern import graph_rewrite
 from fusegrad.ir.symbolic import pm_symbolic
 from fusegrad.codegen.decompose import decompose_dtypes
 from fusegrad.codegen.gpudims import add_gpudims
-from fusegrad.codegen.linearize import linearize
+from fusegrad.codegen.safediv import guard_int_division
+from fusegrad.codegen.linearize import linearize, trip_count
 from fusegrad.codegen.opt import apply_opts
 from fusegrad.renderer import ProgramSpec, Renderer
 
@@ -18,10 +19,18 @@ from fusegrad.renderer import ProgramSpec, Renderer
 def kernel_name(ast: UOp) -> str:
     """E_<output sizes> for elementwise kernels, r_<output sizes>_<reduce sizes> for kernels with a reduce."""
     rngs = sorted({n for n in ast.toposort() if n.op is Ops.RANGE}, key=lambda r: r.arg[0])
-    glob = [str(r.src[0].arg) for r in rngs if r.arg[1] != "reduce"]
-    red = [str(r.src[0].arg) for r in rngs if r.arg[1] == "reduce"]
+    glob = [_size_name(r.src[0]) for r in rngs if r.arg[1] != "reduce"]
+    red = [_size_name(r.src[0]) for r in rngs if r.arg[1] == "reduce"]
     prefix = "r" if any(n.op is Ops.REDUCE for n in ast.toposort()) else "E"
     return "_".join([prefix] + (glob or ["1"]) + red)
+
+
+def _size_name(size: UOp) -> str:
+    """A loop size in a kernel name: the number, or the variable names of a symbolic size (`n`, `nx4`)."""
+    if size.op is Ops.CONST: return str(size.arg)
+    if size.op is Ops.DEFINE_VAR: return size.arg[0]
+    if size.op is Ops.MUL and size.src[1].op is Ops.CONST: return f"{_size_name(size.src[0])}x{size.src[1].arg}"
+    return "".join(n.arg[0] for n in size.toposort() if n.op is Ops.DEFINE_VAR)
 
 
 def format_linear(uops: list[UOp]) -> str:
@@ -38,10 +47,11 @@ def mark_thread_loop(uops: list[UOp], renderer: Renderer) -> int:
     first = next((i for i, u in enumerate(uops) if u.op is Ops.RANGE), None)
     if first is None or uops[first].arg[1] == "reduce": return 0
     if any(u.op in (Ops.DEFINE_REG, Ops.STORE) for u in uops[:first]): return 0  # work before the loop
+    if uops[first].src[0].op is not Ops.CONST: return 0  # a symbolic loop: its chunks aren't known at compile time
     size = int(uops[first].src[0].arg)
     work = 1
     for u in uops[first:]:  # trip count of the deepest loop nest, a cheap proxy for the work
-        if u.op is Ops.RANGE: work *= max(int(u.src[0].arg), 1)
+        if u.op is Ops.RANGE: work *= max(trip_count(u), 1)
     if size < 2 or work < renderer.min_thread_work: return 0
     old = uops[first]
     new = UOp(Ops.RANGE, old.dtype, old.src, (old.arg[0], "thread"))
@@ -62,6 +72,7 @@ def to_program(ast: UOp, renderer: Renderer, opts: list | None = None) -> Progra
     sink = graph_rewrite(ast, pm_symbolic, name="kernel symbolic")
     name = kernel_name(sink)
     sink = decompose_dtypes(sink, renderer.native_dtypes())
+    sink = guard_int_division(sink)  # x // 0 must not kill the process (codegen/safediv.py)
     if not NOOPT or opts: sink = apply_opts(sink, renderer, opts)
     # GPU-style targets only (renderer.has_local): the output loops become the grid of work-items
     global_size: tuple[int, ...] = (1, 1, 1)
@@ -75,6 +86,12 @@ def to_program(ast: UOp, renderer: Renderer, opts: list | None = None) -> Progra
     if lost:
         params = sorted(lost + [u for u in uops if u.op is Ops.PARAM], key=lambda p: p.arg)
         uops = params + [u for u in uops if u.op is not Ops.PARAM]
+    # variables (symbolic sizes) are int arguments after the buffers, in name order: runtimes pass spec.vars' values
+    variables = sorted((u for u in uops if u.op is Ops.DEFINE_VAR), key=lambda u: u.arg[0])
+    if variables:
+        n_params = sum(1 for u in uops if u.op is Ops.PARAM)
+        rest = [u for u in uops if u.op is not Ops.DEFINE_VAR]
+        uops = rest[:n_params] + variables + rest[n_params:]
     thread_size = mark_thread_loop(uops, renderer)
     if SPEC:
         from fusegrad.ir.spec import verify_linear
@@ -82,8 +99,9 @@ def to_program(ast: UOp, renderer: Renderer, opts: list | None = None) -> Progra
     if DEBUG >= 5:
         print(colored(f"linear program of {name}:", "cyan"))
         print(format_linear(uops))
-    src = renderer.render(name, uops)
+    # a target that compiles the workgroup size into the kernel (WGSL's @workgroup_size) renders it from the launch shape
+    src = renderer.render(name, uops, local_size) if renderer.local_size_in_source else renderer.render(name, uops)
     if DEBUG >= 4: print(src)
     nbufs = sum(1 for u in uops if u.op is Ops.PARAM)
-    return ProgramSpec(name, src, uops, nbufs, est.ops, est.mem, global_size, local_size, display_name=name,
-                       thread_size=thread_size)
+    return ProgramSpec(name, src, uops, nbufs, est.ops, est.mem, global_size, local_size, vars=variables,
+                       display_name=name, thread_size=thread_size)

@@ -5,6 +5,8 @@ SWAP(r, s): output ranges r and s trade places in the loop nest (loop order for 
 VECTORIZE(r, w): w consecutive iterations of r become the lanes of SIMD vectors (see vectorize.py).
 UNROLL(r, k): split reduce range r of size n into an outer range of n/k and k unrolled copies of the body, combined
 with the reduce op, so each loop iteration does k accumulations.
+GROUP(r, k): GPU-style targets only: k work-items of a workgroup share reduce range r, combining their partial results
+through shared memory (see group.py).
 """
 from __future__ import annotations
 
@@ -20,7 +22,8 @@ from fusegrad.codegen.vectorize import vectorize_range
 
 @dataclass(frozen=True)
 class Opt:
-    op: str          # "UPCAST" (output range), "UNROLL" (reduce range), "VECTORIZE" (any range: SIMD lanes), "SWAP"
+    op: str          # "UPCAST" (output range), "UNROLL" (reduce range), "VECTORIZE" (any range: SIMD lanes), "SWAP",
+                     # "GROUP" (reduce range, GPU-style targets)
     axis: int        # which range, by its id
     amount: int
 
@@ -66,6 +69,7 @@ def _range(ast: UOp, axis: int) -> UOp:
 def apply_opt(ast: UOp, opt: Opt) -> UOp:
     """One action on the kernel. UPCAST needs an output range, UNROLL a reduce range; the amount must divide it."""
     rng = _range(ast, opt.axis)
+    if rng.src[0].op is not Ops.CONST: raise ValueError(f"{opt}: range {opt.axis} has a symbolic size")
     size = int(rng.src[0].arg)
     if opt.op != "SWAP" and (opt.amount < 1 or size % opt.amount):
         raise ValueError(f"{opt}: amount must divide the range size {size}")
@@ -81,6 +85,10 @@ def apply_opt(ast: UOp, opt: Opt) -> UOp:
     if opt.op == "VECTORIZE":
         if opt.amount & (opt.amount - 1) or opt.amount < 2: raise ValueError(f"{opt}: the width must be a power of two")
         return vectorize_range(ast, rng, opt.amount)
+    if opt.op == "GROUP":  # GPU-style targets: the workgroup's lanes share the reduce (codegen/group.py)
+        if rng.arg[1] != "reduce": raise ValueError(f"{opt}: GROUP needs a reduce range, {opt.axis} is an output")
+        from fusegrad.codegen.group import group_reduce
+        return group_reduce(ast, rng, opt.amount)
     if opt.op == "UNROLL":
         if rng.arg[1] != "reduce": raise ValueError(f"{opt}: UNROLL needs a reduce range, {opt.axis} is an output")
         next_id = max(n.arg[0] for n in ast.toposort() if n.op is Ops.RANGE) + 1
@@ -122,7 +130,11 @@ def hand_coded_opts(ast: UOp, renderer: Renderer | None = None) -> list[Opt]:
     opts: list[Opt] = []
     nodes = list(ast.toposort())
     if not any(n.op is Ops.REDUCE for n in nodes): return opts
-    sizes = {n: int(n.src[0].arg) for n in nodes if n.op is Ops.RANGE}
+    if renderer is not None and renderer.has_local:
+        from fusegrad.codegen.group import group_opt
+        if (g := group_opt(ast, renderer)) is not None: return [Opt("GROUP", *g)]
+    # ranges of symbolic size (variables) are left alone: amounts must divide the size for every value
+    sizes = {n: int(n.src[0].arg) for n in nodes if n.op is Ops.RANGE and n.src[0].op is Ops.CONST}
     accesses = [n.src[0] for n in nodes if n.op in (Ops.LOAD, Ops.STORE) and n.src[0].src[0].op is Ops.PARAM]
     vec_rng, width = None, 1
     simd = renderer.simd_bytes if renderer is not None else 0
@@ -160,7 +172,7 @@ def hand_coded_opts(ast: UOp, renderer: Renderer | None = None) -> list[Opt]:
             sizes[r] //= k
     for key in dict.fromkeys(n.src[1:] for n in nodes if n.op is Ops.REDUCE):
         r = key[-1]
-        if r is vec_rng or sizes[r] <= 1: continue
+        if r is vec_rng or r not in sizes or sizes[r] <= 1: continue
         amount = sizes[r] if sizes[r] <= 8 else 4 if sizes[r] % 4 == 0 and vec_rng is None and budget > 4 else 1
         if amount > 1 and not any(o.op == "UNROLL" and o.axis == r.arg[0] for o in opts):
             opts.append(Opt("UNROLL", r.arg[0], amount))

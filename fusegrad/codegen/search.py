@@ -67,11 +67,18 @@ def actions(ast: UOp, renderer: Any) -> list[Opt]:
     out = []
     item = max((n.dtype.scalar().itemsize for n in ast.toposort() if n.op is Ops.LOAD), default=4)
     vec_ok = renderer.simd_bytes and not any(n.dtype.count > 1 for n in ast.toposort())  # one VECTORIZE per kernel
-    rngs = sorted({n for n in ast.toposort() if n.op is Ops.RANGE}, key=lambda r: r.arg[0])
-    glob = [r for r in rngs if r.arg[1] != "reduce"]
+    # ranges of symbolic size (variables) get no actions: an amount must divide the size for every value
+    rngs = sorted({n for n in ast.toposort() if n.op is Ops.RANGE and n.src[0].op is Ops.CONST}, key=lambda r: r.arg[0])
+    glob = [r for r in rngs if r.arg[1] == "global"]
     out += [Opt("SWAP", a.arg[0], b.arg[0]) for a, b in zip(glob, glob[1:])]  # loop order
+    # GPU-style targets with shared memory: a workgroup shares a reduce (one GROUP per kernel, on a reduce's last range)
+    if getattr(renderer, "has_shared", False) and not any(r.arg[1] == "local" for r in rngs):
+        lasts = {n.src[-1] for n in ast.toposort() if n.op is Ops.REDUCE}
+        out += [Opt("GROUP", r.arg[0], k) for r in rngs if r in lasts for k in (16, 32, 64, 128, 256)
+                if int(r.src[0].arg) % k == 0 and k <= renderer.local_max]
     for r in rngs:
         size = int(r.src[0].arg)
+        if r.arg[1] == "local": continue  # a GROUP's lanes
         if r.arg[1] != "reduce":
             out += [Opt("UPCAST", r.arg[0], k) for k in (2, 3, 4, 5, 8) if size % k == 0 and k < size or k == size <= 8]
         else:
@@ -110,10 +117,11 @@ class _Timer:
     def time(self, prg: Any, best: float, runs: int = 3) -> float:
         """The fastest of `runs` launches; a candidate clearly slower than `best` isn't run again."""
         args = [b.opaque for b in self.bufs]
-        t = prg(*args, wait=True)
+        vals = tuple(int(v.arg[2]) for v in prg.spec.vars)   # variables at their largest value (buffers are that big)
+        t = prg(*args, vals=vals, wait=True)
         for _ in range(runs - 1):
             if t > 1.5 * best: break
-            t = min(t, prg(*args, wait=True))
+            t = min(t, prg(*args, vals=vals, wait=True))
         return t
 
 

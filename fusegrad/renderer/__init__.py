@@ -30,6 +30,9 @@ class Renderer:
     global_max: tuple[int, ...] | None = None  # with has_local: the grid's size limit per dimension
     local_max: int = 1            # with has_local: the most work-items in one workgroup...
     local_dim_max: tuple[int, ...] = (1, 1, 1)  # ...and along each dimension
+    has_shared: bool = False      # with has_local: workgroup shared memory and barriers (DEFINE_LOCAL, BARRIER: GROUP)
+    group_max_outputs: int = 1024  # with has_shared: GROUP a long reduce when the kernel has at most this many outputs
+    local_size_in_source: bool = False  # with has_local: the workgroup size is compiled in, render(name, uops, local_size)
     threads: int = 1              # >1: the runtime can split a kernel's outermost output loop over this many threads
     min_thread_work: int = 1 << 17  # loop iterations below which a kernel runs on one thread
     simd_bytes: int = 0           # width of the target's vector registers; 0: no vector types (no VECTORIZE)

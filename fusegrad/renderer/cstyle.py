@@ -153,6 +153,9 @@ class CStyleLanguage(Renderer):
     def render_special(self, u: UOp) -> str:
         raise RuntimeError(f"{type(self).__name__} has no work-item ids (SPECIAL {u.arg})")
 
+    smem_prefix = ""  # GPU-style targets with has_shared: the declaration of workgroup memory, and its barrier
+    barrier = ""
+
     # float reduce kernels may fuse acc + a*b into one fused multiply-add (as BLAS does); elementwise math never is
     reduce_prefix = ""
 
@@ -210,6 +213,11 @@ class CStyleLanguage(Renderer):
             elif op is Ops.DEFINE_REG:
                 r[u] = new_name("acc")
                 line(f"{self.render_dtype(dt.base)} {r[u]}[{dt.size}];")
+            elif op is Ops.DEFINE_LOCAL:  # workgroup shared memory (GROUP reduces)
+                r[u] = new_name("smem")
+                line(f"{self.smem_prefix}{self.buffer_type(dt.base)} {r[u]}[{dt.size}];")
+            elif op is Ops.BARRIER:
+                line(self.barrier)
             elif op is Ops.RANGE:
                 r[u] = f"{'r' if u.arg[1] == 'reduce' else 'g'}idx{u.arg[0]}"
                 if u.arg[1] == "thread":  # split across threads: each call runs [core_start, core_end)

@@ -13,6 +13,9 @@ class OpenCLRenderer(CStyleLanguage):
     but no fp16, so float16 is reported unsupported there); bfloat16 is emulated by codegen/decompose.py."""
     device = "CL"
     has_local = True
+    has_shared = True
+    smem_prefix = "__local "
+    barrier = "barrier(CLK_LOCAL_MEM_FENCE);"
     global_max = (2**31 - 1,) * 3   # work-item ids are rendered as int
     local_max = 256                 # the device's limits (CL_DEVICE_MAX_WORK_GROUP_SIZE, ...), set by the runtime
     local_dim_max = (256, 256, 64)  # CL_DEVICE_MAX_WORK_ITEM_SIZES

@@ -23,6 +23,7 @@ INSTALL_HINT = "install an OpenCL driver and the ICD loader, e.g. `apt-get insta
 CL_DEVICE_TYPE_ALL = 0xFFFFFFFF
 CL_PLATFORM_NAME, CL_PLATFORM_VERSION = 0x0902, 0x0901
 CL_DEVICE_MAX_WORK_ITEM_SIZES = 0x1005
+CL_DEVICE_TYPE, CL_DEVICE_TYPE_CPU = 0x1000, 1 << 1
 CL_DEVICE_MAX_WORK_GROUP_SIZE, CL_DEVICE_NAME, CL_DRIVER_VERSION, CL_DEVICE_EXTENSIONS = 0x1004, 0x102B, 0x102D, 0x1030
 CL_QUEUE_PROFILING_ENABLE = 1 << 1
 CL_MEM_READ_WRITE = 1 << 0
@@ -253,6 +254,11 @@ class CLDevice(Compiled):
         renderer = OpenCLRenderer(fp16="cl_khr_fp16" in extensions, fp64="cl_khr_fp64" in extensions)
         # workgroups of at most 256: a common GPU sweet spot, and it leaves a CPU device many workgroups to share out
         renderer.local_max, renderer.local_dim_max = min(max_wg.value, 256), max_items
+        # a CPU device runs a workgroup's work-items in turn on one core: sharing a reduce among them (GROUP) only
+        # adds strided reads and a barrier there, so the heuristic leaves GROUP to GPUs (explicit opts still work)
+        dev_type = ctypes.c_uint64.from_buffer_copy(_info(cl.clGetDeviceInfo, self.device_id, param=CL_DEVICE_TYPE))
+        self.is_cpu = bool(dev_type.value & CL_DEVICE_TYPE_CPU)
+        if self.is_cpu: renderer.group_max_outputs = 0
         super().__init__(device, CLAllocator(self), renderer, CLCompiler(self), functools.partial(CLProgram, self))
 
     def synchronize(self) -> None:

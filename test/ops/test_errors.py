@@ -257,3 +257,19 @@ def test_unsupported_operand():
 def test_len_of_0d():
     t, f = pair(())
     raises_like_torch(lambda: len(t), lambda: len(f))
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int32", "int64", "uint8", "uint32"])
+@pytest.mark.parametrize("device", ["CPU", "PYTHON"])
+def test_integer_division_by_zero_is_zero_not_a_crash(dtype, device):
+    # C/LLVM integer division by 0 (or of INT_MIN by -1) raises SIGFPE/SIGILL and would kill the process;
+    # codegen/safediv.py makes x // 0 and x % 0 zero on every backend (as NumPy does; torch raises)
+    lo = int(np.iinfo(np.dtype(dtype)).min)
+    a = np.array([7, 5, -3, lo, lo + 1, 9] if lo < 0 else [7, 5, 3, 0, 1, 9], dtype=np.dtype(dtype))
+    b = np.array([0, -1, 2, -1, 0, 4] if lo < 0 else [0, 1, 2, 0, 3, 4], dtype=np.dtype(dtype))
+    ta, tb = Tensor(a, device=device), Tensor(b, device=device)
+    with np.errstate(all="ignore"):
+        np.testing.assert_array_equal((ta // tb).numpy(), a // b)
+        np.testing.assert_array_equal((ta % tb).numpy(), a % b)
+        np.testing.assert_array_equal(ta.fmod(tb).numpy(), np.fmod(a, b))
+    assert ((ta // 0).numpy() == 0).all() and ((ta % 0).numpy() == 0).all()
