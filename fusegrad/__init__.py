@@ -12,3 +12,8 @@ from fusegrad.engine.jit import TinyJit
 Variable = UOp.variable
 
 __all__ = ["Tensor", "dtypes", "Device", "Context", "GlobalCounters", "getenv", "UOp", "Variable", "TinyJit"]
+
+from fusegrad.helpers import PROFILE as _PROFILE, VIZ as _VIZ  # noqa: E402
+if _VIZ or _PROFILE:  # VIZ=1 / PROFILE=1 in the environment: record from now on, show or save at exit (fusegrad/viz)
+    from fusegrad.viz import start_from_env as _start_viz
+    _start_viz()

@@ -90,6 +90,7 @@ DEV = ContextVar("DEV", "")
 SPEC = ContextVar("SPEC", 0)
 CACHELEVEL = ContextVar("CACHELEVEL", 2)
 VIZ = ContextVar("VIZ", 0)
+PROFILE = ContextVar("PROFILE", 0)  # write the timeline as Chrome trace-event JSON (fusegrad/viz)
 CAPTURE_PROCESS_REPLAY = ContextVar("CAPTURE_PROCESS_REPLAY", 0)  # record every compiled kernel (fusegrad/replay)
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from fusegrad.device import Device, diskcache_get, diskcache_put
 from fusegrad.renderer import ProgramSpec
-from fusegrad.helpers import BEAM, CACHELEVEL, DEBUG, JITBEAM, NOOPT, SPEC, GlobalCounters, colored
+from fusegrad.helpers import BEAM, CACHELEVEL, DEBUG, JITBEAM, NOOPT, PROFILE, SPEC, VIZ, GlobalCounters, colored
 from fusegrad.helpers import CAPTURE_PROCESS_REPLAY  # process replay (fusegrad/replay)
 from fusegrad.ir.ops import UOp
 from fusegrad.schedule import ScheduleItem
@@ -56,13 +56,18 @@ def get_runner(ast: UOp, device: str) -> Any:
         opts = None
         amt = int(BEAM.value) or (int(JITBEAM.value) if capturing else 0)
         # process replay (fusegrad/replay): when capturing, always run codegen, so the opts used are known
-        dkey, spec = ("", None) if CAPTURE_PROCESS_REPLAY else _load_spec(ast, device, amt)
+        # VIZ (fusegrad/viz) also runs codegen, so the kernel's passes and linear program are recorded
+        dkey, spec = ("", None) if CAPTURE_PROCESS_REPLAY or VIZ else _load_spec(ast, device, amt)
+        traced = VIZ.value or PROFILE.value
         if spec is None:
             if amt and not NOOPT:
                 from fusegrad.codegen.search import beam_search
                 from fusegrad.codegen import kernel_name
                 opts = beam_search(ast, device, amt, kernel_name(ast))
-            spec = to_program(ast, dev.renderer, opts)
+            if traced:
+                from fusegrad.viz.recorder import traced_to_program
+                spec = traced_to_program(ast, device, dev.renderer, opts)
+            else: spec = to_program(ast, dev.renderer, opts)
             if dkey and not spec.vars:
                 diskcache_put("program", dkey, json.dumps({k: getattr(spec, k) for k in (
                     "name", "src", "nbufs", "ops", "mem", "global_size", "local_size", "display_name",
@@ -70,9 +75,19 @@ def get_runner(ast: UOp, device: str) -> Any:
             if CAPTURE_PROCESS_REPLAY:  # process replay: record the AST, renderer, flags and source
                 from fusegrad.replay import capture_kernel
                 capture_kernel(ast, device, dev.renderer, opts, spec)
-        lib = dev.compiler.compile_cached(spec.src)
+        if traced:
+            from fusegrad.viz.recorder import traced_compile
+            lib = traced_compile(dev.compiler.compile_cached, spec.src, spec.name, device, ast)
+        else: lib = dev.compiler.compile_cached(spec.src)
         prg = _programs[key] = dev.runtime(spec, lib)
     return prg
+
+
+def var_values(spec: ProgramSpec, var_vals: dict[UOp, int]) -> tuple[int, ...]:
+    """The int arguments of a kernel with symbolic sizes: the values of its variables, in spec.vars order."""
+    if not spec.vars: return ()
+    try: return tuple(var_vals[v] for v in spec.vars)
+    except KeyError as e: raise ValueError(f"kernel {spec.name} needs a value for variable {e.args[0].arg[0]!r}") from None
 
 
 def run_schedule(items: list[ScheduleItem]) -> None:
@@ -80,6 +95,7 @@ def run_schedule(items: list[ScheduleItem]) -> None:
     if capturing: capturing[-1].extend(items)
     st = time.perf_counter()
     kernels = 0
+    traced = VIZ.value or PROFILE.value  # fusegrad/viz: put each launch and copy on the timeline
     # compile every new kernel first, several at a time: the C compiler runs in parallel with the next codegen
     new = list(dict.fromkeys((si.ast, si.bufs[0].device) for si in items if not si.is_copy
                              and (si.ast, si.bufs[0].device) not in _programs))
@@ -98,9 +114,12 @@ def run_schedule(items: list[ScheduleItem]) -> None:
             name, ops, mem = f"copy {src.nbytes:8d} bytes {src.device} -> {dst.device}", 0, src.nbytes
         else:
             prg = get_runner(si.ast, dev)
-            et = prg(*[b.opaque for b in si.bufs], wait=True) or 0.0
+            et = prg(*[b.opaque for b in si.bufs], vals=var_values(prg.spec, si.var_vals), wait=True) or 0.0
             name, ops, mem = prg.spec.display_name, prg.spec.ops, prg.spec.mem
             kernels += 1
+        if traced:
+            from fusegrad.viz.recorder import record_item
+            record_item(si, et, name, ops, mem)
         GlobalCounters.kernel_count += 0 if si.is_copy else 1
         GlobalCounters.global_ops += ops
         GlobalCounters.global_mem += mem
