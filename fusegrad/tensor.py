@@ -13,9 +13,10 @@ from fusegrad import autograd
 from fusegrad.device import Buffer, Device
 from fusegrad.dtype import ConstType, DType, DTypeLike, dtypes, least_upper_dtype, least_upper_float, \
     strong_dtype, sum_acc_dtype, to_dtype
-from fusegrad.helpers import TRAINING, all_int, argfix, dedup, make_tuple, prod
+from fusegrad.helpers import PROFILE, TRAINING, VIZ, argfix, dedup, make_tuple, prod
 from fusegrad.ir import build
-from fusegrad.ir.ops import Ops, UOp
+from fusegrad.ir.ops import Ops, UOp, ssimplify, sym_infer
+from fusegrad.ir.shape import all_static, sle, smax, sprod, ssub, sym_eq
 from fusegrad.mixin.math import MathMixin
 from fusegrad.mixin.movement import MovementMixin
 from fusegrad.mixin.nn import NNMixin
@@ -72,6 +73,14 @@ def buffer_uop(buf: Buffer) -> UOp:
     u = UOp(Ops.BUFFER, buf.dtype, (UOp(Ops.DEVICE, arg=buf.device),), (next(_buffer_ids), buf.size))
     buffers[u] = buf
     return u
+
+
+def buffer_view(bu: UOp, shape: tuple[Any, ...]) -> UOp:
+    """A BUFFER node seen as `shape`. A symbolic shape is a prefix of a buffer allocated at the shape's largest size:
+    SHRINK to the (symbolic) element count, then RESHAPE."""
+    if all_static(shape): return build.reshape(bu, shape)
+    flat = build.shrink(bu, ((0, sprod(shape)),))
+    return flat if len(shape) == 1 else build.reshape(flat, shape)
 
 
 def _flatten_list(data: Any) -> tuple[list[Any], tuple[int, ...]]:
@@ -131,7 +140,9 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
                  requires_grad: bool | None = None):
         dt = to_dtype(dtype) if dtype is not None else None
         dev = Device.canonicalize(device)
-        if isinstance(data, UOp):
+        if isinstance(data, UOp) and data.shape is None and dtypes.is_int(data.dtype) and data.op is not Ops.CONST:
+            self.uop = build.const(data, dt or dtypes.default_int, dev)   # a symbolic int: a 0-d tensor of its value
+        elif isinstance(data, UOp):
             self.uop = data
         elif data is None or isinstance(data, (int, float, bool)):
             d = dt or dtypes.from_py(0.0 if data is None else data)
@@ -199,7 +210,11 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
     @property
     def ndim(self) -> int: return len(self.shape)
 
-    def numel(self) -> int: return prod(self.shape)
+    def numel(self) -> Any: return sprod(self.shape)
+
+    def _concrete_shape(self) -> tuple[int, ...]:
+        """The shape with every bound variable replaced by its value (ValueError for an unbound one)."""
+        return tuple(sym_infer(s) for s in self.shape)
     def element_size(self) -> int: return self.dtype.itemsize
     def nbytes(self) -> int: return self.numel() * self.element_size()
     def is_floating_point(self) -> bool: return dtypes.is_float(self.dtype)
@@ -268,14 +283,24 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
 
     @staticmethod
     def _realize_all(tensors: Sequence["Tensor"]) -> None:
-        from fusegrad.engine.realize import run_schedule
-        from fusegrad.schedule import create_schedule
         todo = [t for t in tensors if not _is_realized(t.uop)]
         if not todo: return
+        if VIZ or PROFILE:  # fusegrad/viz records this realize as one context (schedule, kernels, timeline)
+            from fusegrad.viz.recorder import realize_context
+            with realize_context(len(todo)): return Tensor._realize_todo(todo, traced=True)
+        Tensor._realize_todo(todo)
+
+    @staticmethod
+    def _realize_todo(todo: list["Tensor"], traced: bool = False) -> None:
+        from fusegrad.engine.realize import run_schedule
+        from fusegrad.schedule import create_schedule
         snaps = _snapshot_old_values(todo)
         uops = dedup([t.uop for t in todo] + [s for _, s in snaps.values()])
         plain = {u: autograd.strip_grad_fns(u) for u in uops}  # custom backward rules aren't scheduled
-        sched, results = create_schedule(dedup(list(plain.values())))
+        if traced:
+            from fusegrad.viz.recorder import traced_schedule
+            sched, results = traced_schedule(create_schedule, dedup(list(plain.values())))
+        else: sched, results = create_schedule(dedup(list(plain.values())))
         results = {**results, **{u: results[p] for u, p in plain.items() if p in results}}
         run_schedule(sched)
         for old, new in results.items(): realized[old] = new
@@ -298,7 +323,12 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
         self.realize()
         t = self if _is_contiguous_buffer(self.uop) else Tensor._wrap(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)))
         t.realize()
-        return buffers[t.uop.base]
+        buf = buffers[t.uop.base]
+        if all_static(self.shape): return buf
+        # a symbolic shape lives in a prefix of a buffer allocated at its largest size
+        n = prod(self._concrete_shape())
+        if Buffer.supports_views(buf.device): return buf.view(n, buf.dtype)
+        return Buffer(buf.device, n, buf.dtype).copyin(buf.as_bytes()[:n * buf.dtype.itemsize])
 
     def data(self) -> memoryview:
         """The data as a memoryview in the dtype's struct format, shaped like the tensor.
@@ -313,30 +343,32 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
         mv = memoryview(self._buffer().as_bytes())
         if self.dtype.fmt is None: return mv
         fmt = self.dtype.fmt if self.dtype.fmt != "e" or _HALF_MEMORYVIEW else "H"
-        return mv.cast(fmt, self.shape) if self.shape and 0 not in self.shape else mv.cast(fmt)
+        shape = self._concrete_shape()
+        return mv.cast(fmt, shape) if shape and 0 not in shape else mv.cast(fmt)
 
     def numpy(self) -> Any:
         """A NumPy copy of the data."""
         import numpy as np
         from fusegrad.dtype import to_np_dtype
         if self.dtype == dtypes.bfloat16: return self.float().numpy()
-        out = np.empty(self.shape, dtype=to_np_dtype(self.dtype))
+        out = np.empty(self._concrete_shape(), dtype=to_np_dtype(self.dtype))
         if out.size: self._buffer().copyout(memoryview(out.reshape(-1).view(np.uint8)))
         return out
 
     def tolist(self) -> Any:
-        vals = _unpack(self._buffer().as_bytes(), self.dtype) if self.numel() else []
+        shape = self._concrete_shape()
+        vals = _unpack(self._buffer().as_bytes(), self.dtype) if prod(shape) else []
         if dtypes.is_bool(self.dtype): vals = [bool(v) for v in vals]
-        if not self.shape: return vals[0]
+        if not shape: return vals[0]
 
         def nest(flat: list[Any], shape: tuple[int, ...]) -> list[Any]:
             if len(shape) == 1: return flat
             step = prod(shape[1:])
             return [nest(flat[i * step:(i + 1) * step], shape[1:]) for i in range(shape[0])]
-        return nest(vals, self.shape)
+        return nest(vals, shape)
 
     def item(self) -> ConstType:
-        if self.numel() != 1:
+        if prod(self._concrete_shape()) != 1:
             raise RuntimeError(f"a Tensor with {self.numel()} elements cannot be converted to a Python scalar")
         return self.reshape(()).tolist()
 
@@ -361,15 +393,16 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
     @staticmethod
     def _shape_arg(shape: tuple[Any, ...]) -> tuple[int, ...]:
         s = argfix(*shape)
-        if not all_int(s): raise TypeError(f"shape must be ints, got {s}")
-        if any(x < 0 for x in s): raise RuntimeError(f"invalid shape {s}: dimension sizes must be non-negative")
+        if not all(isinstance(x, int) or _is_sym_int(x) for x in s): raise TypeError(f"shape must be ints, got {s}")
+        if any(x < 0 if isinstance(x, int) else x.vmin < 0 for x in s):
+            raise RuntimeError(f"invalid shape {s}: dimension sizes must be non-negative")
         return tuple(s)
 
     @classmethod
     def empty(cls, *shape: Any, device: str | None = None, dtype: DTypeLike | None = None) -> "Tensor":
         s = cls._shape_arg(shape)
         dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
-        return Tensor(build.reshape(buffer_uop(Buffer(Device.canonicalize(device), prod(s), dt)), s))
+        return Tensor(buffer_view(buffer_uop(Buffer(Device.canonicalize(device), smax(sprod(s)), dt)), s))
 
     @classmethod
     def full(cls, shape: tuple[int, ...] | int, fill_value: ConstType, dtype: DTypeLike | None = None,
@@ -398,6 +431,13 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
         """Values start, start+step, ... < stop (like torch.arange)."""
         if stop is None: start, stop = 0, start
         if step == 0: raise RuntimeError("arange step must be nonzero")
+        if isinstance(start, UOp) or isinstance(stop, UOp):   # symbolic bounds: n = stop - start values
+            if step != 1: raise NotImplementedError(f"arange with symbolic bounds needs step 1, got {step}")
+            dev = Device.canonicalize(device)
+            n = ssub(stop, start)
+            iota = Tensor(UOp(Ops.IOTA, to_dtype(dtype) if dtype is not None else dtypes.default_int,
+                              (UOp(Ops.DEVICE, arg=dev),), n))
+            return iota + start if not (isinstance(start, int) and start == 0) else iota
         dt = to_dtype(dtype) if dtype is not None else dtypes.from_py([start, stop, step])
         n = max(math.ceil((stop - start) / step), 0)
         dev = Device.canonicalize(device)
@@ -561,6 +601,9 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
                      match_dtype: bool = True) -> tuple["Tensor", "Tensor"]:
         """Both operands broadcast to one shape and (if match_dtype) promoted to one dtype; scalars are weak."""
         x = self
+        if isinstance(y, UOp) and y.shape is None and dtypes.is_int(y.dtype):   # a symbolic int: a weak int scalar
+            dt = strong_dtype(least_upper_dtype(x.dtype, dtypes.weakint)) if match_dtype else dtypes.default_int
+            y = Tensor._wrap(build.const(y, dt, x.device))
         if not isinstance(y, Tensor):
             if not isinstance(y, (int, float, bool)): raise TypeError(f"unsupported operand type {type(y).__name__}")
             weak = dtypes.weakfloat if isinstance(y, float) else dtypes.bool if isinstance(y, bool) else dtypes.weakint
@@ -590,14 +633,17 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
     def reshape(self, shape: Any, *args: int) -> "Tensor":
         """A view with a new shape; one dimension may be -1."""
         new = argfix(shape, *args)
-        if any(not isinstance(s, int) for s in new): raise TypeError(f"reshape takes ints, got {new}")
+        if any(not isinstance(s, int) and not _is_sym_int(s) for s in new):
+            raise TypeError(f"reshape takes ints, got {new}")
         if new.count(-1) > 1: raise RuntimeError("only one dimension can be inferred")
+        if -1 in new and not (all_static(new) and all_static(self.shape)):
+            raise NotImplementedError(f"reshape to {new}: -1 with a symbolic shape ({self.shape}); give every size")
         if -1 in new:
             rest = prod(s for s in new if s != -1)
             if rest == 0 or self.numel() % rest:
                 raise RuntimeError(f"shape '{list(new)}' is invalid for input of size {self.numel()}")
             new = tuple(self.numel() // rest if s == -1 else s for s in new)
-        if any(s < 0 for s in new) or prod(new) != self.numel():
+        if any(isinstance(s, int) and s < 0 for s in new) or not sym_eq(sprod(new), self.numel()):
             raise RuntimeError(f"shape '{list(new)}' is invalid for input of size {self.numel()} (shape {self.shape})")
         return self._apply(lambda u: build.reshape(u, new))
 
@@ -637,7 +683,7 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
         else:
             if len(padding) != self.ndim: raise RuntimeError(f"padding {padding} needs one entry per axis of {self.shape}")
             pairs = [(0, 0) if p is None else tuple(p) for p in padding]  # type: ignore[misc]
-        if any(b < 0 or a < 0 for b, a in pairs):  # negative padding crops
+        if any(isinstance(v, int) and v < 0 for p in pairs for v in p):  # negative padding crops
             x = self.shrink([(-min(b, 0), s + min(a, 0)) for (b, a), s in zip(pairs, self.shape)])
             return x.pad([(max(b, 0), max(a, 0)) for b, a in pairs], value)
         out = self._apply(lambda u: build.pad(u, pairs))
@@ -653,7 +699,8 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
         if len(arg) != self.ndim: raise ValueError(f"shrink {arg} needs one entry per axis of {self.shape}")
         a = [(0, s) if x is None else x for x, s in zip(arg, self.shape)]
         for (b, e), s in zip(a, self.shape):
-            if not 0 <= b <= e <= s: raise IndexError(f"shrink {arg} out of bounds for shape {self.shape}")
+            if not (sle(0, b) and sle(b, e) and sle(e, s)):
+                raise IndexError(f"shrink {arg} out of bounds for shape {self.shape}")
         return self._apply(lambda u: build.shrink(u, a))
 
     def flip(self, axis: Any, *args: int) -> "Tensor":
@@ -673,16 +720,17 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
     def flatten(self, start_dim: int = 0, end_dim: int = -1) -> "Tensor":
         if self.ndim == 0: return self.reshape(1)
         s, e = self._axis(start_dim), self._axis(end_dim)
-        return self.reshape(self.shape[:s] + (prod(self.shape[s:e + 1]),) + self.shape[e + 1:])
+        return self.reshape(self.shape[:s] + (sprod(self.shape[s:e + 1]),) + self.shape[e + 1:])
 
     def unsqueeze(self, dim: int) -> "Tensor":
         d = self._axis(dim, self.ndim + 1)
         return self.reshape(self.shape[:d] + (1,) + self.shape[d:])
 
-    def squeeze(self, dim: int | None = None) -> "Tensor":
+    def squeeze(self, dim: "int | Sequence[int] | None" = None) -> "Tensor":
+        """Drop size-1 axes: all of them, or those of `dim` (an int or, as in torch 2, a tuple); others stay."""
         if dim is None: return self.reshape(tuple(s for s in self.shape if s != 1))
-        d = self._axis(dim)
-        return self if self.shape[d] != 1 else self.reshape(self.shape[:d] + self.shape[d + 1:])
+        axes = {self._axis(d) for d in (dim if isinstance(dim, (tuple, list)) else (dim,))}
+        return self.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes or s != 1))
 
     # ----- elementwise -----
     def cast(self, dtype: DTypeLike) -> "Tensor":
@@ -900,6 +948,11 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
     def mean(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> "Tensor":
         x = self._float_or_self()
         s = x.sum(axis, keepdim, dtype=sum_acc_dtype(x.dtype))   # divide before rounding back to half
+        if not all_static(self.shape):   # a symbolic count: divide by a tensor of its value (the kernel reads it)
+            per = sprod(s.shape)
+            cnt = ssimplify(sprod(self.shape) // (max(per, 1) if isinstance(per, int) else per))
+            div = cnt.arg if cnt.op is Ops.CONST else Tensor._wrap(build.const(cnt, s.dtype, s.device))
+            return (s / div).cast(x.dtype)
         n = prod(self.shape) // max(prod(s.shape), 1) if self.numel() else 0
         return (s * (1 / n if n else math.nan)).cast(x.dtype)
 
@@ -987,7 +1040,15 @@ def _mix32(x: Tensor) -> Tensor:
 
 
 def _is_contiguous_buffer(u: UOp) -> bool:
-    return u.op is Ops.BUFFER or (u.op is Ops.RESHAPE and u.src[0].op is Ops.BUFFER)
+    if u.op is Ops.RESHAPE: u = u.src[0]
+    if u.op is Ops.SHRINK and u.src[0].op is Ops.BUFFER and u.arg[0][0] == 0 and isinstance(u.arg[0][1], UOp):
+        return True  # a symbolic shape: a prefix of a buffer allocated at its largest size
+    return u.op is Ops.BUFFER
+
+
+def _is_sym_int(x: Any) -> bool:
+    """A symbolic size: an int-typed UOp (a bound Variable, or an expression of one)."""
+    return isinstance(x, UOp) and dtypes.is_int(x.dtype)
 
 
 def _snapshot_old_values(todo: Sequence[Tensor]) -> dict[UOp, tuple[list[Tensor], UOp]]:

@@ -19,6 +19,11 @@ class Estimates:
     mem: int = 0    # bytes of the buffers the kernel touches
 
 
+def trip_count(r: UOp) -> int:
+    """Iterations of a RANGE (or work-items of a SPECIAL); a symbolic size counts at its largest value (estimates)."""
+    return int(r.src[0].arg) if r.src[0].op is Ops.CONST else int(r.src[0].vmax)
+
+
 def reduce_identity(op: Ops, dtype: object) -> float | int | bool:
     if op is Ops.ADD: return 0
     if op is Ops.MUL: return 1
@@ -48,7 +53,7 @@ class Linearizer:
         self.val: dict[UOp, UOp] = {}
         self.mult = 1  # trip count of the loops around what is emitted; work-item ids (SPECIAL) count as loops
         for n in self.topo:
-            if n.op is Ops.SPECIAL: self.mult *= int(n.src[0].arg)
+            if n.op is Ops.SPECIAL: self.mult *= trip_count(n)
         self.est = Estimates()
         self.n_acc = 0
         self.data_dep: set[UOp] = set()
@@ -89,7 +94,7 @@ class Linearizer:
 
     def emit_loop(self, r: UOp, body: "object") -> None:
         self.val[r] = self.push(r)
-        size = int(r.src[0].arg)
+        size = trip_count(r)
         self.mult *= size
         body()  # type: ignore[operator]
         self.mult //= size

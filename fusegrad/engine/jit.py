@@ -2,7 +2,9 @@
 
 Replay skips the frontend, scheduler and compiler: it launches the captured kernels with the new input buffers.
 Everything that would make a replay silently wrong is checked and raises JitError instead:
-  - inputs with other shapes, dtypes, devices or a different count than at capture;
+  - inputs with other shapes, dtypes, devices or a different count than at capture (a bound Variable in a shape, or
+    passed as an argument, may change value: shapes are compared with it unbound and each call's value is passed to
+    the kernels);
   - non-Tensor arguments that differ from the captured ones (their values are baked into the kernels);
   - reading tensor data (.item(), .numpy(), .tolist()) while capturing (the value would be frozen);
   - the same buffer passed twice, or nested TinyJit calls.
@@ -17,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Generic, TypeVar
 
 from fusegrad.device import Buffer
-from fusegrad.helpers import DEBUG, JIT
+from fusegrad.helpers import DEBUG, JIT, PROFILE, VIZ
 from fusegrad.schedule import ScheduleItem
 
 ReturnType = TypeVar("ReturnType")
@@ -49,14 +51,31 @@ def _collect(args: tuple, kwargs: dict) -> tuple[list[Any], list[Any]]:
     return tensors, others
 
 
-def _signature(t: Any) -> tuple:
-    return (t.shape, t.dtype, t.device)
+def _unbind(x: Any, var_vals: dict[Any, int]) -> Any:
+    """A shape entry (or bound-variable argument) with its bound variables unbound; their values go to var_vals."""
+    from fusegrad.ir.ops import Ops, UOp
+    from fusegrad.ir.pattern import substitute
+    if not isinstance(x, UOp): return x
+    binds = {n: n.src[0] for n in x.toposort() if n.op is Ops.BIND}
+    for b, var in binds.items():
+        val = int(b.src[1].arg)
+        if var_vals.setdefault(var, val) != val:
+            raise JitError(f"variable {var.arg[0]!r} is bound to both {var_vals[var]} and {val} in one TinyJit call")
+    return substitute(x, binds)
 
 
-def _frozen(v: Any) -> Any:
-    """A comparable form of a non-Tensor argument (identity for objects we can't compare by value)."""
+def _signature(t: Any, var_vals: dict[Any, int]) -> tuple:
+    """What must match the capture: shape (with variables unbound: their values may change), dtype, device."""
+    return (tuple(_unbind(s, var_vals) for s in t.shape), t.dtype, t.device)
+
+
+def _frozen(v: Any, var_vals: dict[Any, int]) -> Any:
+    """A comparable form of a non-Tensor argument (identity for objects we can't compare by value). A bound Variable
+    compares as its variable: its value is passed to the kernels on every call."""
+    from fusegrad.ir.ops import Ops, UOp
+    if isinstance(v, UOp) and v.op is Ops.BIND: return ("var", _unbind(v, var_vals))
     if isinstance(v, (int, float, bool, str, bytes, type(None))): return v
-    if isinstance(v, (tuple, list)): return tuple(_frozen(x) for x in v)
+    if isinstance(v, (tuple, list)): return tuple(_frozen(x, var_vals) for x in v)
     return ("object", id(v))
 
 
@@ -88,10 +107,11 @@ class CapturedJit:
             args = [None if id(b) in per_call else b.opaque for b in it.bufs]
             self.launches.append(_Launch(prg, args, slots, it))
 
-    def replay(self, in_bufs: list[Buffer]) -> list[Buffer]:
+    def replay(self, in_bufs: list[Buffer], var_vals: dict[Any, int] | None = None) -> list[Buffer]:
         from fusegrad.helpers import GlobalCounters
         outs = [Buffer(b.device, b.size, b.dtype) for b in self.outputs]
         per_call = in_bufs + outs
+        traced = bool(VIZ.value or PROFILE.value)  # fusegrad/viz: time each replayed launch for the timeline
         for ln in self.launches:
             if ln.prg is None:  # copy between devices
                 bufs = list(ln.args)
@@ -100,7 +120,13 @@ class CapturedJit:
                 continue
             args = list(ln.args)
             for k, i in ln.slots: args[k] = per_call[i].opaque
-            ln.prg(*args)
+            if ln.prg.spec.vars:  # symbolic sizes: this call's values (variables not in the inputs keep theirs)
+                vals = tuple((var_vals or {}).get(v, ln.item.var_vals.get(v, 0)) for v in ln.prg.spec.vars)
+                et = ln.prg(*args, vals=vals, wait=traced)
+            else: et = ln.prg(*args, wait=traced)
+            if traced:
+                from fusegrad.viz.recorder import record_item
+                record_item(ln.item, et or 0.0, ln.prg.spec.display_name, ln.prg.spec.ops, ln.prg.spec.mem)
             GlobalCounters.kernel_count += 1
             GlobalCounters.global_ops += ln.prg.spec.ops
             GlobalCounters.global_mem += ln.prg.spec.mem
@@ -137,16 +163,19 @@ class TinyJit(Generic[ReturnType]):
             jit = self._per_instance[obj] = TinyJit(functools.partial(self.fxn, obj), prune=self.prune)  # type: ignore
         return jit
 
-    def _check(self, tensors: list[Any], others: list[Any]) -> None:
-        sig = tuple(_signature(t) for t in tensors)
+    def _check(self, tensors: list[Any], others: list[Any]) -> dict[Any, int]:
+        """Check the inputs against the capture; returns the values of the variables bound in their shapes."""
+        var_vals: dict[Any, int] = {}
+        sig = tuple(_signature(t, var_vals) for t in tensors)
         if self.expected is not None and sig != self.expected:
             raise JitError(f"TinyJit inputs changed since capture: expected {self.expected}, got {sig} "
                            "(shapes, dtypes and devices must stay the same; call .reset() to recapture)")
-        frozen = _frozen(others)
+        frozen = _frozen(others, var_vals)
         if self.expected_others is not None and frozen != self.expected_others:
             raise JitError(f"TinyJit non-Tensor arguments changed since capture ({self.expected_others} -> {frozen}); "
                            "their values are baked into the captured kernels. Pass them as Tensors or call .reset()")
         self.expected, self.expected_others = sig, frozen
+        return var_vals
 
     def _prepare_inputs(self, tensors: list[Any]) -> list[Buffer]:
         from fusegrad.tensor import Tensor, _is_contiguous_buffer, buffers
@@ -165,7 +194,7 @@ class TinyJit(Generic[ReturnType]):
         if not JIT: return self.fxn(*args, **kwargs)
         if capturing: raise JitError("nested TinyJit: a jitted function can't call another one while capturing")
         tensors, others = _collect(args, kwargs)
-        self._check(tensors, others)
+        var_vals = self._check(tensors, others)
         if self.cnt == 0:
             self.cnt = 1
             return self.fxn(*args, **kwargs)
@@ -194,13 +223,13 @@ class TinyJit(Generic[ReturnType]):
             return ret
         assert self.captured is not None
         in_bufs = self._prepare_inputs(tensors)
-        outs = self.captured.replay(in_bufs)
+        outs = self.captured.replay(in_bufs, var_vals)
         self.cnt += 1
-        return self._rebuild(outs)
+        return self._rebuild(outs, var_vals)
 
-    def _rebuild(self, outs: list[Buffer]) -> Any:
+    def _rebuild(self, outs: list[Buffer], var_vals: dict[Any, int]) -> Any:
         """The captured return structure with each fresh output tensor pointing at this call's buffer."""
-        from fusegrad.tensor import Tensor, buffer_uop
+        from fusegrad.tensor import Tensor, buffer_uop, buffer_view
         assert self.captured is not None
         fresh = {id(b): outs[i] for i, b in enumerate(self.captured.outputs)}
         mapping: dict[int, Tensor] = {}
@@ -208,13 +237,22 @@ class TinyJit(Generic[ReturnType]):
             nb = fresh.get(id(b))
             if nb is None: mapping[id(t)] = t
             else:
-                mapping[id(t)] = Tensor._wrap(_reshape(buffer_uop(nb), t.shape))
+                mapping[id(t)] = Tensor._wrap(buffer_view(buffer_uop(nb), _rebind(t.shape, var_vals)))
         return _map_ret(self.captured.ret_struct, mapping)
 
 
-def _reshape(u: Any, shape: tuple[int, ...]) -> Any:
-    from fusegrad.ir import build
-    return build.reshape(u, shape)
+def _rebind(shape: tuple[Any, ...], var_vals: dict[Any, int]) -> tuple[Any, ...]:
+    """A captured output shape with its variables bound to this call's values."""
+    from fusegrad.ir.ops import Ops, UOp
+    from fusegrad.ir.pattern import substitute
+    from fusegrad.ir.shape import all_static
+    if all_static(shape) or not var_vals: return shape
+    def rebind(s: Any) -> Any:
+        if not isinstance(s, UOp): return s
+        binds = {n: n.src[0].bind(var_vals[n.src[0]]) for n in s.toposort()
+                 if n.op is Ops.BIND and n.src[0] in var_vals}
+        return substitute(s, binds)
+    return tuple(rebind(s) for s in shape)
 
 
 def _dedup_bufs(bufs: list[Buffer]) -> list[Buffer]:

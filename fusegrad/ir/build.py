@@ -11,8 +11,11 @@ from fusegrad.helpers import argsort
 from fusegrad.ir.ops import GroupOp, Ops, UOp
 
 
-def const(val: ConstType, dtype: DType, device: str, shape: tuple[int, ...] = ()) -> UOp:
-    c = UOp(Ops.CONST, dtype, (UOp(Ops.DEVICE, arg=device),), dtypes.as_const(val, dtype))
+def const(val: "ConstType | UOp", dtype: DType, device: str, shape: tuple = ()) -> UOp:
+    """A tensor constant broadcast to `shape`. `val` may be a symbolic int (a bound Variable, or an expression of one):
+    the kernel then reads the variable's value."""
+    arg = val if isinstance(val, UOp) else dtypes.as_const(val, dtype)
+    c = UOp(Ops.CONST, dtype, (UOp(Ops.DEVICE, arg=device),), arg)
     return expand(reshape(c, (1,) * len(shape)), shape) if shape else c
 
 
@@ -33,15 +36,20 @@ def expand(x: UOp, shape: Sequence[int]) -> UOp:
     return x if x.shape == shape else UOp(Ops.EXPAND, x.dtype, (x,), shape)
 
 
+def _sint(x: "int | UOp") -> "int | UOp":
+    return x if isinstance(x, UOp) else int(x)
+
+
 def pad(x: UOp, arg: Sequence[tuple[int, int]]) -> UOp:
-    arg = tuple((int(b), int(a)) for b, a in arg)
+    arg = tuple((_sint(b), _sint(a)) for b, a in arg)
     return x if all(b == 0 and a == 0 for b, a in arg) else UOp(Ops.PAD, x.dtype, (x,), arg)
 
 
 def shrink(x: UOp, arg: Sequence[tuple[int, int]]) -> UOp:
-    arg = tuple((int(b), int(e)) for b, e in arg)
+    arg = tuple((_sint(b), _sint(e)) for b, e in arg)
     assert x.shape is not None
-    return x if all(b == 0 and e == s for (b, e), s in zip(arg, x.shape)) else UOp(Ops.SHRINK, x.dtype, (x,), arg)
+    if all(b == 0 and (e is s or e == s) for (b, e), s in zip(arg, x.shape)): return x
+    return UOp(Ops.SHRINK, x.dtype, (x,), arg)
 
 
 def flip(x: UOp, axes: Sequence[bool]) -> UOp:

@@ -12,7 +12,6 @@ import weakref
 from typing import Any, Callable, Iterator
 
 from fusegrad.dtype import ConstType, DType, PtrDType, dtypes
-from fusegrad.helpers import prod
 
 
 class Ops(enum.Enum):
@@ -39,6 +38,7 @@ class Ops(enum.Enum):
     # --- kernel structure ---
     PARAM = enum.auto()         # kernel argument buffer; arg = slot
     DEFINE_VAR = enum.auto()    # a symbolic integer; arg = (name, min, max)
+    BIND = enum.auto()          # a variable bound to a value, in tensor shapes: src = (DEFINE_VAR, CONST value)
     DEFINE_REG = enum.auto()    # a register array (accumulators); arg = id
     DEFINE_LOCAL = enum.auto()  # workgroup-shared memory; arg = id
     RANGE = enum.auto()         # a loop index; src = (size,), arg = (id, kind)
@@ -100,7 +100,7 @@ class GroupOp:
     Comparison = {Ops.CMPLT, Ops.CMPNE}
     Reduce = {Ops.ADD, Ops.MUL, Ops.MAX}  # the ALU ops a reduction may use
     TensorOnly = {Ops.SINK, Ops.DEVICE, Ops.BUFFER, Ops.COPY, Ops.CONTIGUOUS, Ops.DETACH, Ops.IOTA, Ops.REDUCE_AXIS,
-                  Ops.GATHER, Ops.ASSIGN} | Movement
+                  Ops.GATHER, Ops.ASSIGN, Ops.BIND} | Movement
     # ops of the linear program (the backend contract); see docs/runtime.md
     Linear = {Ops.PARAM, Ops.DEFINE_VAR, Ops.DEFINE_REG, Ops.DEFINE_LOCAL, Ops.RANGE, Ops.END, Ops.IF, Ops.ENDIF,
               Ops.BARRIER, Ops.SPECIAL, Ops.INDEX, Ops.LOAD, Ops.STORE, Ops.CONST, Ops.CAST, Ops.BITCAST, Ops.VECTORIZE,
@@ -177,9 +177,11 @@ class UOp(metaclass=UOpMetaClass):
         return infer_shape(self)
 
     @property
-    def size(self) -> int:
+    def size(self) -> "int | UOp":
+        """The number of elements: an int, or a symbolic int when the shape has variables in it."""
         assert self.shape is not None
-        return prod(self.shape)
+        from fusegrad.ir.shape import sprod
+        return sprod(self.shape)
 
     @functools.cached_property
     def device(self) -> str | None:
@@ -208,7 +210,39 @@ class UOp(metaclass=UOpMetaClass):
 
     @staticmethod
     def variable(name: str, min_val: int, max_val: int, dtype: DType = dtypes.int32) -> "UOp":
+        """A symbolic integer in [min_val, max_val] (`fusegrad.Variable`). Bind it to use it in a shape.
+
+        >>> from fusegrad import Tensor, Variable
+        >>> n = Variable("n", 1, 10)
+        >>> Tensor.arange(10)[:n.bind(3)].tolist()
+        [0, 1, 2]
+        """
+        if not (isinstance(name, str) and isinstance(min_val, int) and isinstance(max_val, int)):
+            raise TypeError(f"Variable(name: str, min_val: int, max_val: int), got {name!r}, {min_val!r}, {max_val!r}")
+        if min_val > max_val:
+            raise ValueError(f"Variable {name!r}: need min_val <= max_val, got [{min_val}, {max_val}]")
         return UOp(Ops.DEFINE_VAR, dtype, (), (name, min_val, max_val))
+
+    def bind(self, val: int) -> "UOp":
+        """This variable bound to `val`: usable in shapes and slices (`t[:n.bind(3)]`, `Tensor.ones(n.bind(3), 4)`).
+        Kernels are compiled for the variable, so every value of it shares one compiled kernel."""
+        if self.op is not Ops.DEFINE_VAR: raise TypeError(f"only a Variable can be bound, not {self.op}")
+        name, lo, hi = self.arg
+        if isinstance(val, UOp) and val.op is Ops.CONST: val = val.arg
+        if not isinstance(val, int) or isinstance(val, bool):
+            raise TypeError(f"Variable {name!r} must be bound to an int, got {type(val).__name__}")
+        if not lo <= val <= hi: raise ValueError(f"Variable {name!r} bound to {val}, outside its range [{lo}, {hi}]")
+        return UOp(Ops.BIND, self.dtype, (self, UOp.const(self.dtype, val)))
+
+    def unbind(self) -> tuple["UOp", int]:
+        """(variable, value) of a bound variable."""
+        if self.op is not Ops.BIND: raise TypeError(f"unbind needs a bound variable, got {self.op}")
+        return self.src[0], int(self.src[1].arg)
+
+    @property
+    def expr(self) -> str:
+        """The variable's name (tinygrad spelling)."""
+        return (self.src[0] if self.op is Ops.BIND else self).arg[0]
 
     def alu(self, op: Ops, *srcs: "UOp | ConstType") -> "UOp":
         out_dtype = dtypes.bool if op in GroupOp.Comparison else self.dtype
@@ -263,6 +297,7 @@ def pretty(u: UOp, max_depth: int = 3) -> str:
     if u.op is Ops.CONST: return repr(u.arg)
     if u.op is Ops.RANGE: return f"r{u.arg[0]}"
     if u.op is Ops.DEFINE_VAR: return u.arg[0]
+    if u.op is Ops.BIND: return f"{u.src[0].arg[0]}={u.src[1].arg}"
     if u.op is Ops.SPECIAL: return u.arg
     syms = {Ops.ADD: "+", Ops.MUL: "*", Ops.IDIV: "//", Ops.MOD: "%", Ops.CMPLT: "<", Ops.CMPNE: "!=", Ops.AND: "&",
             Ops.OR: "|", Ops.XOR: "^"}
@@ -293,12 +328,15 @@ def ssimplify(u: UOp) -> UOp:
     return simplify(u)
 
 
-def sym_infer(u: UOp | int, var_vals: dict[UOp, int]) -> int:
-    """Evaluate an integer expression given values for its variables."""
+def sym_infer(u: UOp | int, var_vals: dict[UOp, int] | None = None) -> int:
+    """Evaluate an integer expression given values for its variables (bound variables carry their own value)."""
     if isinstance(u, int): return u
     from fusegrad.ir.alu import exec_alu
     if u.op is Ops.CONST: return int(u.arg)
-    if u.op is Ops.DEFINE_VAR: return var_vals[u]
+    if u.op is Ops.BIND: return int(u.src[1].arg)
+    if u.op is Ops.DEFINE_VAR:
+        if var_vals is None or u not in var_vals: raise ValueError(f"variable {u.arg[0]!r} is not bound to a value")
+        return var_vals[u]
     return int(exec_alu(u.op, u.dtype, [sym_infer(s, var_vals) for s in u.src]))
 
 

@@ -4,12 +4,86 @@ The checks here are the last line of defence; the Tensor frontend raises torch-s
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Sequence, Union
 
-from fusegrad.helpers import prod
 
 if TYPE_CHECKING:
     from fusegrad.ir.ops import UOp
+
+# A shape entry is an int or a symbolic int: an int-typed UOp expression over variables (DEFINE_VAR, or BIND in tensor
+# shapes: a variable bound to a value). Symbolic sizes are canonicalized by the symbolic simplifier, so equal sizes
+# are usually the same node; `sym_eq` also proves equality by simplifying the difference.
+sint = Union[int, "UOp"]
+
+
+def is_sym(x: Any) -> bool: return not isinstance(x, int)
+
+
+def all_static(shape: Sequence[Any]) -> bool: return all(isinstance(s, int) for s in shape)
+
+
+def _simp(u: "UOp") -> "UOp":
+    from fusegrad.ir.symbolic import simplify
+    return simplify(u)
+
+
+def _static(u: "UOp") -> sint:
+    """A symbolic expression that simplified to a constant becomes a plain int."""
+    from fusegrad.ir.ops import Ops
+    return int(u.arg) if u.op is Ops.CONST else u
+
+
+def sadd(a: sint, b: sint) -> sint:
+    if isinstance(a, int) and isinstance(b, int): return a + b
+    if isinstance(b, int) and b == 0: return a
+    if isinstance(a, int) and a == 0: return b
+    return _static(_simp(a + b if not isinstance(a, int) else b + a))  # type: ignore[operator]
+
+
+def ssub(a: sint, b: sint) -> sint:
+    if isinstance(a, int) and isinstance(b, int): return a - b
+    if isinstance(b, int) and b == 0: return a
+    return _static(_simp(a - b if not isinstance(a, int) else (-b) + a))  # type: ignore[operator]
+
+
+def smul(a: sint, b: sint) -> sint:
+    if isinstance(a, int) and isinstance(b, int): return a * b
+    if isinstance(a, int): a, b = b, a
+    if isinstance(b, int) and b in (0, 1): return 0 if b == 0 else a
+    return _static(_simp(a * b))  # type: ignore[operator]
+
+
+def sprod(xs: Sequence[sint]) -> sint:
+    """The product of shape entries; symbolic when any entry is (int entries are folded first)."""
+    n, sym = 1, None
+    for x in xs:
+        if isinstance(x, int): n *= x
+        else: sym = x if sym is None else sym * x
+    if sym is None or n == 0: return n
+    return smul(_static(_simp(sym)), n)
+
+
+def sym_eq(a: sint, b: sint) -> bool:
+    """Whether two sizes are equal for every value of their variables (as far as the simplifier can prove)."""
+    if isinstance(a, int) and isinstance(b, int): return a == b
+    if a is b: return True
+    d = ssub(a, b)
+    return isinstance(d, int) and d == 0
+
+
+def smax(x: sint) -> int:
+    """The largest value a size can take (the size itself when it is an int)."""
+    return x if isinstance(x, int) else int(x.vmax)
+
+
+def smin(x: sint) -> int:
+    return x if isinstance(x, int) else int(x.vmin)
+
+
+def sle(a: sint, b: sint) -> bool:
+    """a <= b for every value of the variables (False when that can't be proven)."""
+    if isinstance(a, int) and isinstance(b, int): return a <= b
+    return sym_eq(a, b) or smax(a) <= smin(b) or smax(ssub(a, b)) <= 0
 
 
 def infer_shape(u: "UOp") -> tuple[int, ...] | None:
@@ -22,22 +96,23 @@ def infer_shape(u: "UOp") -> tuple[int, ...] | None:
     ss = u.src[0].shape
     if ss is None: return None
     if op is Ops.RESHAPE:
-        if prod(arg) != prod(ss): raise ValueError(f"reshape from {ss} to {arg}: sizes {prod(ss)} != {prod(arg)}")
+        if not sym_eq(sprod(arg), sprod(ss)):
+            raise ValueError(f"reshape from {ss} to {arg}: sizes {sprod(ss)} != {sprod(arg)}")
         return tuple(arg)
     if op is Ops.PERMUTE:
         if sorted(arg) != list(range(len(ss))): raise ValueError(f"bad permute {arg} for shape {ss}")
         return tuple(ss[i] for i in arg)
     if op is Ops.EXPAND:
-        if len(arg) != len(ss) or any(s != a and s != 1 for s, a in zip(ss, arg)):
+        if len(arg) != len(ss) or any(not sym_eq(s, a) and s != 1 for s, a in zip(ss, arg)):
             raise ValueError(f"can't expand {ss} to {arg}")
         return tuple(arg)
     if op is Ops.PAD:
         if len(arg) != len(ss): raise ValueError(f"pad {arg} has wrong length for shape {ss}")
-        return tuple(s + b + a for s, (b, a) in zip(ss, arg))
+        return tuple(sadd(sadd(s, b), a) for s, (b, a) in zip(ss, arg))
     if op is Ops.SHRINK:
-        if len(arg) != len(ss) or any(not (0 <= b <= e <= s) for s, (b, e) in zip(ss, arg)):
+        if len(arg) != len(ss) or any(not (sle(0, b) and sle(b, e) and sle(e, s)) for s, (b, e) in zip(ss, arg)):
             raise ValueError(f"bad shrink {arg} for shape {ss}")
-        return tuple(e - b for b, e in arg)
+        return tuple(ssub(e, b) for b, e in arg)
     if op is Ops.FLIP:
         if len(arg) != len(ss): raise ValueError(f"flip {arg} has wrong length for shape {ss}")
         return ss
@@ -53,6 +128,7 @@ def infer_shape(u: "UOp") -> tuple[int, ...] | None:
         return ids
     if op in GroupOp.ALU:
         shapes = [s.shape for s in u.src]
-        if any(s != ss for s in shapes): raise ValueError(f"{op} with mismatched shapes {shapes}")
+        if any(s != ss and (s is None or len(s) != len(ss) or not all(map(sym_eq, s, ss))) for s in shapes):
+            raise ValueError(f"{op} with mismatched shapes {shapes}")
         return ss
     return ss  # CAST, BITCAST, CONTIGUOUS, DETACH, COPY keep the shape

@@ -37,6 +37,7 @@ def _alu_ok(x: UOp) -> bool:
 def _const_ok(x: UOp) -> bool:
     """The arg is the Python type of the dtype, in its range."""
     d, v = x.dtype.scalar(), x.arg
+    if isinstance(v, UOp): return dtypes.is_int(v.dtype) and v.shape is None   # a symbolic int (tensor level)
     if dtypes.is_bool(d): return isinstance(v, bool)
     if dtypes.is_int(d): return isinstance(v, int) and not isinstance(v, bool) and dtypes.min(d) <= v <= dtypes.max(d)
     return dtypes.is_float(d) and isinstance(v, float)
@@ -125,6 +126,8 @@ kernel_spec = PatternMatcher([
      lambda x, idx: x.dtype == idx.dtype),                                                # reads a kernel buffer
     (UPat(Ops.RANGE, src=(UPat.cvar("n"),), name="x"),
      lambda x, n: _range_ok(x) and n.arg >= 1),                                           # loop of constant size
+    (UPat(Ops.RANGE, src=(UPat.var("n"),), name="x"), lambda x, n: _range_ok(x) and n.op is not Ops.CONST and
+     n.dtype == x.dtype and any(u.op is Ops.DEFINE_VAR for u in n.toposort())),          # loop of symbolic size
     (UPat(Ops.REDUCE, src=(UPat.var("v"),), allow_any_len=True, name="x"), lambda x, v: x.arg in GroupOp.Reduce and
      x.dtype == v.dtype and len(x.src) >= 2 and all(r.op is Ops.RANGE for r in x.src[1:])
      and len(set(x.src[1:])) == len(x.src) - 1),                                          # (value, *RANGE)

@@ -41,6 +41,7 @@ def _bounds(u: UOp) -> tuple[Any, Any]:
     if op is Ops.CONST: return u.arg, u.arg
     if op in (Ops.RANGE, Ops.SPECIAL): return 0, max(int(s[0].vmax) - 1, 0)
     if op is Ops.DEFINE_VAR: return u.arg[1], u.arg[2]
+    if op is Ops.BIND: return s[0].arg[1], s[0].arg[2]
     if op is Ops.ADD: return s[0].vmin + s[1].vmin, s[0].vmax + s[1].vmax
     if op is Ops.MUL:
         c = [a * b for a in (s[0].vmin, s[0].vmax) for b in (s[1].vmin, s[1].vmax)]

@@ -4,6 +4,7 @@ Data-dependent lookups use the GATHER op, which costs O(output) (no one-hot over
 """
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any, Sequence
 
 from fusegrad.dtype import dtypes
@@ -30,14 +31,15 @@ class MovementMixin:
                 raise RuntimeError(f"Sizes of tensors must match except in dimension {ax}: got {self.shape} and {t.shape}")
         from fusegrad.dtype import least_upper_dtype
         dt = least_upper_dtype(*[t.dtype for t in ts])
-        total = sum(t.shape[ax] for t in ts)
+        from fusegrad.ir.shape import sadd, ssub
+        total = functools.reduce(sadd, [t.shape[ax] for t in ts], 0)
         out, off = None, 0
         for t in ts:
             pads = [(0, 0)] * self.ndim
-            pads[ax] = (off, total - off - t.shape[ax])
+            pads[ax] = (off, ssub(ssub(total, off), t.shape[ax]))
             p = t.cast(dt).pad(pads)
             out = p if out is None else out + p
-            off += t.shape[ax]
+            off = sadd(off, t.shape[ax])
         assert out is not None
         return out
 
@@ -282,7 +284,10 @@ class MovementMixin:
         for i in idx:
             if i is None: continue
             s = self.shape[ax]
-            if isinstance(i, int):
+            if _symbolic_index(i, s):
+                bounds.append(_symbolic_bounds(i, s, ax)); flips.append(False); steps.append(1)
+                if not isinstance(i, slice): squeeze.append(ax)
+            elif isinstance(i, int):
                 if not -s <= i < s: raise IndexError(f"index {i} is out of bounds for dimension {ax} with size {s}")
                 i = i + s if i < 0 else i
                 bounds.append((i, i + 1)); squeeze.append(ax); steps.append(1); flips.append(False)
@@ -310,7 +315,7 @@ class MovementMixin:
         ax = 0
         for i in idx:
             if i is None: out_shape.append(1)
-            elif isinstance(i, int): ax += 1
+            elif not isinstance(i, slice): ax += 1   # an int (or a symbolic int) index drops its axis
             else:
                 out_shape.append(kept[k]); k += 1; ax += 1
         return x.reshape(out_shape + kept[k:])
@@ -506,3 +511,27 @@ def _pad_lead(t: "Tensor", pads: list[tuple[int, int]], lead: tuple[int, ...], v
 
 
 __all__ = ["MovementMixin"]
+
+
+def _symbolic_index(i: Any, size: Any) -> bool:
+    """An index or slice that involves a symbolic int (a bound Variable), or any index into a symbolic axis."""
+    from fusegrad.ir.ops import UOp
+    if isinstance(i, slice): return any(isinstance(v, UOp) for v in (i.start, i.stop, i.step, size))
+    return isinstance(i, UOp) or (isinstance(i, int) and isinstance(size, UOp))
+
+
+def _symbolic_bounds(i: Any, size: Any, ax: int) -> tuple[Any, Any]:
+    """(begin, end) of a symbolic index or step-1 slice. Python's clamping of out-of-range slices needs the values, so
+    here every bound must provably lie in [0, size] (negative ints count from a static end)."""
+    from fusegrad.ir.shape import sadd, sle
+    if isinstance(i, slice):
+        if i.step not in (None, 1): raise NotImplementedError(f"slice step {i.step} with a symbolic shape or bound")
+        b = 0 if i.start is None else i.start
+        e = size if i.stop is None else i.stop
+    else: b, e = i, sadd(i, 1)
+    if isinstance(i, slice) and isinstance(size, int):  # t[-3:n] counts from the end of a static axis
+        if isinstance(b, int) and b < 0: b += size
+        if isinstance(e, int) and e < 0: e += size
+    if not (sle(0, b) and sle(b, e) and sle(e, size)):
+        raise IndexError(f"index {i} with symbolic bounds is not provably inside dimension {ax} of size {size}")
+    return b, e

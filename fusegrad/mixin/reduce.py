@@ -7,7 +7,6 @@ import math
 from typing import TYPE_CHECKING, Any, Sequence
 
 from fusegrad.dtype import DTypeLike, dtypes, to_dtype
-from fusegrad.helpers import prod
 
 if TYPE_CHECKING:
     from fusegrad.tensor import Tensor
@@ -48,8 +47,12 @@ class ReduceMixin:
     def var(self: "Tensor", axis: Any = None, keepdim: bool = False, correction: int = 1) -> "Tensor":
         x = self._float_or_self()
         axes = self._axes(axis)
-        n = prod(self.shape[a] for a in axes)
+        from fusegrad.ir.shape import sprod
+        n = sprod([self.shape[a] for a in axes])
         sq = (x - x.mean(axes, keepdim=True)).square().sum(axes, keepdim=keepdim)
+        if not isinstance(n, int):   # a symbolic count (n - correction == 0 gives 0/0 = nan, as below)
+            from fusegrad.ir.shape import ssub
+            return sq / ssub(n, correction)
         return sq / max(n - correction, 0) if n - correction > 0 else sq * math.nan
 
     def std(self: "Tensor", axis: Any = None, keepdim: bool = False, correction: int = 1) -> "Tensor":

@@ -18,6 +18,8 @@ from fusegrad.ir.pattern import substitute_memo
 from fusegrad.schedule.indexing import lower_kernel
 from fusegrad.schedule.memory import plan_memory
 from fusegrad.schedule.recompute import RecomputePolicy
+from fusegrad.schedule.variables import strip_binds
+from fusegrad.ir.shape import smax
 
 
 @dataclass
@@ -27,6 +29,7 @@ class ScheduleItem:
     bufs: list[Buffer]
     tensor_ops: list[str] = field(default_factory=list)
     inplace: bool = False   # writes into an existing buffer (an ASSIGN)
+    var_vals: dict[UOp, int] = field(default_factory=dict)  # values of the variables in symbolic shapes
 
     @property
     def is_copy(self) -> bool: return self.ast.op is Ops.COPY
@@ -39,11 +42,13 @@ def _is_buffer_view(u: UOp) -> bool:
 def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
     """Schedule the computation of `targets`. Returns the items in execution order and, per target, the node of the
     buffer holding its result (BUFFER reshaped to the target's shape)."""
-    from fusegrad.tensor import buffer_uop, buffers, realized
+    from fusegrad.tensor import buffer_uop, buffer_view, buffers, realized
     # graphs may contain nodes computed by an earlier realize: read their buffers instead of recomputing
     sink = UOp(Ops.SINK, src=tuple(targets))
     memo = substitute_memo(sink, {n: realized[n] for n in sink.toposort() if n in realized})
     sink = memo[sink]
+    bound = dict(zip(targets, sink.src))   # with bound variables, for the result views handed back to tensors
+    sink, unbound, var_vals = strip_binds(sink)
     new_targets = dict(zip(targets, sink.src))
     if SPEC:
         from fusegrad.ir.spec import verify_tensor_graph
@@ -62,7 +67,7 @@ def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, U
     for r in order:
         assert r.device is not None
         if r.op is Ops.ASSIGN: out_bufs[r] = buffers[r.src[0].base]
-        elif r in held: out_bufs[r] = Buffer(r.device, r.size, r.dtype)
+        elif r in held: out_bufs[r] = Buffer(r.device, smax(r.size), r.dtype)  # symbolic: the largest size
     plan_memory(order, kernels, held, out_bufs)
 
     def buf_of(n: UOp) -> Buffer:
@@ -72,26 +77,25 @@ def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, U
     for r in order:
         if r.size == 0: continue
         if r.op is Ops.COPY:
-            items.append(ScheduleItem(r, [out_bufs[r], buf_of(r.src[0])], ["COPY"]))
+            items.append(ScheduleItem(r, [out_bufs[r], buf_of(r.src[0])], ["COPY"], var_vals=var_vals))
         else:
             kb = kernels[r]
             items.append(ScheduleItem(kb.ast, [out_bufs[r]] + [buf_of(i) for i in kb.inputs], kb.tensor_ops,
-                                      r.op is Ops.ASSIGN))
+                                      r.op is Ops.ASSIGN, var_vals))
     if DEBUG >= 3:
         for i, it in enumerate(items):
             print(f"schedule item {i}: {'copy' if it.is_copy else 'kernel'} <- tensor ops {', '.join(it.tensor_ops)}")
 
     results: dict[UOp, UOp] = {}
     for orig, t in new_targets.items():
-        if _is_buffer_view(t) or t.op is Ops.CONST: results[orig] = t
-        elif t.op is Ops.ASSIGN: results[orig] = t.src[0]   # the target's buffer now holds the value
+        if _is_buffer_view(t) or t.op is Ops.CONST: results[orig] = bound[orig]
+        elif t.op is Ops.ASSIGN: results[orig] = bound[orig].src[0]   # the target's buffer now holds the value
         else:
-            assert t.shape is not None
-            bu = buffer_uop(out_bufs[t])
-            results[orig] = bu if bu.shape == t.shape else UOp(Ops.RESHAPE, t.dtype, (bu,), t.shape)
+            assert orig.shape is not None
+            results[orig] = buffer_view(buffer_uop(out_bufs[t]), orig.shape)
     # every assign that ran is done: later graphs holding it must read the buffer, not run it again
     for orig, new in memo.items():
-        if new.op is Ops.ASSIGN and new in rp and orig not in results: results[orig] = new.src[0]
+        if new.op is Ops.ASSIGN and unbound.get(new, new) in rp and orig not in results: results[orig] = new.src[0]
     return items, results
 
 
@@ -177,7 +181,8 @@ def _recomputed(kernels: dict[UOp, Any], rp: set[UOp], pos: dict[UOp, int], poli
     evals: dict[UOp, int] = {}
     for kb in kernels.values():
         for n, c in kb.evals.items(): evals[n] = evals.get(n, 0) + c
-    cands = sorted((n for n, c in evals.items() if n not in rp and c >= 2 * n.size), key=lambda u: -pos.get(u, -1))
+    cands = sorted((n for n, c in evals.items() if n not in rp and c >= 2 * smax(n.size)),
+                   key=lambda u: -pos.get(u, -1))
     out: set[UOp] = set()
     covered: set[UOp] = set()
     for n in cands:

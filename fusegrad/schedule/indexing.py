@@ -22,7 +22,6 @@ import functools
 from dataclasses import dataclass, field
 
 from fusegrad.dtype import dtypes
-from fusegrad.helpers import prod
 from fusegrad.ir.ops import GroupOp, Ops, UOp
 from fusegrad.ir.symbolic import simplify
 from fusegrad.ir.shape import all_static, smax, smul, sprod, sym_eq
@@ -64,7 +63,9 @@ def unflatten(flat: UOp, shape: tuple[int, ...]) -> Index:
 
 
 @functools.lru_cache(maxsize=1 << 12)
-def _kernel_const(x: UOp) -> UOp: return UOp.const(x.dtype, x.arg)
+def _kernel_const(x: UOp) -> UOp:
+    # a symbolic constant (the value of a variable) reads the variable: an int argument of the kernel
+    return x.arg.cast(x.dtype) if isinstance(x.arg, UOp) else UOp.const(x.dtype, x.arg)
 
 
 def reshape_groups(shape: tuple[int, ...], src_shape: tuple[int, ...]) -> list[tuple[int, int, int, int]]:
@@ -282,7 +283,8 @@ class Indexer:
             if in_range is TRUE: return self.index(src, new, valid)
             inner_valid = simplify(valid.logical_and(in_range))
             # masked-off elements are not counted as work (a concatenation pads every piece to the full extent)
-            self.live.setdefault(inner_valid, self.live.get(valid, 1.0) * smax(sprod(ss)) / max(smax(sprod(x.shape)), 1))
+            frac = smax(sprod(ss)) / max(smax(sprod(x.shape)), 1)
+            self.live.setdefault(inner_valid, self.live.get(valid, 1.0) * frac)
             inner = self.index(src, new, inner_valid)
             return UOp(Ops.WHERE, x.dtype, (in_range, inner, UOp.const(x.dtype, 0)))
         return self.index(src, new, valid)

@@ -10,6 +10,7 @@ from typing import Any
 from fusegrad.device import Buffer
 from fusegrad.helpers import DEBUG
 from fusegrad.ir.ops import Ops, UOp
+from fusegrad.ir.shape import smax
 
 
 def plan_memory(order: list[UOp], kernels: dict[UOp, Any], held: set[UOp], out_bufs: dict[UOp, Buffer]) -> None:
@@ -25,7 +26,8 @@ def plan_memory(order: list[UOp], kernels: dict[UOp, Any], held: set[UOp], out_b
     for r in order:
         if r in held: continue
         assert r.device is not None
-        nbytes = r.size * r.dtype.itemsize
+        size = smax(r.size)   # a symbolic size is allocated at its largest value
+        nbytes = size * r.dtype.itemsize
         total += nbytes
         fits = [(b.nbytes, k) for k, (b, free_at) in enumerate(pool)
                 if free_at < pos[r] and b.device == r.device and b.nbytes >= nbytes]
@@ -34,9 +36,9 @@ def plan_memory(order: list[UOp], kernels: dict[UOp, Any], held: set[UOp], out_b
             _, k = min(fits)
             base = pool[k][0]
             pool[k] = (base, last_use[r])
-            out_bufs[r] = base.view(r.size, r.dtype)
+            out_bufs[r] = base.view(size, r.dtype)
         else:
-            out_bufs[r] = Buffer(r.device, r.size, r.dtype)
+            out_bufs[r] = Buffer(r.device, size, r.dtype)
             planned += nbytes
             pool.append((out_bufs[r], last_use[r]))
     if DEBUG >= 2 and total and planned < total:

@@ -18,6 +18,7 @@ index depends on, so its number of evaluations is the trip count of that loop ch
 from __future__ import annotations
 
 from fusegrad.ir.ops import GroupOp, Ops, UOp
+from fusegrad.ir.shape import smax
 
 EXPENSIVE_OPS = 16
 KERNEL_OPS = 1 << 18   # an extra kernel (launch, Python overhead, scheduling) is worth this many ALU ops
@@ -58,7 +59,7 @@ class RecomputePolicy:
         self.added.extend(new)
 
     def worth_realizing(self, n: UOp, evals: int) -> bool:
-        size = n.size
+        size = smax(n.size)   # symbolic: judged at the largest size
         if evals < 2 * size or n.device is None: return False
         if n.op is Ops.REDUCE_AXIS: return True    # a reduce is never cheap to run twice
         if n.op in GroupOp.Movement or n.op in FREE: return False

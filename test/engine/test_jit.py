@@ -133,3 +133,67 @@ def test_jit_disabled_runs_function():
     with Context(JIT=0):
         for _ in range(3): f(Tensor([1.0]))
     assert len(calls) == 3
+
+
+def test_symbolic_length_replays_the_same_kernels():
+    from fusegrad import Variable
+    from fusegrad.engine import realize
+    n = Variable("n", 1, 16)
+    xn, wn = rnd(16, 4), rnd(4, 3)
+    x, w = Tensor(xn).realize(), Tensor(wn).realize()
+
+    @TinyJit
+    def f(a): return ((a @ w).relu() * 2).sum(1).realize()
+    before = len(realize._programs)
+    outs = []
+    for k in (3, 5, 7, 2, 16):   # call 1 runs, call 2 captures, the rest replay with new lengths
+        outs.append((k, f(x[:n.bind(k)])))
+    assert f.cnt == 5 and f.captured is not None
+    compiled = len(realize._programs) - before
+    for k, o in outs:
+        assert o.shape[0].unbind() == (n, k)
+        np.testing.assert_allclose(o.numpy(), (np.maximum(xn[:k] @ wn, 0) * 2).sum(1), rtol=1e-5, atol=1e-5)
+    f(x[:n.bind(11)])
+    assert len(realize._programs) - before == compiled, "a new length compiled a new kernel"
+    with pytest.raises(JitError, match="inputs changed"): f(x[:4])   # a static shape the variable doesn't explain
+
+
+def test_symbolic_bound_variable_argument():
+    from fusegrad import Variable
+    n = Variable("n", 1, 8)
+    xn = rnd(8, 2)
+    x = Tensor(xn).realize()
+
+    @TinyJit
+    def f(a, b): return (a[:b] + 1).sum(0).realize()
+    for k in (2, 4, 6, 8):
+        np.testing.assert_allclose(f(x, n.bind(k)).numpy(), (xn[:k] + 1).sum(0), rtol=1e-5)
+    assert f.cnt == 4
+
+
+def test_symbolic_kv_cache_decode_step():
+    """A decode step that writes the cache at a symbolic position and attends over the first pos+1 entries."""
+    from fusegrad import Variable
+    from fusegrad.engine import realize
+    L, D = 12, 4
+    cache = Tensor.zeros(L, D).contiguous().realize()
+    pos_var = Variable("start_pos", 0, L - 1)
+    wn = rnd(D, D)
+    w = Tensor(wn).realize()
+
+    @TinyJit
+    def step(x, pos):
+        cache[pos:pos + 1] = x @ w
+        keys = cache[:pos + 1]
+        return ((x @ keys.T).softmax(-1) @ keys).realize()
+    xs = rnd(L, 1, D)
+    ref_cache = np.zeros((L, D), np.float32)
+    for p in range(8):
+        if p == 3: compiled = len(realize._programs)
+        out = step(Tensor(xs[p]), pos_var.bind(p))
+        ref_cache[p] = xs[p] @ wn
+        s = xs[p] @ ref_cache[:p + 1].T
+        a = np.exp(s - s.max())
+        np.testing.assert_allclose(out.numpy(), (a / a.sum()) @ ref_cache[:p + 1], rtol=1e-5, atol=1e-5)
+    assert step.cnt == 8 and len(realize._programs) == compiled   # replays compile nothing
+    np.testing.assert_allclose(cache.numpy(), ref_cache, rtol=1e-5, atol=1e-6)

@@ -153,13 +153,17 @@ def load(buf=IN, idx=R):
 
 def test_kernel_stage_accepts_hand_built_valid_kernel():
     verify_kernel(store(UOp(Ops.REDUCE, F32, (load(idx=R // 4 * 4 + RR) * 2.0, RR), Ops.ADD) + 1.0))
+    # a loop of symbolic size: a variable (a Variable in a shape), or an expression of one
+    n = UOp.variable("n", 1, 4)
+    verify_kernel(store(load(idx=UOp(Ops.RANGE, I32, (n * 4,), (0, "global")))))
 
 
 @pytest.mark.parametrize("bad,op", [
     (store(UOp(Ops.RESHAPE, F32, (load(),), (16,))), "RESHAPE"),                     # tensor op left over
     (store(UOp(Ops.REDUCE_AXIS, F32, (load(),), (Ops.ADD, (0,)))), "REDUCE_AXIS"),
     (store(load(buf=UOp(Ops.BUFFER, F32.ptr(16), (), (1, 16)))), "BUFFER"),           # loads a BUFFER
-    (store(load(idx=UOp(Ops.RANGE, I32, (UOp.variable("n", 1, 16),), (0, "global")))), "RANGE"),  # size not const
+    (store(load(idx=UOp(Ops.RANGE, I32, (load(buf=UOp(Ops.PARAM, I32.ptr(16), (), 2)),), (0, "global")))),
+     "RANGE"),                                                  # size read from memory (neither const nor a variable)
     (store(load(idx=UOp(Ops.RANGE, I32, (UOp.const(I32, 0),), (0, "global")))), "RANGE"),      # empty loop
     (store(UOp(Ops.REDUCE, F32, (load(), UOp.const(I32, 4)), Ops.ADD)), "REDUCE"),  # src not a RANGE
     (store(UOp(Ops.REDUCE, F32, (load(),), Ops.ADD)), "REDUCE"),                    # no RANGE at all

@@ -1,0 +1,66 @@
+"""Symbolic sizes below the frontend: size arithmetic (ir/shape.py), stripping bound variables from the tensor graph
+(schedule/variables.py), reshape index groups with variables, and the kernel argument order (codegen)."""
+import pytest
+
+from fusegrad import Tensor, Variable
+from fusegrad.codegen import to_program
+from fusegrad.device import Device
+from fusegrad.ir.ops import Ops
+from fusegrad.ir.shape import sle, smax, sprod, sym_eq
+from fusegrad.schedule.indexing import reshape_groups
+from fusegrad.schedule.variables import strip_binds
+
+
+def test_size_arithmetic():
+    n = Variable("n", 1, 10)
+    assert sprod((2, 3)) == 6 and sprod((n, 1)) is n and sprod((0, n)) == 0
+    assert sym_eq(sprod((2, n, 4)), sprod((n, 8))) and not sym_eq(n, 10)
+    assert smax(sprod((n, 4))) == 40 and smax(7) == 7
+    assert sle(n, 10) and not sle(n, 9) and sle(n, n) and sle(0, n)
+
+
+def test_reshape_groups_with_a_variable():
+    n = Variable("n", 1, 10)
+    assert reshape_groups((n, 4), (sprod((n, 4)),)) == [(0, 2, 0, 1)]
+    assert reshape_groups((2, n, 4), (2, sprod((n, 4)))) == [(0, 1, 0, 1), (1, 3, 1, 2)]
+    assert reshape_groups((n, 1, 3), (n, 3)) == [(0, 1, 0, 1), (1, 3, 1, 2)]
+    # sizes that can't be proven equal group by group: one group, flattened whole
+    assert reshape_groups((n, 4), (4, n)) == [(0, 2, 0, 2)]
+
+
+def test_strip_binds_gives_one_graph_for_every_value():
+    n = Variable("n", 1, 10)
+    x = Tensor.empty(10, 4)
+    graphs = []
+    for k in (2, 7):
+        t = (x[:n.bind(k)] * 2).sum(1)
+        sink, mapping, var_vals = strip_binds(t.uop)
+        assert var_vals == {n: k}
+        assert not any(u.op is Ops.BIND for node in sink.toposort() for u in _arg_uops(node.arg))
+        graphs.append(sink)
+    assert graphs[0] is graphs[1]
+
+
+def _arg_uops(arg):
+    from fusegrad.ir.ops import UOp
+    if isinstance(arg, UOp): return list(arg.toposort())
+    if isinstance(arg, tuple): return [u for a in arg for u in _arg_uops(a)]
+    return []
+
+
+def test_strip_binds_errors():
+    n, m = Variable("n", 1, 10), Variable("m", 1, 10)
+    x = Tensor.empty(10)
+    with pytest.raises(ValueError, match="'n' is bound to both 2 and 3"):
+        strip_binds((x[:n.bind(2)].sum() + x[:n.bind(3)].sum()).uop)
+    with pytest.raises(ValueError, match="'m'.*not bound"): strip_binds((Tensor.ones(m) * 2).uop)
+
+
+def test_variables_are_int_arguments_after_the_buffers_in_name_order():
+    a, b = Variable("a", 1, 8), Variable("b", 1, 8)
+    t = Tensor.empty(8, 8)[:b.bind(3), :a.bind(5)].sum(1)
+    ast = next(si.ast for si in t.schedule())
+    spec = to_program(ast, Device["CPU"].renderer)
+    assert spec.vars == [a, b]
+    assert "float* restrict data1, const int a, const int b)" in spec.src
+    assert spec.thread_size == 0   # a symbolic outer loop isn't split across threads
