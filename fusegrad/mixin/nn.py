@@ -255,7 +255,8 @@ class NNMixin:
     def dropout(self: "Tensor", p: float = 0.5) -> "Tensor":
         if not 0 <= p <= 1: raise ValueError(f"dropout probability must be in [0, 1], got {p}")
         Tensor = _T()
-        if not Tensor.training or p == 0: return self
+        from fusegrad.helpers import TRAINING
+        if not (Tensor.training or TRAINING) or p == 0: return self  # `with Tensor.train():` or Context(TRAINING=1)
         if p == 1: return self.zeros_like()
         return (Tensor.rand(*self.shape, device=self.device) >= p).where(self, 0) * (1 / (1 - p))
 

@@ -86,7 +86,10 @@ class PythonProgram:
             elif op is Ops.CAST: v[pc] = cast_value(v[src[0]], dt)
             elif op is Ops.BITCAST:
                 sdt = self.uops[src[0]].dtype
-                v[pc] = struct.unpack(_fmt(dt), struct.pack(_fmt(sdt), v[src[0]]))[0]
+                # bfloat16 values are held as floats: through their 16 bits on the way in and out
+                x = float_to_bf16_bits(v[src[0]]) if sdt == dtypes.bfloat16 else v[src[0]]
+                y = struct.unpack(_fmt(dt), struct.pack(_fmt(sdt), x))[0]
+                v[pc] = bf16_to_float(y) if dt == dtypes.bfloat16 else y
             elif op in GroupOp.ALU:
                 v[pc] = exec_alu(op, dt, [v[s] for s in src])
             else:

@@ -345,3 +345,18 @@ def test_empty_and_0d_per_dtype(dt):
     assert z.shape == () and z.dtype == to_dtype(dt)
     np.testing.assert_array_equal((z == z).numpy(), np.array(True))
     assert z.cast("float32").item() == 1.0
+
+
+def test_bitcast_out_of_emulated_bfloat16():
+    """bfloat16 -> a 16-bit type keeps the bf16 bits (CPU emulates bf16 in float32; the bits are its top half)."""
+    v = np.array([1.0, 2.0, -3.5, 1e-3, -np.inf], np.float32)
+    ref = torch.tensor(v).to(torch.bfloat16)
+    for dev in ("CPU", "PYTHON"):
+        for dst, tdt in (("uint16", torch.int16), ("int16", torch.int16), ("float16", torch.float16)):
+            out = Tensor(v, device=dev).cast("bfloat16").bitcast(dst)
+            if dev == "PYTHON" and dst == "float16":  # the interpreter holds floats as Python floats: NaN payloads go
+                np.testing.assert_array_equal(out.numpy(), ref.view(tdt).numpy())
+            else: np.testing.assert_array_equal(out.numpy().view(np.uint16), ref.view(tdt).numpy().view(np.uint16))
+        # and back: 16 bits -> bfloat16
+        back = Tensor(ref.view(torch.int16).numpy().view(np.uint16), device=dev).bitcast("bfloat16").float().numpy()
+        np.testing.assert_array_equal(back, ref.float().numpy())

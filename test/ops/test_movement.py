@@ -192,6 +192,12 @@ def test_squeeze(dim):
     check_op([(1, 3, 1, 4)] if dim != 3 else [(2, 3, 4, 1)], lambda x: x.squeeze() if dim is None else x.squeeze(dim))
 
 
+@pytest.mark.parametrize("dims", [(0, 2), (0, 1), (-1, -2), (), [2]], ids=str)
+def test_squeeze_tuple_of_dims(dims):
+    # torch >= 2.0 takes a tuple of dims; the ones that aren't size 1 stay
+    check_op([(1, 3, 1, 1)], lambda x: x.squeeze(tuple(dims)) if isinstance(dims, tuple) else x.squeeze(dims))
+
+
 def test_squeeze_0d_and_all_ones():
     check_op([()], lambda x: x.squeeze())
     check_op([(1, 1)], lambda x: x.squeeze())

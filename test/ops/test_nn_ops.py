@@ -363,6 +363,15 @@ def test_dropout_train(p):
     np.testing.assert_allclose(x.grad.numpy(), np.where(kept, 2 / (1 - p), 0), rtol=1e-6)
 
 
+def test_dropout_follows_the_training_flag():
+    # Context(TRAINING=1) turns dropout on, as it does BatchNorm's batch statistics and the optimizers
+    from fusegrad import Context
+    x = Tensor.ones(4096)
+    with Context(TRAINING=1):
+        assert 0.4 < (x.dropout(0.5) == 0).float().mean().item() < 0.6
+    assert (x.dropout(0.5) == 1).all().item()
+
+
 def test_dropout_train_edges():
     x = Tensor(rand((3, 4), 1, 2))
     with Tensor.train():
