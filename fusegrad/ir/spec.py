@@ -66,6 +66,12 @@ def _range_ok(x: UOp) -> bool:
 
 
 _BUF = UPat((Ops.PARAM, Ops.DEFINE_REG, Ops.DEFINE_LOCAL), name="buf")
+
+
+def _elem_ok(x: UOp, buf: UOp) -> bool:
+    """An INDEX addresses one element of its buffer, or (VECTORIZE) a run of N consecutive elements as one vector."""
+    base = buf.dtype.base
+    return x.dtype == base or (base.count == 1 and x.dtype.count > 1 and x.dtype.scalar() == base)
 _VALUE = UPat(GroupOp.ALU | {Ops.CONST, Ops.CAST, Ops.BITCAST}, name="x")
 
 # rules valid in kernel ASTs and linear programs alike
@@ -80,9 +86,9 @@ _scalar_rules = [
     (UPat(Ops.SPECIAL, src=(UPat.var("n"),), name="x"),
      lambda x, n: dtypes.is_int(x.dtype) and n.dtype == x.dtype and isinstance(x.arg, str)),  # a hardware index
     (UPat(Ops.INDEX, src=(_BUF, UPat.var("i")), name="x"),                             # buf[i]: ptr base -> element
-     lambda x, buf, i: dtypes.is_int(i.dtype) and x.dtype == buf.dtype.base),
+     lambda x, buf, i: dtypes.is_int(i.dtype) and _elem_ok(x, buf)),
     (UPat(Ops.INDEX, src=(_BUF, UPat.var("i"), UPat.var("g")), name="x"),                 # buf[i] if gate
-     lambda x, buf, i, g: dtypes.is_int(i.dtype) and g.dtype == dtypes.bool and x.dtype == buf.dtype.base),
+     lambda x, buf, i, g: dtypes.is_int(i.dtype) and g.dtype.scalar() == dtypes.bool and _elem_ok(x, buf)),
     (UPat(Ops.VECTORIZE, name="x"), lambda x: len(x.src) == x.dtype.count > 1 and
      all(s.dtype == x.dtype.scalar() for s in x.src)),                                 # scalars -> vector
     (UPat(Ops.GEP, src=(UPat.var("v"),), name="x"), lambda x, v: isinstance(x.arg, int) and 0 <= x.arg < v.dtype.count

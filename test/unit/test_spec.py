@@ -15,6 +15,7 @@ F32, I32 = dtypes.float32, dtypes.int32
 rng = np.random.default_rng(0)
 A = rng.standard_normal((4, 6)).astype(np.float32)
 B = rng.standard_normal((6, 5)).astype(np.float32)
+M = rng.standard_normal((64, 64)).astype(np.float32)
 N = rng.integers(-10, 10, (4, 6)).astype(np.int32)
 
 
@@ -41,6 +42,10 @@ PROGRAMS = {
                lambda: np.take_along_axis(A, np.array([[0, 5], [1, 1], [2, 0], [3, 4]]), 1) * 2),
     "bitcast": (lambda: Tensor(A).bitcast(dtypes.int32) & 0xFF, lambda: A.view(np.int32) & 0xFF),
     "assign": (lambda: (lambda t: t.assign(t * 2 + 1))(Tensor(A).contiguous().realize()), lambda: A * 2 + 1),
+    # big enough for the VECTORIZE/UPCAST actions: vector INDEX/LOAD/STORE, VECTORIZE and GEP in the linear program
+    "vectorized matmul": (lambda: Tensor(M) @ Tensor(M).T + 1, lambda: M @ M.T + 1),
+    "vectorized softmax": (lambda: Tensor(M).softmax(1), lambda: np.exp(M - M.max(1, keepdims=True)) /
+                           np.exp(M - M.max(1, keepdims=True)).sum(1, keepdims=True)),
 }
 
 
