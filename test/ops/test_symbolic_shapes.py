@@ -9,7 +9,7 @@ from fusegrad.ir.ops import Ops
 from .helpers import _optional_device
 
 # WEBGPU's runtime doesn't pass int kernel arguments yet
-DEVICES = ["CPU", "PYTHON"] + [_optional_device(d) for d in ("CL", "LLVM")]
+DEVICES = ["CPU", "PYTHON"] + [_optional_device(d) for d in ("CL", "LLVM", "WEBGPU")]
 VALUES = (1, 3, 6)
 rng = np.random.default_rng(0)
 A = rng.standard_normal((6, 4)).astype(np.float32)
@@ -156,3 +156,19 @@ def test_gradient_through_symbolic_slice():
         x = Tensor(A, requires_grad=True)
         (x[:n.bind(k)] * 3).relu().sum().backward()
         np.testing.assert_allclose(x.grad.numpy(), np.where((np.arange(6) < k)[:, None] & (A > 0), 3.0, 0.0))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_symbolic_sizes_under_tinyjit(device):
+    """A variable size is an int argument of the kernel (WEBGPU: a small uniform buffer after the data buffers): one
+    captured kernel serves every bound value, also outside the JIT."""
+    from fusegrad import TinyJit
+    n = Variable("n", 1, 16)
+    xn = np.random.default_rng(0).standard_normal((16, 3)).astype(np.float32)
+    x = Tensor(xn, device=device).realize()
+
+    @TinyJit
+    def f(a): return (a * 2 + 1).sum(0).realize()
+    for k in (3, 5, 16, 2):
+        np.testing.assert_allclose(f(x[:n.bind(k)]).numpy(), (xn[:k] * 2 + 1).sum(0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose((x[:n.bind(7)] * 3).numpy(), xn[:7] * 3)

@@ -356,21 +356,6 @@ def test_compile_cache_hits_and_is_keyed_by_llvm_and_cpu(tmp_path, monkeypatch):
 
 
 @needs_llvm
-def test_symbolic_sizes_under_tinyjit():
-    """A Variable size is an i32 argument after the buffers: one compiled kernel serves every bound value."""
-    from fusegrad import TinyJit, Variable
-    n = Variable("n", 1, 16)
-    xn = RNG.standard_normal((16, 3)).astype(np.float32)
-    x = Tensor(xn, device="LLVM").realize()
-
-    @TinyJit
-    def f(a): return (a * 2 + 1).sum(0).realize()
-    for k in (3, 5, 16, 2):
-        np.testing.assert_allclose(f(x[:n.bind(k)]).numpy(), (xn[:k] * 2 + 1).sum(0), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose((x[:n.bind(7)] * 3).numpy(), xn[:7] * 3)
-
-
-@needs_llvm
 def test_kernel_corpus_compiles_loads_and_runs():
     """Every kernel of test/runtime/kernel_corpus.py (all dtypes, casts, reductions, matmul/conv with gradients,
     indexing, a Variable size) renders, verifies, compiles and loads; those without variables run on zeroed buffers."""

@@ -244,19 +244,6 @@ def test_llvmpipe_loop_limit_is_an_error_not_a_wrong_result():
 
 
 @needs_device
-def test_symbolic_sizes_are_bound_after_the_buffers():
-    from fusegrad import TinyJit, Variable
-    n = Variable("n", 1, 16)
-    xn = RNG.standard_normal((16, 3)).astype(np.float32)
-    x = Tensor(xn, device="WEBGPU").realize()
-
-    @TinyJit
-    def f(a): return (a * 2 + 1).sum(0).realize()
-    for k in (3, 5, 16, 2):
-        np.testing.assert_allclose(f(x[:n.bind(k)]).numpy(), (xn[:k] * 2 + 1).sum(0), rtol=1e-5, atol=1e-6)
-
-
-@needs_device
 def test_kernel_corpus_compiles_or_is_rejected_by_dtype():
     """Every kernel of the shared corpus (all dtypes, casts, NaN/inf, reductions, matmul/conv with gradients,
     indexing, a Variable size) renders to WGSL that wgpu validates and builds a pipeline for, except those with a

@@ -23,25 +23,11 @@ from typing import Any
 import pytest
 
 from fusegrad.ir.ops import Ops
+from test_viz import TRAIN  # the Linear + SGD step that test_viz.py records too
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
 
-TRAIN = """
-import numpy as np
-from fusegrad import Context, Tensor
-from fusegrad.nn import Linear
-from fusegrad.nn.optim import SGD
-lin = Linear(4, 3)
-opt = SGD([lin.weight, lin.bias], lr=0.1)
-x, y = Tensor(np.ones((2, 4), np.float32)), Tensor(np.zeros((2, 3), np.float32))
-with Context(TRAINING=1):
-    opt.zero_grad()
-    loss = ((lin(x) - y) ** 2).mean()
-    loss.backward()
-    opt.step()
-print(loss.item())
-"""
 
 
 class Browser:
