@@ -107,13 +107,14 @@ def _stride(idx: UOp, rng: UOp) -> int | None:
     return c if c is not None and all(rng not in t.toposort() for t in terms if t is not rng) else None
 
 
-def _vector_score(accesses: list[UOp], rng: UOp) -> int:
-    """+1 for every load/store a vector over rng makes one contiguous access, -1 for every one it makes a gather."""
+def _vector_score(accesses: list[UOp], rng: UOp, weights: dict[UOp, int] | None = None) -> int:
+    """+w for every access a vector over rng makes one contiguous access, -w for every one it makes a gather/scatter;
+    w is the access's weight (a load in the reduce loop counts more than the store that runs once per output)."""
     score = 0
     for idx in accesses:
         gate_dep = len(idx.src) > 2 and rng in idx.src[2].toposort()
         st = _stride(idx.src[1], rng)
-        score += -1 if gate_dep or (st not in (0, 1)) else st
+        score += (-1 if gate_dep or (st not in (0, 1)) else st) * (weights or {}).get(idx, 1)
     return score
 
 
@@ -123,7 +124,9 @@ VECTOR_DTYPES = {dtypes.float32, dtypes.float64, dtypes.int32, dtypes.uint32, dt
 def hand_coded_opts(ast: UOp, renderer: Renderer | None = None) -> list[Opt]:
     """The heuristic, for kernels with a reduce (elementwise kernels are left to the C compiler's vectorizer):
     1. VECTORIZE the range along which most loads/stores are contiguous (an output axis, or the reduce axis when the
-       inputs are contiguous in it: x @ w.T), at the target's SIMD width;
+       inputs are contiguous in it: x @ w.T), at the target's SIMD width: loads in the reduce loop weigh 4x the final
+       store, and the score scales with the vector width (16 lanes across a conv's output channels beat 4 along a
+       20-wide row);
     2. UPCAST up to two output ranges along which some input doesn't move (its loads are then shared): a register
        tile of accumulators, at most 16 vectors (or 16 scalars without SIMD);
     3. UNROLL short reduce ranges fully (<= 8), and long ones by 4 when nothing was vectorized."""
@@ -139,6 +142,11 @@ def hand_coded_opts(ast: UOp, renderer: Renderer | None = None) -> list[Opt]:
     vec_rng, width = None, 1
     simd = renderer.simd_bytes if renderer is not None else 0
     kernel_dts = {n.dtype.scalar() for n in nodes if n.op not in (Ops.SINK, Ops.STORE, Ops.PARAM, Ops.INDEX)}
+    # loads inside a reduce run once per reduce step, the store once per output: weigh them so (a conv whose weight is
+    # contiguous along the output channels vectorizes along them, scattering its few stores)
+    in_reduce = {n.src[0] for n in nodes if n.op is Ops.LOAD and any(r.arg[1] == "reduce" for r in n.src[0].src[1].toposort()
+                                                                     if r.op is Ops.RANGE)}
+    weights = {a: 4 if a in in_reduce else 1 for a in accesses}
     if simd and kernel_dts <= VECTOR_DTYPES | {dtypes.void}:
         item = max(d.itemsize for d in kernel_dts if d not in (dtypes.bool, dtypes.void))
         best = 0
@@ -146,7 +154,7 @@ def hand_coded_opts(ast: UOp, renderer: Renderer | None = None) -> list[Opt]:
             w = next((w for w in (simd // item, simd // item // 2, simd // item // 4) if w >= 4 and sizes[r] % w == 0),
                      None)
             if w is None: continue
-            sc = _vector_score(accesses, r)
+            sc = _vector_score(accesses, r, weights) * w  # wider vectors do more per instruction
             if sc > best: vec_rng, width, best = r, w, sc
     if vec_rng is not None:
         opts.append(Opt("VECTORIZE", vec_rng.arg[0], width))
