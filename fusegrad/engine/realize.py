@@ -32,6 +32,12 @@ def _code_version() -> str:
     return h.hexdigest()[:16]
 
 
+def _renderer_state(r: Any) -> str:
+    """What a renderer was configured with on this machine (thread count, SIMD width, workgroup limits, ...): codegen
+    depends on it, so CPU_THREADS=1 must not hand its single-threaded programs to a later 2-thread process."""
+    return type(r).__name__ + repr(sorted(vars(r).items(), key=lambda kv: kv[0]))
+
+
 def _load_spec(ast: UOp, device: str, amt: int) -> tuple[str, ProgramSpec | None]:
     """The rendered program from the disk cache (keyed by kernel, device, compiler, optimization mode and code
     version), so a warm process skips codegen as well as compilation."""
@@ -39,7 +45,7 @@ def _load_spec(ast: UOp, device: str, amt: int) -> tuple[str, ProgramSpec | None
     dev = Device[device]
     if dev.compiler.cachekey is None or not CACHELEVEL or DEBUG >= 3 or SPEC: return "", None  # run codegen to show/check it
     key = hashlib.sha256(f"{ast_key(ast)}:{device}:{dev.compiler.cachekey}:{amt}:{int(NOOPT.value)}:"
-                         f"{_code_version()}".encode()).hexdigest()
+                         f"{_renderer_state(dev.renderer)}:{_code_version()}".encode()).hexdigest()
     if (raw := diskcache_get("program", key)) is None: return key, None
     d = json.loads(raw)
     return key, ProgramSpec(d["name"], d["src"], [], d["nbufs"], d["ops"], d["mem"], tuple(d["global_size"]),

@@ -105,3 +105,16 @@ def test_compile_error_is_clear():
     from fusegrad.device import CompileError
     with pytest.raises(CompileError, match="C compile failed"):
         CPUCompiler().compile("this is not C")
+
+
+def test_program_cache_is_keyed_by_the_renderer_configuration(monkeypatch):
+    # a program rendered for CPU_THREADS=1 (no thread split) must not be handed to a process with 2 threads
+    from fusegrad.engine import realize
+    ast = (Tensor.rand(64, 64) @ Tensor.rand(64, 64)).schedule()[-1].ast
+    r = Device["CPU"].renderer
+    k1, _ = realize._load_spec(ast, "CPU", 0)
+    monkeypatch.setattr(r, "threads", r.threads + 1)
+    k2, _ = realize._load_spec(ast, "CPU", 0)
+    monkeypatch.setattr(r, "simd_bytes", 16)
+    k3, _ = realize._load_spec(ast, "CPU", 0)
+    assert len({k1, k2, k3}) == 3 and all((k1, k2, k3))
