@@ -81,6 +81,8 @@ def actions(ast: UOp, renderer: Any) -> list[Opt]:
         if r.arg[1] == "local": continue  # a GROUP's lanes
         if r.arg[1] != "reduce":
             out += [Opt("UPCAST", r.arg[0], k) for k in (2, 3, 4, 5, 8) if size % k == 0 and k < size or k == size <= 8]
+            if r is (glob[0] if glob else None):  # cache blocking of the outermost loop
+                out += [Opt("TILE", r.arg[0], k) for k in (4, 8, 16, 32) if size % k == 0 and k < size]
         else:
             out += [Opt("UNROLL", r.arg[0], k) for k in (2, 4, 8) if size % k == 0 and k <= size]
             if 1 < size <= 16 and size not in (2, 4, 8): out.append(Opt("UNROLL", r.arg[0], size))
@@ -167,7 +169,7 @@ def beam_search(ast: UOp, device: str, amt: int, name: str = "") -> list[Opt]:
         beam = sorted(tried, key=tried.get)[:amt]
         if min(tried.values()) >= best_before * 0.98: break  # nothing meaningfully faster: stop
     bar.update(close=True)
-    pool.shutdown(wait=False)
+    pool.shutdown(wait=True, cancel_futures=True)  # out of time: drop queued compiles, let running ones finish
     best = list(min(tried, key=tried.get))
     if DEBUG >= 1:
         print(f"BEAM {name}: {len(tried)} candidates in {time.perf_counter() - st:.2f} s; "

@@ -36,6 +36,7 @@ class Renderer:
     threads: int = 1              # >1: the runtime can split a kernel's outermost output loop over this many threads
     min_thread_work: int = 1 << 17  # loop iterations below which a kernel runs on one thread
     simd_bytes: int = 0           # width of the target's vector registers; 0: no vector types (no VECTORIZE)
+    cache_bytes: int = 0          # per-core cache to block big inputs for (the TILE action); 0: no cache blocking
 
     def supported_dtypes(self) -> list[DType]:
         """Every dtype kernels on this device can use (natively or emulated by codegen)."""

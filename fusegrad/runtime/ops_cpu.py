@@ -88,6 +88,18 @@ def simd_bytes() -> int:
     return 64 if " avx512f" in flags else 32 if " avx2" in flags else 16
 
 
+def l2_bytes() -> int:
+    """The per-core L2 cache size from sysfs (1 MiB when it can't be read): the budget for cache blocking (TILE)."""
+    try:
+        for idx in sorted(os.listdir("/sys/devices/system/cpu/cpu0/cache")):
+            d = f"/sys/devices/system/cpu/cpu0/cache/{idx}"
+            if open(f"{d}/level").read().strip() == "2":
+                size = open(f"{d}/size").read().strip()
+                return int(size[:-1]) * {"K": 1 << 10, "M": 1 << 20}[size[-1]] if size[-1] in "KM" else int(size)
+    except (OSError, ValueError): pass
+    return 1 << 20
+
+
 def cpu_threads() -> int:
     """CPU_THREADS, else the cores this process may run on."""
     if (n := os.getenv("CPU_THREADS")): return max(int(n), 1)
@@ -172,4 +184,5 @@ class CPUDevice(Compiled):
         renderer = ClangRenderer()
         renderer.threads = cpu_threads()
         renderer.simd_bytes = simd_bytes()
+        renderer.cache_bytes = l2_bytes()
         super().__init__(device, CPUAllocator(), renderer, CPUCompiler(), CPUProgram)

@@ -155,3 +155,30 @@ def test_vector_where_on_broadcast_scalar_condition():
     out = ((Tensor.eye(m).expand((m, m)) * v.unsqueeze(-2)).sum(-1, keepdim=True) * v.unsqueeze(-2)).numpy()
     vv = xn / np.sqrt((xn.astype(np.float64) ** 2).sum(-1, keepdims=True))
     np.testing.assert_allclose(out, vv[:, :, None] * vv[:, None, :], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("opts", [
+    [Opt("TILE", 0, 4)],
+    [Opt("VECTORIZE", 1, 16), Opt("UPCAST", 0, 4), Opt("TILE", 0, 2)],
+    [Opt("UPCAST", 0, 2), Opt("TILE", 0, 8), Opt("TILE", 1, 4)],
+], ids=str)
+def test_tile_cache_blocking_matches_numpy(monkeypatch, opts):
+    # TILE(r, k): r -> an outer loop in r's place and an inner loop of k innermost among the output loops
+    out = run_forced(monkeypatch, lambda: Tensor(A) @ Tensor(B), opts)
+    np.testing.assert_allclose(out, A @ B, rtol=1e-5, atol=1e-5)
+
+
+def test_tile_errors_and_heuristic():
+    from fusegrad.codegen.opt import apply_opt
+    ast = (Tensor(A) @ Tensor(B)).schedule()[-1].ast
+    with pytest.raises(ValueError, match="TILE needs an output range"):
+        apply_opt(ast, Opt("TILE", 2, 4))
+    with pytest.raises(ValueError, match="must divide"):
+        apply_opt(ast, Opt("TILE", 0, 5))
+    # the heuristic tiles the outermost loop when the input it re-reads in full doesn't fit the cache
+    ast = (Tensor(rng.standard_normal((64, 256)).astype(np.float32)) @ Tensor(rng.standard_normal((256, 64)).astype(np.float32))).schedule()[-1].ast
+    r = type(CPU)()
+    r.simd_bytes, r.threads, r.cache_bytes = CPU.simd_bytes, 2, 1 << 30
+    assert not any(o.op == "TILE" for o in hand_coded_opts(ast, r))
+    r.cache_bytes = 4096   # B is 64 KB
+    assert any(o.op == "TILE" and o.axis == 0 for o in hand_coded_opts(ast, r))
