@@ -262,6 +262,13 @@ def strong_dtype(dt: DType) -> DType:
     return dt
 
 
+def weak_dtype(dt: DType) -> DType:
+    """The weak (Python-scalar) dtype of `dt`'s kind: weakfloat for floats, weakint for ints; bool stays bool."""
+    if dtypes.is_float(dt): return dtypes.weakfloat
+    if dtypes.is_int(dt): return dtypes.weakint
+    return dt
+
+
 def sum_acc_dtype(dt: DType) -> DType:
     """The accumulator dtype of sum(): small ints sum in the default int (int64-like as torch), floats in float32+."""
     if dtypes.is_unsigned(dt): return least_upper_dtype(dt, dtypes.uint32)

@@ -12,7 +12,7 @@ from typing import Any, Callable, ClassVar, Sequence
 from fusegrad import autograd
 from fusegrad.device import Buffer, Device
 from fusegrad.dtype import ConstType, DType, DTypeLike, dtypes, least_upper_dtype, least_upper_float, \
-    strong_dtype, sum_acc_dtype, to_dtype
+    strong_dtype, sum_acc_dtype, to_dtype, weak_dtype
 from fusegrad.helpers import PROFILE, TRAINING, VIZ, argfix, dedup, make_tuple, prod
 from fusegrad.ir import build
 from fusegrad.ir.ops import Ops, UOp, ssimplify, sym_infer
@@ -130,7 +130,7 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
     >>> (Tensor([1.0, 2.0]) * 3).tolist()
     [3.0, 6.0]
     """
-    __slots__ = ("uop", "grad", "requires_grad", "_derived", "_used", "is_param", "__weakref__")
+    __slots__ = ("uop", "grad", "requires_grad", "_derived", "_used", "is_param", "_weak", "_no_graph", "__weakref__")
     training: ClassVar[bool] = False
     no_grad: ClassVar[bool] = False
     _seed: ClassVar[int] = 0
@@ -171,6 +171,9 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
         self._derived = False  # True when computed from tensors that require grad (has autograd history)
         self._used = False     # True once another tensor was computed from this one (its node is in that graph)
         self.is_param = False
+        # a 0-d tensor made from a bare Python scalar (no dtype given) is weakly typed in promotion, like the scalar
+        self._no_graph = False
+        self._weak = dt is None and isinstance(data, (int, float)) and not isinstance(data, bool)
         if requires_grad: self.uop = _make_unique(self.uop)
         _all_tensors.add(self)
 
@@ -186,7 +189,10 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
         t = Tensor.__new__(Tensor)
         t.uop, t.grad, t.is_param = u, None, False
         t.requires_grad = True if not Tensor.no_grad and any(p.requires_grad for p in parents) else None
-        t._derived, t._used = bool(t.requires_grad), False
+        t._derived, t._used, t._weak = bool(t.requires_grad), False, False
+        # computed under Tensor.no_grad from tensors that need a gradient (or from such a tensor): no autograd graph
+        t._no_graph = (Tensor.no_grad and any(p.requires_grad for p in parents)) or \
+            (not t.requires_grad and any(p._no_graph for p in parents))
         for p in parents: p._used = True
         _all_tensors.add(t)
         return t
@@ -211,6 +217,13 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
     def ndim(self) -> int: return len(self.shape)
 
     def numel(self) -> Any: return sprod(self.shape)
+
+    @property
+    def max_shape(self) -> tuple[int, ...]:
+        """The shape with each symbolic size at its largest value (the shape itself when it is static)."""
+        return tuple(smax(s) for s in self.shape)
+
+    def max_numel(self) -> int: return prod(self.max_shape)
 
     def _concrete_shape(self) -> tuple[int, ...]:
         """The shape with every bound variable replaced by its value (ValueError for an unbound one)."""
@@ -248,6 +261,7 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
 
     def to_(self, device: str | None) -> "Tensor":
         """Move this tensor to `device` in place."""
+        self._single_device(device, "to_")
         self.uop = self.to(device).uop
         return self
 
@@ -276,8 +290,21 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
         from fusegrad.schedule import create_schedule
         return create_schedule([t.uop for t in (self,) + lst])[0]
 
-    def realize(self, *lst: "Tensor") -> "Tensor":
-        """Compute this tensor (and `lst`) now; later uses read the stored result."""
+    def schedule_linear(self, *lst: "Tensor") -> list[Any]:
+        """The kernels (in run order) that realize() would run for this tensor and `lst`, without running them."""
+        return self.schedule(*lst)
+
+    def linear_with_vars(self, *lst: "Tensor") -> tuple[list[Any], dict[Any, int]]:
+        """`(schedule_linear(*lst), {variable: bound value})` for the bound Variables the graphs use."""
+        binds = {n.src[0]: n.src[1].arg for t in (self,) + lst for n in t.uop.toposort() if n.op is Ops.BIND}
+        for sh in (t.shape for t in (self,) + lst):
+            for d in sh:
+                if isinstance(d, UOp): binds.update({n.src[0]: n.src[1].arg for n in d.toposort() if n.op is Ops.BIND})
+        return self.schedule(*lst), binds
+
+    def realize(self, *lst: "Tensor", do_update_stats: bool = True) -> "Tensor":
+        """Compute this tensor (and `lst`) now; later uses read the stored result. (`do_update_stats` is accepted
+        for tinygrad compatibility; fusegrad always counts kernels.)"""
         Tensor._realize_all([self, *lst])
         return self
 
@@ -372,20 +399,48 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
             raise RuntimeError(f"a Tensor with {self.numel()} elements cannot be converted to a Python scalar")
         return self.reshape(()).tolist()
 
-    def contiguous(self) -> "Tensor":
-        """A tensor whose data is materialized in row-major order (a realize point for the scheduler)."""
+    def contiguous(self, **kwargs: Any) -> "Tensor":
+        """A tensor whose data is materialized in row-major order (a realize point for the scheduler).
+        Keyword arguments (tinygrad's kernel options) are accepted and ignored."""
         if _is_contiguous_buffer(self.uop): return self
         return Tensor._wrap(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)), self)
 
     def detach(self) -> "Tensor":
         return Tensor._wrap(UOp(Ops.DETACH, self.dtype, (self.uop,)))
 
+    def contiguous_backward(self) -> "Tensor":
+        """The same values; its gradient is made contiguous (materialized) on the way back."""
+        from fusegrad.mixin.nn import _custom_grad
+        return _custom_grad(self.detach(), [self], lambda g, x: (g.contiguous(),), "contiguous_backward")
+
+    @staticmethod
+    def _single_device(device: Any, what: str) -> Any:
+        if isinstance(device, (tuple, list)):
+            raise NotImplementedError(f"{what}(): a tuple of devices {tuple(device)}: fusegrad has no multi-device "
+                                      "(sharded) tensors; pass one device")
+        return device
+
+    def shard(self, devices: Any, axis: int | None = None) -> "Tensor":
+        raise NotImplementedError("shard: fusegrad has no multi-device (sharded) tensors; use .to(device)")
+    def shard_(self, devices: Any, axis: int | None = None) -> "Tensor":
+        raise NotImplementedError("shard_: fusegrad has no multi-device (sharded) tensors; use .to_(device)")
+    def shard_like(self, y: "Tensor") -> "Tensor":
+        raise NotImplementedError("shard_like: fusegrad has no multi-device (sharded) tensors; use .to(y.device)")
+
+    def replace(self, x: "Tensor") -> "Tensor":
+        """Make this tensor compute what `x` computes (its graph node is swapped for x's); shapes must match."""
+        if not isinstance(x, Tensor): raise TypeError(f"replace needs a Tensor, got {type(x).__name__}")
+        if x.shape != self.shape: raise RuntimeError(f"replace: shape {x.shape} doesn't match {self.shape}")
+        self.uop = x.uop
+        return self
+
     def to(self, device: str | None) -> "Tensor":
-        device = Device.canonicalize(device)
+        device = Device.canonicalize(self._single_device(device, "to"))
         if device == self.device: return self
         return Tensor._wrap(UOp(Ops.COPY, self.dtype, (self.uop,), device), self)
 
     def clone(self, device: str | None = None) -> "Tensor":
+        self._single_device(device, "clone")
         return self.to(device) if device is not None and Device.canonicalize(device) != self.device \
             else Tensor._wrap(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)), self)
 
@@ -406,10 +461,44 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
 
     @classmethod
     def full(cls, shape: tuple[int, ...] | int, fill_value: ConstType, dtype: DTypeLike | None = None,
-             device: str | None = None, requires_grad: bool | None = None) -> "Tensor":
+             device: str | None = None, requires_grad: bool | None = None, buffer: bool = True) -> "Tensor":
+        """A tensor of `shape` filled with `fill_value`. fusegrad keeps it a broadcast constant until it is used
+        (no buffer is allocated either way); `buffer` is accepted for tinygrad compatibility."""
         s = cls._shape_arg((shape,) if isinstance(shape, int) else tuple(shape))
         dt = to_dtype(dtype) if dtype is not None else dtypes.from_py(fill_value)
         return Tensor(build.const(fill_value, dt, Device.canonicalize(device), s), requires_grad=requires_grad)
+
+    @classmethod
+    def invalids(cls, *shape: Any, device: str | None = None, dtype: DTypeLike | None = None) -> "Tensor":
+        """A tensor whose contents don't matter (tinygrad fills it with Invalid); here: uninitialized, like empty()."""
+        return cls.empty(*shape, device=device, dtype=dtype)
+
+    @staticmethod
+    def const(b: ConstType, dtype: DType | None = None, device: str | None = None) -> "Tensor":
+        """A 0-d constant tensor of `b` (dtype inferred from the Python value when not given)."""
+        return Tensor(b, device=device, dtype=dtype)
+
+    @staticmethod
+    def from_blob(ptr: int, shape: tuple[int, ...], **kwargs: Any) -> "Tensor":
+        """A tensor holding a copy of the memory at address `ptr` (an int or ctypes pointer), read as `shape` of
+        `dtype` (default float32)."""
+        import ctypes
+        dt = to_dtype(kwargs.pop("dtype", None) or dtypes.default_float)
+        s = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
+        addr = ctypes.cast(ptr, ctypes.c_void_p).value if not isinstance(ptr, int) else ptr
+        if not addr: raise ValueError("from_blob: null pointer")
+        data = ctypes.string_at(addr, prod(s) * dt.itemsize)
+        return Tensor(Tensor._from_bytes(data, dt, s, Device.canonicalize(kwargs.pop("device", None))), **kwargs)
+
+    @staticmethod
+    def from_url(url: str, gunzip: bool = False, **kwargs: Any) -> "Tensor":
+        """The bytes at `url` as a uint8 tensor (gunzipped first if asked). Needs network access."""
+        import gzip, urllib.error, urllib.request
+        try:
+            with urllib.request.urlopen(url, timeout=30) as r: data = r.read()
+        except (urllib.error.URLError, OSError) as e:
+            raise ConnectionError(f"from_url: can't fetch {url}: {e}") from e
+        return Tensor(gzip.decompress(data) if gunzip else data, **kwargs)
 
     @classmethod
     def zeros(cls, *shape: Any, **kwargs: Any) -> "Tensor":
@@ -477,6 +566,19 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
         return _mix32(x + 0x85157AF5)
 
     @classmethod
+    def random_bits(cls, key: "Tensor", counter: "Tensor", num: int) -> "Tensor":
+        """`num` pseudo-random uint32 values, a pure function of the uint32 tensors `key` and `counter` (their
+        elements are folded into one seed each); no global RNG state is used or advanced."""
+        def fold(t: "Tensor") -> "Tensor":
+            t = t.cast(dtypes.uint32).flatten()
+            h = Tensor([0x9E3779B9], dtype=dtypes.uint32, device=t.device)
+            for i in range(t.shape[0]): h = _mix32(h ^ t[i:i + 1] + i)
+            return h
+        k, c = fold(key), fold(counter.to(key.device))
+        ctr = Tensor(UOp(Ops.IOTA, dtypes.uint32, (UOp(Ops.DEVICE, arg=key.device),), num)) + c.expand(num)
+        return _mix32(_mix32(ctr ^ k.expand(num)) + 0x85157AF5)
+
+    @classmethod
     def rand(cls, *shape: Any, device: str | None = None, dtype: DTypeLike | None = None,
              requires_grad: bool | None = None) -> "Tensor":
         """Uniform samples in [0, 1)."""
@@ -502,10 +604,10 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
         return Tensor(z.reshape(s).cast(dt).contiguous().uop, requires_grad=requires_grad)
 
     @classmethod
-    def rand_like_(cls, t: "Tensor", **kwargs: Any) -> "Tensor":
+    def _rand_like(cls, t: "Tensor", **kwargs: Any) -> "Tensor":
         return cls.rand(*t.shape, **{"device": t.device, "dtype": t.dtype if dtypes.is_float(t.dtype) else None, **kwargs})
 
-    def rand_like(self, **kwargs: Any) -> "Tensor": return Tensor.rand_like_(self, **kwargs)
+    def rand_like(self, **kwargs: Any) -> "Tensor": return Tensor._rand_like(self, **kwargs)
 
     def randn_like(self, dtype: DTypeLike | None = None, **kwargs: Any) -> "Tensor":
         return Tensor.randn(*self.shape, **{"device": self.device, "dtype": dtype or self.dtype, **kwargs})
@@ -614,6 +716,10 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
             yt = y
             if yt.device != x.device:
                 raise RuntimeError(f"Expected all tensors to be on the same device, but found {x.device} and {yt.device}")
+            if match_dtype and (x._weak != yt._weak):  # a 0-d tensor from a Python scalar yields like the scalar
+                w, s = (x, yt) if x._weak else (yt, x)
+                dt = strong_dtype(least_upper_dtype(s.dtype, weak_dtype(w.dtype)))
+                x, yt = x.cast(dt), yt.cast(dt)
         if match_dtype:
             dt = least_upper_dtype(x.dtype, yt.dtype)
             x, yt = x.cast(dt), yt.cast(dt)
@@ -671,8 +777,15 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
         return self.reshape(old)._apply(lambda u: build.expand(u, new)) if old != self.shape else \
             self._apply(lambda u: build.expand(u, new))
 
-    def pad(self, padding: Sequence[int] | Sequence[tuple[int, int] | None], value: float = 0.0) -> "Tensor":
-        """Pad with `value`. `padding` is per-axis (before, after) pairs, or torch's flat form from the last axis."""
+    def pad(self, padding: Sequence[int] | Sequence[tuple[int, int] | None], mode: str = "constant",
+            value: float = 0.0) -> "Tensor":
+        """Pad the tensor. `padding` is per-axis (before, after) pairs, or torch's flat form from the last axis.
+
+        `mode` is "constant" (fill with `value`), "reflect" (mirror without the edge), "replicate" (repeat the edge) or
+        "circular" (wrap around), as in torch.nn.functional.pad. A number in place of `mode` is taken as `value`."""
+        if not isinstance(mode, str): mode, value = "constant", mode
+        if mode not in ("constant", "reflect", "replicate", "circular"):
+            raise NotImplementedError(f"pad mode {mode!r}: use 'constant', 'reflect', 'replicate' or 'circular'")
         if all(isinstance(p, int) for p in padding):
             flat = list(padding)
             if len(flat) % 2: raise RuntimeError(f"Padding length must be divisible by 2, got {padding} for shape {self.shape}")
@@ -685,7 +798,10 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
             pairs = [(0, 0) if p is None else tuple(p) for p in padding]  # type: ignore[misc]
         if any(isinstance(v, int) and v < 0 for p in pairs for v in p):  # negative padding crops
             x = self.shrink([(-min(b, 0), s + min(a, 0)) for (b, a), s in zip(pairs, self.shape)])
-            return x.pad([(max(b, 0), max(a, 0)) for b, a in pairs], value)
+            return x.pad([(max(b, 0), max(a, 0)) for b, a in pairs], mode, value)
+        if mode != "constant":
+            if value != 0: raise ValueError(f"padding mode {mode!r} doesn't take a value (got {value})")
+            return self._pad_mode(pairs, mode)
         out = self._apply(lambda u: build.pad(u, pairs))
         if self.numel() == 0 and out.numel():
             # padding nothing is all padding: kernels see a constant (they must not read the empty source), while
@@ -694,6 +810,28 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
         if value == 0: return out
         mask = Tensor.ones(self.shape, dtype=dtypes.bool, device=self.device)._apply(lambda u: build.pad(u, pairs))
         return mask.where(out, value)
+
+    def _pad_mode(self, pairs: Sequence[tuple[int, int]], mode: str) -> "Tensor":
+        """Non-constant padding, one axis at a time, built from slices of the input (so gradients flow back)."""
+        x = self
+        for i, (b, a) in enumerate(pairs):
+            if b == 0 and a == 0: continue
+            n = x.shape[i]
+            if mode == "reflect" and (b >= n or a >= n):
+                raise RuntimeError(f"reflect padding ({b}, {a}) must be smaller than the size {n} of axis {i} of {x.shape}")
+            if mode == "circular" and (b > n or a > n):
+                raise RuntimeError(f"circular padding ({b}, {a}) can't be larger than the size {n} of axis {i} of {x.shape}")
+            if n == 0: raise RuntimeError(f"can't {mode}-pad axis {i} of size 0 (shape {x.shape})")
+            def part(lo: int, hi: int, flip: bool = False) -> "Tensor":
+                p = x.shrink([(lo, hi) if j == i else None for j in range(x.ndim)])
+                return p.flip(i) if flip else p
+            if mode == "reflect": left, right = part(1, b + 1, True), part(n - 1 - a, n - 1, True)
+            elif mode == "circular": left, right = part(n - b, n), part(0, a)
+            else:
+                left = part(0, 1).expand(*[b if j == i else s for j, s in enumerate(x.shape)])
+                right = part(n - 1, n).expand(*[a if j == i else s for j, s in enumerate(x.shape)])
+            x = Tensor.cat(*[t for t in (left, x, right) if t.shape[i]], dim=i)
+        return x
 
     def shrink(self, arg: Sequence[tuple[int, int] | None]) -> "Tensor":
         if len(arg) != self.ndim: raise ValueError(f"shrink {arg} needs one entry per axis of {self.shape}")
@@ -758,6 +896,8 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
         return (groups << shifts).sum(-1, dtype=dst_u).bitcast(dt)
 
     def float(self) -> "Tensor": return self.cast(dtypes.float32)
+    def bfloat16(self) -> "Tensor": return self.cast(dtypes.bfloat16)
+    def short(self) -> "Tensor": return self.cast(dtypes.int16)
     def half(self) -> "Tensor": return self.cast(dtypes.float16)
     def int(self) -> "Tensor": return self.cast(dtypes.int32)
     def long(self) -> "Tensor": return self.cast(dtypes.int64)
@@ -780,8 +920,15 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
         a, b = self._broadcasted(x, reverse)
         return a._alu(Ops.MUL, b)
 
-    def div(self, x: "Tensor | ConstType", reverse: bool = False) -> "Tensor":
-        """True division (ints promote to float), like torch's `/`."""
+    def div(self, x: "Tensor | ConstType", reverse: bool = False, rounding_mode: str | None = None) -> "Tensor":
+        """True division (ints promote to float), like torch's `/`. rounding_mode="trunc" rounds the quotient toward
+        zero, "floor" toward -inf (both keep int dtypes, as torch.div does)."""
+        if rounding_mode == "floor": return self.floordiv(x, reverse)
+        if rounding_mode == "trunc":
+            a, b = self._broadcasted(x, reverse)
+            return (a / b).trunc() if dtypes.is_float(a.dtype) else a._alu(Ops.IDIV, b)
+        if rounding_mode is not None:
+            raise ValueError(f"div expected rounding_mode to be one of None, 'trunc', or 'floor' but found {rounding_mode!r}")
         a, b = self._broadcasted(x, reverse)
         a, b = a._float_or_self(), b._float_or_self()
         return a._alu(Ops.MUL, b.reciprocal())
@@ -995,6 +1142,7 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
             gradient = Tensor.ones(self.shape, dtype=self.dtype, device=self.device)
         if gradient.shape != self.shape:
             raise RuntimeError(f"gradient shape {gradient.shape} doesn't match tensor shape {self.shape}")
+        self._check_has_graph()
         root = _with_history(self.uop)
         targets = {t: lazy_of.get(t.uop, t.uop) for t in list(_all_tensors)
                    if t.requires_grad is not False and dtypes.is_float(t.dtype) and t is not gradient}
@@ -1011,10 +1159,18 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
     def gradient(self, *targets: "Tensor", gradient: "Tensor | None" = None) -> list["Tensor"]:
         """Gradients of self with respect to each target (without touching .grad)."""
         g = gradient if gradient is not None else Tensor.ones(self.shape, dtype=self.dtype, device=self.device)
+        self._check_has_graph()
         root = _with_history(self.uop)
         tu = [lazy_of.get(t.uop, t.uop) for t in targets]
         grads = autograd.compute_gradient(root, g.uop, set(tu))
-        return [Tensor._wrap(grads[u]) if u in grads else t.zeros_like() for t, u in zip(targets, tu)]
+        # the targets and self are the parents: a gradient of a tensor that requires grad has autograd history itself,
+        # so it can be realized and differentiated again (second order)
+        return [Tensor._wrap(grads[u], self, t, g) if u in grads else t.zeros_like() for t, u in zip(targets, tu)]
+
+    def _check_has_graph(self) -> None:
+        if self._no_graph:
+            raise RuntimeError("element 0 of tensors does not require grad and does not have a grad_fn: this tensor "
+                               "was computed under Tensor.no_grad, so it has no autograd graph")
 
     # train/test mode: tinygrad's old and new spellings
     class train(contextlib.ContextDecorator):

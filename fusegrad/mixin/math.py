@@ -125,10 +125,10 @@ class MathMixin:
     def softplus(self: "Tensor", beta: float = 1.0, threshold: float = 20.0) -> "Tensor":
         """log(1 + exp(beta x)) / beta, linear above `threshold` like torch; stable for large negative x."""
         bx = self * beta
-        stable = (bx.maximum(0) + (-bx.abs()).exp().log1p_()) * (1 / beta)
+        stable = (bx.maximum(0) + (-bx.abs()).exp()._log1p()) * (1 / beta)
         return (bx > threshold).where(self, stable)
 
-    def log1p_(self: "Tensor") -> "Tensor":
+    def _log1p(self: "Tensor") -> "Tensor":
         # log(1+x) computed so that tiny x keeps precision: log(u) * x / (u - 1) with u = 1 + x
         u = 1 + self
         return (u == 1).where(self, u.log() * self / (u - 1))
@@ -162,8 +162,8 @@ class MathMixin:
         return self.logical_not() if dtypes.is_bool(self.dtype) else self ^ -1
 
     def __invert__(self: "Tensor") -> "Tensor": return self.bitwise_not()
-    def lshift(self: "Tensor", x: int) -> "Tensor": return self << x
-    def rshift(self: "Tensor", x: int) -> "Tensor": return self >> x
+    def lshift(self: "Tensor", x: Any, reverse: bool = False) -> "Tensor": return x << self if reverse else self << x
+    def rshift(self: "Tensor", x: Any, reverse: bool = False) -> "Tensor": return x >> self if reverse else self >> x
     def __rand__(self: "Tensor", x: Any) -> "Tensor": return self & x
     def __ror__(self: "Tensor", x: Any) -> "Tensor": return self | x
     def __rxor__(self: "Tensor", x: Any) -> "Tensor": return self ^ x

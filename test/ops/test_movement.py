@@ -323,3 +323,38 @@ def test_views_do_not_alias_after_realize():
     c = (a + 1).realize()
     np.testing.assert_array_equal(b.numpy(), np.arange(6, dtype=np.float32).reshape(2, 3).T)
     np.testing.assert_array_equal(c.numpy(), np.arange(6, dtype=np.float32).reshape(2, 3) + 1)
+
+
+# ----- pad modes (torch.nn.functional.pad semantics, with gradients) -----
+
+PAD_MODES = [((5,), (2, 3), "reflect"), ((3, 4), (1, 2, 2, 1), "reflect"), ((3, 4), (3, 0), "replicate"),
+             ((2, 3, 4), (1, 2, 2, 1), "replicate"), ((4,), (4, 2), "circular"), ((2, 3, 5), (2, 1, 0, 3), "circular"),
+             ((1, 6), (-1, 2), "reflect"), ((1, 6), (2, -2), "circular")]
+
+
+@pytest.mark.parametrize("shape,pads,mode", PAD_MODES)
+def test_pad_modes(shape, pads, mode):
+    # torch wants a batch axis in front of the padded ones for these modes
+    torch_fn = (lambda x: F.pad(x, pads, mode=mode)) if len(shape) > len(pads) // 2 else \
+        (lambda x: F.pad(x[None], pads, mode=mode)[0])
+    check_op([shape], torch_fn, lambda x: x.pad(pads, mode=mode))
+
+
+def test_pad_mode_per_axis_pairs():
+    check_op([(3, 4)], lambda x: F.pad(x[None], (2, 1, 1, 2), mode="replicate")[0],
+             lambda x: x.pad([(1, 2), (2, 1)], mode="replicate"))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_pad_reflect_backends(device):
+    check_op([(2, 5)], lambda x: F.pad(x, (2, 2), mode="reflect"), lambda x: x.pad((2, 2), "reflect"),
+             device=device)
+
+
+def test_pad_mode_errors():
+    from fusegrad import Tensor
+    with pytest.raises(RuntimeError, match="reflect"): Tensor.ones(3).pad((3, 0), mode="reflect")
+    with pytest.raises(RuntimeError, match="circular"): Tensor.ones(3).pad((4, 0), mode="circular")
+    with pytest.raises(NotImplementedError, match="mode"): Tensor.ones(3).pad((1, 0), mode="wrap")
+    with pytest.raises(ValueError, match="value"): Tensor.ones(3).pad((1, 0), mode="replicate", value=2.0)
+    assert Tensor.ones(2).pad((1, 1), 5.0).tolist() == [5.0, 1.0, 1.0, 5.0]  # value in mode's place still works
