@@ -167,7 +167,8 @@ class MovementMixin:
 
         For one axis of size i, window k, stride s, dilation d, out o = (i - d(k-1) - 1)//s + 1 and
         w[kk, oo] = x[oo*s + kk*d]: repeat x k times, then re-read the flat copy with rows of length i+d, so row kk
-        starts kk*d further along; columns oo*s then pick the stride."""
+        starts kk*d further along; columns oo*s then pick the stride. Windows that don't overlap (d == 1, s >= k) are
+        a reshape into rows of s instead."""
         n = len(k_)
         st = (stride,) * n if isinstance(stride, int) else tuple(stride)
         dl = (dilation,) * n if isinstance(dilation, int) else tuple(dilation)
@@ -178,6 +179,15 @@ class MovementMixin:
             lead, i = xt.shape[:-1], xt.shape[-1]
             o = (i - d * (k - 1) - 1) // s + 1
             if o <= 0: raise RuntimeError(f"window {k} (dilation {d}) is larger than the input size {i}")
+            if d == 1 and s >= k:
+                # windows that don't overlap (max_pool2d's default stride == kernel): a reshape into rows of s, each
+                # cut to its first k. No repeated copy, so the gradient is a plain reshape too (no masked re-reads)
+                cut = [(0, 0)] * len(lead)
+                xt = xt.pad(cut + [(0, o * s - i)]) if o * s > i else xt.shrink([(0, v) for v in lead] + [(0, o * s)])
+                w = xt.reshape(lead + (o, s))
+                if s > k: w = w.shrink([(0, v) for v in lead] + [(0, o), (0, k)])
+                x = w._move_axis(w.ndim - 2, ax)
+                continue
             extra = max(0, o * s - i - d)                                  # so that row length i+d covers o*s
             if extra: xt = xt.pad([(0, 0)] * len(lead) + [(0, extra)])
             i2 = i + extra
