@@ -150,20 +150,44 @@ class BatchNorm:
 
     def __call__(self, x: Tensor) -> Tensor:
         if x.ndim < 2: raise ValueError(f"BatchNorm expects (N, C, ...) input, got shape {x.shape}")
+        if is_training() or self.running_mean is None or self.running_var is None: return self._batch_stats(x)
         mean, invstd = self.calc_stats(x)
-        if is_training() and self.running_mean is not None and self.running_var is not None:
-            self._update_running_stats(x, mean)
         return x.batchnorm(self.weight, self.bias, mean, invstd)
 
-    def _update_running_stats(self, x: Tensor, mean: Tensor) -> None:
-        assert self.running_mean is not None and self.running_var is not None and self.num_batches_tracked is not None
-        n = x.numel() // x.shape[1]
+    def _batch_stats(self, x: Tensor) -> Tensor:
+        """Normalize with the batch's statistics, with the closed-form gradient: per channel, with xhat the
+        normalized input and n the elements per channel, dx = weight * invstd / n * (n g - sum(g) - xhat sum(g xhat)),
+        dweight = sum(g xhat), dbias = sum(g). Two reductions backward, where differentiating through mean and var
+        takes five (and their elementwise kernels)."""
         axes = tuple(a for a in range(x.ndim) if a != 1)
-        xd, md = x.detach(), mean.detach()
-        var_unbiased = (xd - md.reshape((1, -1) + (1,) * (x.ndim - 2))).square().sum(axes) / max(n - 1, 1)
+        shape = (1, -1) + (1,) * (x.ndim - 2)
+        n = x.numel() // x.shape[1]
+        xd = x.detach()
+        mean = xd.mean(axes)
+        var = (xd - mean.reshape(shape)).square().mean(axes)   # biased, as torch normalizes
+        invstd = (var + self.eps).rsqrt()
+        if is_training() and self.running_mean is not None and self.running_var is not None:
+            self._update_running_stats(mean, var * (n / max(n - 1, 1)))
+        params = [p for p in (self.weight, self.bias) if p is not None]
+        value = xd.batchnorm(*[p.detach() if p is not None else None for p in (self.weight, self.bias)], mean, invstd)
+        if not (x.requires_grad or any(p.requires_grad for p in params)): return value
+        w, has_bias = self.weight, self.bias is not None
+
+        def backward(g: Tensor, *_: Tensor) -> list[Tensor]:
+            xhat = (xd - mean.reshape(shape)) * invstd.reshape(shape)
+            gsum, gxhat = g.sum(axes), (g * xhat).sum(axes)
+            scale = invstd if w is None else invstd * w.detach()
+            dx = (g * n - gsum.reshape(shape) - xhat * gxhat.reshape(shape)) * (scale / n).reshape(shape)
+            return [dx.cast(x.dtype)] + ([gxhat.cast(w.dtype)] if w is not None else []) + \
+                ([gsum.cast(self.bias.dtype)] if has_bias else [])
+        from fusegrad.mixin.nn import _custom_grad
+        return _custom_grad(value, [x] + params, backward, "batchnorm")
+
+    def _update_running_stats(self, mean: Tensor, var_unbiased: Tensor) -> None:
+        assert self.running_mean is not None and self.running_var is not None and self.num_batches_tracked is not None
         m = self.momentum
-        self.running_mean.assign((1 - m) * self.running_mean + m * md)
-        self.running_var.assign((1 - m) * self.running_var + m * var_unbiased)
+        self.running_mean.assign((1 - m) * self.running_mean + m * mean.detach())
+        self.running_var.assign((1 - m) * self.running_var + m * var_unbiased.detach())
         self.num_batches_tracked.assign(self.num_batches_tracked + 1)
         for b in (self.running_mean, self.running_var, self.num_batches_tracked): b.requires_grad = False
 
