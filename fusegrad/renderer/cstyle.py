@@ -335,6 +335,14 @@ class ClangRenderer(CStyleLanguage):
         if op is Ops.EXP2 and dt.count > 1 and dt.scalar() == dtypes.float32: return f"fg_exp2f_x{dt.count}({a[0]})"
         if op is Ops.MAX and dt in (dtypes.float32, dtypes.float64):
             return f"fg_max{'f' if dt == dtypes.float32 else 'd'}({a[0]}, {a[1]})"
+        if dt.count > 1 and dt.scalar() == dtypes.bool:
+            # bool vectors are unsigned char lanes of 0/1. A compare of 32/64-bit vectors is one vector instruction
+            # giving a -1/0 mask; negated and narrowed it is the bool vector (lane by lane it was N scalar compares)
+            if op in (Ops.CMPLT, Ops.CMPNE) and src_dtype.count > 1 and src_dtype.scalar().itemsize in (4, 8) and \
+                    src_dtype.scalar() != dtypes.bool:
+                return f"__builtin_convertvector(-({a[0]}{'<' if op is Ops.CMPLT else '!='}{a[1]}), {self.render_dtype(dt)})"
+            if op in (Ops.AND, Ops.OR, Ops.XOR):   # 0/1 lanes stay 0/1
+                return f"({a[0]}{ {Ops.AND: '&', Ops.OR: '|', Ops.XOR: '^'}[op]}{a[1]})"
         return super().render_alu(op, dt, a, src_dtype)
 
     def render_kernel(self, name: str, args: list[str], body: list[str], has_float_acc: bool = False) -> str:
