@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import pathlib
 import struct
 import weakref
 from typing import Any, Callable, ClassVar, Sequence
@@ -46,6 +47,18 @@ def _with_history(u: UOp) -> UOp:
 # every live tensor: backward() fills .grad for those in the graph (unless requires_grad=False)
 _all_tensors: "weakref.WeakSet[Tensor]" = weakref.WeakSet()
 _unique_ids = iter(range(1, 1 << 62))
+
+
+def _single_device(device: Any, what: str) -> Any:
+    """`device` itself; a tuple/list of devices (tinygrad's sharded tensors) raises NotImplementedError."""
+    if isinstance(device, (tuple, list)):
+        raise NotImplementedError(f"{what}(): a tuple of devices {tuple(device)}: fusegrad has no multi-device "
+                                  "(sharded) tensors; pass one device")
+    return device
+
+
+def _canonical_device(device: Any, what: str = "Tensor") -> str:
+    return Device.canonicalize(_single_device(device, what))
 
 
 def _half_memoryview() -> bool:
@@ -139,7 +152,7 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
     def __init__(self, data: Any, device: str | None = None, dtype: DTypeLike | None = None,
                  requires_grad: bool | None = None):
         dt = to_dtype(dtype) if dtype is not None else None
-        dev = Device.canonicalize(device)
+        dev = _canonical_device(device)
         if isinstance(data, UOp) and data.shape is None and dtypes.is_int(data.dtype) and data.op is not Ops.CONST:
             self.uop = build.const(data, dt or dtypes.default_int, dev)   # a symbolic int: a 0-d tensor of its value
         elif isinstance(data, UOp):
@@ -147,8 +160,10 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
         elif data is None or isinstance(data, (int, float, bool)):
             d = dt or dtypes.from_py(0.0 if data is None else data)
             self.uop = build.const(0.0 if data is None else data, d, dev)
-        elif isinstance(data, bytes):
-            self.uop = self._from_bytes(data, dt or dtypes.uint8, (len(data) // (dt or dtypes.uint8).itemsize,), dev)
+        elif isinstance(data, (bytes, pathlib.PurePath)):
+            # a path: the file's bytes, read now (tinygrad maps the file as a DISK device; fusegrad has none)
+            raw = pathlib.Path(data).read_bytes() if isinstance(data, pathlib.PurePath) else data
+            self.uop = self._from_bytes(raw, dt or dtypes.uint8, (len(raw) // (dt or dtypes.uint8).itemsize,), dev)
         elif isinstance(data, (list, tuple)):
             flat, shape = _flatten_list(data)
             d = dt or (dtypes.from_py(flat) if flat else dtypes.default_float)
@@ -187,6 +202,10 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
     @staticmethod
     def _wrap(u: UOp, *parents: "Tensor") -> "Tensor":
         t = Tensor.__new__(Tensor)
+        if Tensor.no_grad and not (u.op is Ops.DETACH and u.arg is None) and any(p.requires_grad for p in parents):
+            # computed under no_grad from tensors that need a gradient: a constant for autograd (torch too), so a
+            # later graph that uses it alongside those tensors sends no gradient back through it
+            u = UOp(Ops.DETACH, u.dtype, (u,))
         t.uop, t.grad, t.is_param = u, None, False
         t.requires_grad = True if not Tensor.no_grad and any(p.requires_grad for p in parents) else None
         t._derived, t._used, t._weak = bool(t.requires_grad), False, False
@@ -415,10 +434,7 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
 
     @staticmethod
     def _single_device(device: Any, what: str) -> Any:
-        if isinstance(device, (tuple, list)):
-            raise NotImplementedError(f"{what}(): a tuple of devices {tuple(device)}: fusegrad has no multi-device "
-                                      "(sharded) tensors; pass one device")
-        return device
+        return _single_device(device, what)
 
     def shard(self, devices: Any, axis: int | None = None) -> "Tensor":
         raise NotImplementedError("shard: fusegrad has no multi-device (sharded) tensors; use .to(device)")
@@ -457,7 +473,7 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
     def empty(cls, *shape: Any, device: str | None = None, dtype: DTypeLike | None = None) -> "Tensor":
         s = cls._shape_arg(shape)
         dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
-        return Tensor(buffer_view(buffer_uop(Buffer(Device.canonicalize(device), smax(sprod(s)), dt)), s))
+        return Tensor(buffer_view(buffer_uop(Buffer(_canonical_device(device), smax(sprod(s)), dt)), s))
 
     @classmethod
     def full(cls, shape: tuple[int, ...] | int, fill_value: ConstType, dtype: DTypeLike | None = None,
@@ -466,7 +482,7 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
         (no buffer is allocated either way); `buffer` is accepted for tinygrad compatibility."""
         s = cls._shape_arg((shape,) if isinstance(shape, int) else tuple(shape))
         dt = to_dtype(dtype) if dtype is not None else dtypes.from_py(fill_value)
-        return Tensor(build.const(fill_value, dt, Device.canonicalize(device), s), requires_grad=requires_grad)
+        return Tensor(build.const(fill_value, dt, _canonical_device(device), s), requires_grad=requires_grad)
 
     @classmethod
     def invalids(cls, *shape: Any, device: str | None = None, dtype: DTypeLike | None = None) -> "Tensor":
@@ -488,7 +504,7 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
         addr = ctypes.cast(ptr, ctypes.c_void_p).value if not isinstance(ptr, int) else ptr
         if not addr: raise ValueError("from_blob: null pointer")
         data = ctypes.string_at(addr, prod(s) * dt.itemsize)
-        return Tensor(Tensor._from_bytes(data, dt, s, Device.canonicalize(kwargs.pop("device", None))), **kwargs)
+        return Tensor(Tensor._from_bytes(data, dt, s, _canonical_device(kwargs.pop("device", None))), **kwargs)
 
     @staticmethod
     def from_url(url: str, gunzip: bool = False, **kwargs: Any) -> "Tensor":
@@ -522,14 +538,14 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
         if step == 0: raise RuntimeError("arange step must be nonzero")
         if isinstance(start, UOp) or isinstance(stop, UOp):   # symbolic bounds: n = stop - start values
             if step != 1: raise NotImplementedError(f"arange with symbolic bounds needs step 1, got {step}")
-            dev = Device.canonicalize(device)
+            dev = _canonical_device(device)
             n = ssub(stop, start)
             iota = Tensor(UOp(Ops.IOTA, to_dtype(dtype) if dtype is not None else dtypes.default_int,
                               (UOp(Ops.DEVICE, arg=dev),), n))
             return iota + start if not (isinstance(start, int) and start == 0) else iota
         dt = to_dtype(dtype) if dtype is not None else dtypes.from_py([start, stop, step])
         n = max(math.ceil((stop - start) / step), 0)
-        dev = Device.canonicalize(device)
+        dev = _canonical_device(device)
         iota = UOp(Ops.IOTA, dt, (UOp(Ops.DEVICE, arg=dev),), n)
         return Tensor(iota) * step + start if (step, start) != (1, 0) else Tensor(iota)
 
@@ -580,10 +596,11 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
 
     @classmethod
     def rand(cls, *shape: Any, device: str | None = None, dtype: DTypeLike | None = None,
-             requires_grad: bool | None = None) -> "Tensor":
-        """Uniform samples in [0, 1)."""
+             requires_grad: bool | None = None, contiguous: bool = True) -> "Tensor":
+        """Uniform samples in [0, 1). (`contiguous` is accepted for tinygrad compatibility: fusegrad always draws the
+        samples at the call, into their own buffer.)"""
         s = cls._shape_arg(shape)
-        dev = Device.canonicalize(device)
+        dev = _canonical_device(device)
         bits = cls._random_bits(prod(s), dev)
         out = (bits >> 8).cast(dtypes.float32) * (2.0 ** -24)
         dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
@@ -923,10 +940,15 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
     def div(self, x: "Tensor | ConstType", reverse: bool = False, rounding_mode: str | None = None) -> "Tensor":
         """True division (ints promote to float), like torch's `/`. rounding_mode="trunc" rounds the quotient toward
         zero, "floor" toward -inf (both keep int dtypes, as torch.div does)."""
-        if rounding_mode == "floor": return self.floordiv(x, reverse)
-        if rounding_mode == "trunc":
+        if rounding_mode in ("trunc", "floor"):
             a, b = self._broadcasted(x, reverse)
-            return (a / b).trunc() if dtypes.is_float(a.dtype) else a._alu(Ops.IDIV, b)
+            if not dtypes.is_float(a.dtype): return a._alu(Ops.IDIV, b) if rounding_mode == "trunc" else a.floordiv(b)
+            q = (a.detach() / b.detach()).trunc() if rounding_mode == "trunc" else a.detach().floordiv(b.detach())
+            if not (a.requires_grad or b.requires_grad): return q
+            # a rounded quotient is piecewise constant: zero gradient for both operands (torch too), never the NaN
+            # that differentiating through a / b would give where b == 0
+            from fusegrad.mixin.nn import _custom_grad
+            return _custom_grad(q, [a, b], lambda g, a_, b_: (a_.zeros_like(), b_.zeros_like()), f"div_{rounding_mode}")
         if rounding_mode is not None:
             raise ValueError(f"div expected rounding_mode to be one of None, 'trunc', or 'floor' but found {rounding_mode!r}")
         a, b = self._broadcasted(x, reverse)
