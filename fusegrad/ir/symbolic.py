@@ -83,6 +83,13 @@ def _bounds(u: UOp) -> tuple[Any, Any]:
 def _is_int(u: UOp) -> bool: return dtypes.is_int(u.dtype) and u.dtype.count == 1
 
 
+def _no_wrap(u: UOp) -> bool:
+    """Whether the int expression `u` can't overflow its dtype, so its value is the exact integer. Sums and products
+    reassociate under wraparound too, but division, modulo and comparisons don't: (int8 x * 100) < 1 is not x < 1."""
+    lo, hi = _bounds(u)
+    return dtypes.min(u.dtype.scalar()) <= lo and hi <= dtypes.max(u.dtype.scalar())
+
+
 def split_terms(u: UOp) -> tuple[dict[UOp, int], int]:
     """x*3 + y + 5 -> ({x: 3, y: 1}, 5): an integer sum as term -> coefficient plus a constant."""
     terms: dict[UOp, int] = {}
@@ -192,7 +199,7 @@ def bounds_fold(x: UOp) -> UOp | None:
 
 def _lt_fold(x: UOp, c: UOp) -> UOp | None:
     """x*k + d < c -> x < ceil((c - d)/k) for k > 0 (ints)."""
-    if not _is_int(x): return None
+    if not _is_int(x) or not _no_wrap(x): return None
     terms, const = split_terms(x)
     if len(terms) != 1: return (x - const).lt(c.arg - const) if const else None
     (t, k), = terms.items()
@@ -202,7 +209,7 @@ def _lt_fold(x: UOp, c: UOp) -> UOp | None:
 
 def _gt_fold(c: UOp, x: UOp) -> UOp | None:
     """c < x + d -> c - d < x (ints)."""
-    if not _is_int(x) or x.op is not Ops.ADD or x.src[1].op is not Ops.CONST: return None
+    if not _is_int(x) or x.op is not Ops.ADD or x.src[1].op is not Ops.CONST or not _no_wrap(x): return None
     return UOp(Ops.CMPLT, dtypes.bool, (UOp.const(x.dtype, c.arg - x.src[1].arg), x.src[0]))
 
 
@@ -233,8 +240,10 @@ pm_symbolic = PatternMatcher([
     ((x_ + c_) * c2_, lambda x, c, c2: x * c2.arg + c.arg * c2.arg if _is_int(x) else None),  # (x+c)*c2 -> x*c2+c*c2
     ((x_ * c_) * c2_, lambda x, c, c2: x * (c.arg * c2.arg) if _is_int(x) else None),  # (x*c)*c2 -> x*(c*c2)
     # division and modulo by constants
-    (UPat(Ops.IDIV, src=(x_, c_)), lambda x, c: div_mod_fold(x, c.arg, False, x.dtype) if _is_int(x) else None),
-    (UPat(Ops.MOD, src=(x_, c_)), lambda x, c: div_mod_fold(x, c.arg, True, x.dtype) if _is_int(x) else None),
+    (UPat(Ops.IDIV, src=(x_, c_)), lambda x, c: div_mod_fold(x, c.arg, False, x.dtype) if _is_int(x) and _no_wrap(x)
+     else None),
+    (UPat(Ops.MOD, src=(x_, c_)), lambda x, c: div_mod_fold(x, c.arg, True, x.dtype) if _is_int(x) and _no_wrap(x)
+     else None),
     ((x_ // c_) // c2_, lambda x, c, c2: x // (c.arg * c2.arg)
      if _is_int(x) and x.vmin >= 0 and c.arg > 0 and c2.arg > 0 else None),           # (x//a)//b -> x//(a*b)
     ((x_ % c_) % c2_, lambda x, c, c2: x % c2.arg

@@ -117,8 +117,16 @@ class CStyleLanguage(Renderer):
         if op is Ops.MAX and self.has_vector_max(dt): return f"vmax_{self.render_dtype(dt)}({a[0]}, {a[1]})"
         if op is Ops.WHERE and self.has_vector_where(dt): return f"vwhere_{self.render_dtype(dt)}({', '.join(a)})"
         if dt.count > 1 and (op not in self.vector_ops or dt.scalar() == dtypes.bool):
-            return self.render_lanes(dt, [self.render_alu(op, dt.scalar(), [f"{x}[{i}]" for x in a], src_dtype.scalar())
+            return self.render_lanes(dt, [self.render_alu(op, dt.scalar(), [self.render_gep(x, i) for x in a], src_dtype.scalar())
                                           for i in range(dt.count)])
+        if dt.count == 1 and dtypes.is_int(dt) and dt.itemsize < 4 and op in (Ops.ADD, Ops.MUL, Ops.NEG, Ops.SHL,
+                                                                              Ops.IDIV, Ops.MULACC):
+            # C promotes 8/16-bit operands to int, so the result only wraps where it is stored; a fused cast, compare
+            # or sum would see the unwrapped value ((int8 100 * 100) < 1). Narrow it back right away
+            return f"(({self.render_dtype(dt)}){self._render_alu(op, dt, a, src_dtype)})"
+        return self._render_alu(op, dt, a, src_dtype)
+
+    def _render_alu(self, op: Ops, dt: DType, a: list[str], src_dtype: DType) -> str:
         binops = {Ops.ADD: "+", Ops.MUL: "*", Ops.IDIV: "/", Ops.MOD: "%", Ops.CMPLT: "<", Ops.CMPNE: "!=",
                   Ops.AND: "&", Ops.OR: "|", Ops.XOR: "^", Ops.SHL: "<<", Ops.SHR: ">>"}
         if op in binops: return f"({a[0]}{binops[op]}{a[1]})"

@@ -1,6 +1,7 @@
 """Every dtype through elementwise ops, casts between all pairs, bitcasts, bfloat16, and type promotion (strong dtype
-pairs vs torch.promote_types; weak Python scalars). torch is the reference where it implements the op; for the unsigned
-16/32/64-bit types, where torch has no add/compare kernels, NumPy (same wrap-around semantics) is."""
+pairs vs torch.promote_types; weak Python scalars and weak 0-d tensors made from them), bfloat16()/short(), and the
+wrap-around of 8/16-bit arithmetic under a fused widening cast. torch is the reference where it implements the op;
+for the unsigned 16/32/64-bit types, where torch has no add/compare kernels, NumPy (same wrap-around semantics) is."""
 import numpy as np
 import pytest
 import torch
@@ -8,7 +9,7 @@ import torch
 from fusegrad import Device, Tensor, dtypes
 from fusegrad.dtype import least_upper_dtype, to_dtype
 
-from .helpers import check_op
+from .helpers import DEVICES, check_op
 
 ALL = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "float32",
        "float64"]
@@ -360,3 +361,126 @@ def test_bitcast_out_of_emulated_bfloat16():
         # and back: 16 bits -> bfloat16
         back = Tensor(ref.view(torch.int16).numpy().view(np.uint16), device=dev).bitcast("bfloat16").float().numpy()
         np.testing.assert_array_equal(back, ref.float().numpy())
+
+
+# ----- 0-d tensors made from Python numbers promote weakly (like the numbers themselves; torch's 0-d rule) -----
+
+WEAK_DTYPES = ALL + ["bfloat16"]
+# (name, fn on fusegrad or torch tensors, the same on NumPy arrays)
+WEAK_OPS = [("add", lambda a, s: a + s, np.add), ("radd", lambda a, s: s + a, lambda a, s: s + a),
+            ("mul", lambda a, s: a * s, np.multiply), ("rsub", lambda a, s: s - a, lambda a, s: s - a),
+            ("maximum", lambda a, s: a.maximum(s) if isinstance(a, Tensor) else torch.maximum(a, s), np.maximum),
+            ("lt", lambda a, s: a < s, np.less), ("eq", lambda a, s: a == s, np.equal),
+            ("where", lambda a, s: (a > 1).where(a, s) if isinstance(a, Tensor) else torch.where(a > 1, a, s),
+             lambda a, s: np.where(a > 1, a, s))]
+
+
+def _weak_reference(dt, v, sv, fn, nfn):
+    """The result (values, torch dtype) of `fn(dimensioned tensor of dt, torch.tensor(sv))` in torch. torch has no
+    arithmetic kernels for uint16/32/64: there the dtype is torch.result_type's and the values are NumPy's with both
+    operands in that dtype (the same wrap-around arithmetic)."""
+    tt, ts = torch.tensor(v).to(getattr(torch, dt)), torch.tensor(sv)
+    if dt not in TORCH_LACKS_ARITH:
+        ref = fn(tt, ts)
+        return ref.double().numpy(), ref.dtype
+    ct = torch.result_type(tt, ts)
+    npct = str(ct).replace("torch.", "")
+    with np.errstate(over="ignore"):
+        ref = nfn(v.astype(dt).astype(npct), np.array(sv).astype(npct))
+    return ref.astype(np.float64), torch.bool if ref.dtype == np.bool_ else ct
+
+
+@pytest.mark.parametrize("sv", [3, -2, 2.5, True], ids=["int", "negint", "float", "bool"])
+@pytest.mark.parametrize("op,fn,nfn", WEAK_OPS, ids=[o[0] for o in WEAK_OPS])
+@pytest.mark.parametrize("dt", WEAK_DTYPES)
+def test_weak_0d_python_number_tensor(dt, op, fn, nfn, sv):
+    """`x OP Tensor(python number)` has torch's `x OP torch.tensor(python number)` dtype and values, for every dtype
+    of x (torch's int64 default int is fusegrad's int32 where the number decides the dtype)."""
+    if op == "rsub" and (dt == "bool" or sv is True): pytest.skip("torch has no bool subtraction")
+    v = np.array([0, 1, 2, 3], np.float32)
+    out = fn(Tensor(v).cast(dt), Tensor(sv))
+    want_vals, want_dt = _weak_reference(dt, v, sv, fn, nfn)
+    want = str(want_dt).replace("torch.", "")
+    if want == "int64" and dt != "int64": want = "int32"
+    assert out.dtype == to_dtype(want), f"{dt} {op} Tensor({sv!r}): {out.dtype} != torch {want_dt}"
+    np.testing.assert_allclose(out.numpy().astype(np.float64), want_vals, rtol=1e-2 if dt == "bfloat16" else 1e-6)
+
+
+def test_weak_0d_tensor_dtypes_and_strong_forms():
+    # the tensor itself keeps the default dtypes
+    assert Tensor(3).dtype == dtypes.int32 and Tensor(2.5).dtype == dtypes.float32 and Tensor(True).dtype == dtypes.bool
+    i8 = Tensor(np.array([1, -2, 3], np.int8))
+    assert (i8 + Tensor(3)).dtype == dtypes.int8 and (Tensor(3) * i8).dtype == dtypes.int8
+    np.testing.assert_array_equal((i8 + Tensor(3)).numpy(), np.array([1, -2, 3], np.int8) + 3)
+    # an explicit dtype makes it strong, like a 0-d NumPy array under NEP 50
+    for dt in ("int32", "int64", "float16"):
+        a, b = np.array([1, -2, 3], np.int8), np.array(3, dt)
+        out = i8 + Tensor(3, dtype=dt)
+        assert out.dtype == to_dtype(str((a + b).dtype)), dt
+        np.testing.assert_array_equal(out.numpy(), a + b)
+    # two weak 0-d tensors: the default dtypes (torch: int64 / float32)
+    assert (Tensor(3) + Tensor(4)).dtype == dtypes.int32 and (Tensor(3) + Tensor(4)).item() == 7
+    ref = torch.tensor(3) * torch.tensor(2.5)
+    assert (Tensor(3) * Tensor(2.5)).dtype == dtypes.float32 == to_dtype(str(ref.dtype)[6:])
+    # a float16 tensor times a weak float: float16 (torch too); a weak int with an int: the int's dtype
+    h = Tensor(np.array([1.5, 2.0], np.float16))
+    assert (h * Tensor(2.5)).dtype == dtypes.float16 == to_dtype(str((torch.tensor([1.5, 2.0], dtype=torch.float16)
+                                                                      * torch.tensor(2.5)).dtype)[6:])
+    np.testing.assert_array_equal((h * Tensor(2.5)).numpy(), np.array([3.75, 5.0], np.float16))
+
+
+def test_weak_0d_gradient():
+    # a weak float 0-d tensor that requires grad: the result keeps x's float16 dtype, both get gradients like torch
+    xv = np.array([1.0, -2.0, 0.5], np.float16)
+    x, s = Tensor(xv, requires_grad=True), Tensor(2.5, requires_grad=True)
+    xt, st = torch.tensor(xv, requires_grad=True), torch.tensor(2.5, requires_grad=True)
+    out, ref = x * s, xt * st
+    assert out.dtype == dtypes.float16 and ref.dtype == torch.float16
+    out.sum().backward()
+    ref.sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), xt.grad.numpy())
+    assert s.grad.dtype == dtypes.float32 and st.grad.dtype == torch.float32
+    np.testing.assert_allclose(s.grad.numpy(), st.grad.numpy())
+
+
+# ----- bfloat16() / short() -----
+
+def test_bfloat16_and_short_methods():
+    v = np.array([1.0, -2.7, 3.3, 70000.5, -40000.0], np.float32)
+    b = Tensor(v).bfloat16()
+    assert b.dtype == dtypes.bfloat16
+    np.testing.assert_array_equal(b.float().numpy(), torch.tensor(v).bfloat16().float().numpy())
+    iv = np.array([1.9, -2.7, 3.3, 32767.0, -32768.0], np.float32)
+    s = Tensor(iv).short()
+    assert s.dtype == dtypes.int16 == to_dtype(str(torch.tensor(iv).short().dtype)[6:])
+    np.testing.assert_array_equal(s.numpy(), torch.tensor(iv).short().numpy())
+    np.testing.assert_array_equal(Tensor(np.array([70000, -5], np.int32)).short().numpy(),
+                                  torch.tensor([70000, -5], dtype=torch.int32).short().numpy())
+
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dt", ["int8", "uint8", "int16", "uint16"])
+def test_narrow_int_wraps_before_a_fused_widening_cast(dt, device):
+    """`(x OP c).cast(wider)` wraps in x's dtype first (torch's `(x * 100).int()` of int8 x; NumPy the same), also when
+    a cast to a wider type, a comparison or a reduction is fused into the same kernel: C's integer promotion would
+    widen the 8/16-bit arithmetic (the C renderer narrows each result back), and the symbolic comparison/division
+    folds must not treat a product that can wrap as its exact value ((x * 100) < 1 is not x < 1)."""
+    from fusegrad.device import is_dtype_supported
+    for need in (dt, "int64", "float64"):
+        if not is_dtype_supported(to_dtype(need), device): pytest.skip(f"{need} is not supported on {device}")
+    v = np.array([0, 1, 2, 3, 100, -100 if dt.startswith("int") else 200], dt)
+    def c(k): return np.array(k).astype(dt)   # the constant in x's dtype, wrapped like torch's
+    k, top = (100 if np.dtype(dt).itemsize == 1 else 1000), int(np.iinfo(dt).max) - 1
+    with np.errstate(over="ignore"):
+        cases = [((lambda a: (a * k).cast("int32")), (v * c(k)).astype(np.int32)),
+                 ((lambda a: (a + top).cast("float64")), (v + c(top)).astype(np.float64)),
+                 ((lambda a: (3 - a).cast("int64")), (c(3) - v).astype(np.int64)),
+                 ((lambda a: (a * k) < 1), (v * c(k)) < 1),                         # comparisons see the wrapped value
+                 ((lambda a: (a * k).sum().cast("int64")), np.array((v * c(k)).astype(np.int64).sum()))]
+    if dt == "int8":  # and torch agrees where it has the dtype
+        assert (torch.tensor(v) * 100).int().tolist() == cases[0][1].tolist()
+        assert ((torch.tensor(v) * 100) < 1).tolist() == cases[3][1].tolist()
+        assert (torch.tensor(v) * 100).sum().item() == cases[4][1].item()
+    got = [fn(Tensor(v, device=device)).numpy() for fn, _ in cases]
+    for g, (_, want) in zip(got, cases): np.testing.assert_array_equal(g, want)
