@@ -99,6 +99,17 @@ class CStyleLanguage(Renderer):
     def render_lanes(self, dt: DType, lanes: list[str]) -> str:
         return f"(({self.render_dtype(dt)}){{{', '.join(_strip(x) for x in lanes)}}})"
 
+    def render_gep(self, x: str, i: int) -> str:
+        """Lane i of vector x (OpenCL spells it x.s<i>)."""
+        return f"{x}[{i}]"
+
+    def render_vload(self, dt: DType, addr: str) -> str:
+        """A vector load of dt.count elements from buffer element `addr` (any element alignment)."""
+        return f"(*({self.render_dtype(dt)}_u*)&{addr})"
+
+    def render_vstore(self, dt: DType, addr: str, val: str) -> str:
+        return f"*({self.render_dtype(dt)}_u*)&{addr} = {val};"
+
     def render_const(self, val: object, dt: DType) -> str:
         if dtypes.is_float(dt):
             assert isinstance(val, float)
@@ -145,12 +156,12 @@ class CStyleLanguage(Renderer):
         return f"(({self.render_dtype(dt)}){self.float_fn[op]}((float)({x})))"
 
     def render_cast(self, dt: DType, x: str, src_dt: DType) -> str:
-        if dt.count > 1: return self.render_lanes(dt, [self.render_cast(dt.scalar(), f"{x}[{i}]", src_dt.scalar())
+        if dt.count > 1: return self.render_lanes(dt, [self.render_cast(dt.scalar(), self.render_gep(x, i), src_dt.scalar())
                                                        for i in range(dt.count)])
         return f"(({self.render_dtype(dt)})({x}))"
 
     def render_bitcast(self, dt: DType, x: str, src_dt: DType) -> str:
-        if dt.count > 1: return self.render_lanes(dt, [self.render_bitcast(dt.scalar(), f"{x}[{i}]", src_dt.scalar())
+        if dt.count > 1: return self.render_lanes(dt, [self.render_bitcast(dt.scalar(), self.render_gep(x, i), src_dt.scalar())
                                                        for i in range(dt.count)])
         return f"((union {{{self.render_dtype(src_dt)} a; {self.render_dtype(dt)} b;}}){{.a={x}}}).b"
 
@@ -214,7 +225,7 @@ class CStyleLanguage(Renderer):
                     line(f"{self.render_dtype(dt)} {vname} = {_strip(r[u])};")
                     r[u] = vname
             elif op is Ops.GEP:
-                r[u] = f"{r[u.src[0]]}[{u.arg}]"
+                r[u] = self.render_gep(r[u.src[0]], u.arg)
             elif op is Ops.SPECIAL:  # a work-item id (GPU-style targets): gpudims.py names it, the target reads it
                 r[u] = u.arg
                 line(f"{self.render_dtype(dt)} {u.arg} = {self.render_special(u)};")
@@ -239,7 +250,7 @@ class CStyleLanguage(Renderer):
                 r[u] = f"{r[u.src[0]]}[{_strip(r[u.src[1]])}]"
             elif op is Ops.LOAD:
                 idx = u.src[0]
-                mem = f"(*({self.render_dtype(dt)}_u*)&{r[idx]})" if dt.count > 1 and idx.src[0].op is Ops.PARAM else r[idx]
+                mem = self.render_vload(dt, r[idx]) if dt.count > 1 and idx.src[0].op is Ops.PARAM else r[idx]
                 zero = self.render_const(_zero(dt), dt.scalar())
                 if dt.count > 1: zero = self.render_lanes(dt, [zero] * dt.count)
                 expr = mem if len(idx.src) < 3 else f"({r[idx.src[2]]}?{mem}:{zero})"
@@ -249,9 +260,9 @@ class CStyleLanguage(Renderer):
                     line(f"{self.render_dtype(dt)} {r[u]} = {_strip(expr)};")
             elif op is Ops.STORE:
                 idx = u.src[0]
-                vec_mem = u.src[1].dtype.count > 1 and idx.src[0].op is Ops.PARAM
-                dst = f"*({self.render_dtype(u.src[1].dtype)}_u*)&{r[idx]}" if vec_mem else r[idx]
-                line(f"{dst} = {_strip(r[u.src[1]])};")
+                if u.src[1].dtype.count > 1 and idx.src[0].op is Ops.PARAM:
+                    line(self.render_vstore(u.src[1].dtype, r[idx], _strip(r[u.src[1]])))
+                else: line(f"{r[idx]} = {_strip(r[u.src[1]])};")
             elif op in GroupOp.ALU or op in (Ops.CAST, Ops.BITCAST):
                 a = [r[s] for s in u.src]
                 if op is Ops.CAST: expr = self.render_cast(dt, a[0], u.src[0].dtype)

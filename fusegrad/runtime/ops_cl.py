@@ -12,6 +12,7 @@ import re
 from typing import Any
 
 from fusegrad.device import Allocator, Compiled, CompileError, Compiler
+from fusegrad.helpers import getenv
 from fusegrad.renderer import ProgramSpec
 from fusegrad.renderer.opencl import OpenCLRenderer
 
@@ -25,6 +26,7 @@ CL_PLATFORM_NAME, CL_PLATFORM_VERSION = 0x0902, 0x0901
 CL_DEVICE_MAX_WORK_ITEM_SIZES = 0x1005
 CL_DEVICE_TYPE, CL_DEVICE_TYPE_CPU = 0x1000, 1 << 1
 CL_DEVICE_MAX_WORK_GROUP_SIZE, CL_DEVICE_NAME, CL_DRIVER_VERSION, CL_DEVICE_EXTENSIONS = 0x1004, 0x102B, 0x102D, 0x1030
+CL_DEVICE_PREFERRED_VECTOR_WIDTH_FLOAT = 0x100A
 CL_QUEUE_PROFILING_ENABLE = 1 << 1
 CL_MEM_READ_WRITE = 1 << 0
 CL_PROGRAM_BINARY_SIZES, CL_PROGRAM_BINARIES, CL_PROGRAM_BUILD_LOG = 0x1165, 0x1166, 0x1183
@@ -139,7 +141,10 @@ class CLAllocator(Allocator):
         libcl().clReleaseMemObject(opaque)
 
     def _copyin(self, dest: Any, src: memoryview) -> None:
-        host = src.tobytes() if src.readonly else (ctypes.c_char * src.nbytes).from_buffer(src)
+        if not src.readonly: host: Any = (ctypes.c_char * src.nbytes).from_buffer(src)
+        # a view of a whole bytes object (the engine's copies) is passed as it is; another read-only view is copied
+        elif isinstance(src.obj, bytes) and src.c_contiguous and src.nbytes == len(src.obj): host = src.obj
+        else: host = src.tobytes()
         check(libcl().clEnqueueWriteBuffer(self.dev.queue, dest, True, 0, src.nbytes, host, 0, None, None),
               "clEnqueueWriteBuffer")
 
@@ -259,6 +264,11 @@ class CLDevice(Compiled):
         dev_type = ctypes.c_uint64.from_buffer_copy(_info(cl.clGetDeviceInfo, self.device_id, param=CL_DEVICE_TYPE))
         self.is_cpu = bool(dev_type.value & CL_DEVICE_TYPE_CPU)
         if self.is_cpu: renderer.group_max_outputs = 0
+        # vector types (VECTORIZE): the device's preferred float vector width in bytes, 16 to 64 (OpenCL's widest
+        # vector is 16 lanes); CL_SIMD_BYTES overrides it (0: no vectors)
+        pref = _uint.from_buffer_copy(_info(cl.clGetDeviceInfo, self.device_id, param=CL_DEVICE_PREFERRED_VECTOR_WIDTH_FLOAT))
+        self.preferred_float_width = pref.value
+        renderer.simd_bytes = getenv("CL_SIMD_BYTES", min(max(4 * pref.value, 16), 64))
         super().__init__(device, CLAllocator(self), renderer, CLCompiler(self), functools.partial(CLProgram, self))
 
     def synchronize(self) -> None:
