@@ -1106,7 +1106,14 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
 
     def max(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> "Tensor":
         if dtypes.is_bool(self.dtype): return self.cast(dtypes.uint8)._reduce(Ops.MAX, axis, keepdim).cast(dtypes.bool)
-        return self._reduce(Ops.MAX, axis, keepdim)
+        return self._exact_for_max_grad()._reduce(Ops.MAX, axis, keepdim)
+
+    def _exact_for_max_grad(self) -> "Tensor":
+        """self, stored first when max's gradient will compare it with the max and a recomputation could round
+        differently (see `_fma_hazard`)."""
+        if self.requires_grad and not Tensor.no_grad and dtypes.is_float(self.dtype) and _fma_hazard(self.uop):
+            return self.contiguous()
+        return self
 
     def min(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> "Tensor":
         if dtypes.is_bool(self.dtype): return self.logical_not().max(axis, keepdim).logical_not()
@@ -1250,6 +1257,25 @@ def _stale_readers(snaps: dict[UOp, tuple[list[Tensor], UOp]]) -> list[tuple[Ten
     for b, (readers, snap) in snaps.items():
         for r in readers: per.setdefault(id(r), (r, {}))[1][b] = snap
     return list(per.values())
+
+
+def _fma_hazard(u: UOp, limit: int = 4096) -> bool:
+    """Whether the float expression `u` (up to stored buffers) has a multiply feeding an add. Reduce kernels compile
+    with fused multiply-add contraction and elementwise kernels without, so such an expression recomputed in both can
+    round differently: max's gradient, which finds the maximal elements by comparing the input with the result
+    (`x == max`), would then find none of them (a 0/0 share). Its input is stored first when this can happen."""
+    seen, stack = {u}, [u]
+    while stack:
+        x = stack.pop()
+        if x.op in (Ops.BUFFER, Ops.CONTIGUOUS, Ops.CONST, Ops.DEVICE): continue
+        if x.op is Ops.MULACC: return True
+        if x.op is Ops.ADD and dtypes.is_float(x.dtype) and any(s.op is Ops.MUL for s in x.src): return True
+        if len(seen) > limit: return True   # too big to tell: store it
+        for s in x.src:
+            if s not in seen:
+                seen.add(s)
+                stack.append(s)
+    return False
 
 
 def _is_realized(u: UOp) -> bool:

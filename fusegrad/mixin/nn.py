@@ -193,7 +193,8 @@ class NNMixin:
         pads = self._pool_pad(k, st, dl, _pad_pairs(padding, len(k)), ceil_mode)
         lead = [(0, 0)] * (self.ndim - len(k))
         fill = -math.inf if dtypes.is_float(self.dtype) else dtypes.min(self.dtype)
-        w = self.pad(lead + pads, value=fill)._pool(k, st, dl)
+        # stored before the windows are taken (the windowed view itself may overlap), see Tensor._exact_for_max_grad
+        w = self._exact_for_max_grad().pad(lead + pads, value=fill)._pool(k, st, dl)
         red = [-1 - i for i in range(len(k))]
         vals = w.max(red)
         if not return_indices: return vals

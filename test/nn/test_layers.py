@@ -233,3 +233,26 @@ def test_nn_namespace():
     assert nn2.optim.SGD and nn2.state.safe_load and nn2.datasets.mnist
     assert nn.BatchNorm2d is nn.BatchNorm and nn.BatchNorm3d is nn.BatchNorm
     with pytest.raises(ValueError, match="strided"): nn.Conv2d(2, 2, 3, stride=2, padding="same")
+
+
+def test_conv_batchnorm_maxpool_gradients_match_torch():
+    """BatchNorm's output (a multiply-add) feeds max_pool2d: max's gradient compares the input with the max, and
+    a recomputation that rounds differently (reduce kernels contract a*b+c into an FMA, elementwise ones don't) found
+    no maximal element in some windows, a 0/0 NaN gradient. The pool's input is stored first; gradients match torch."""
+    x = rand(16, 1, 28, 28, seed=31)
+    c1, c2, bn = nn.Conv2d(1, 32, 5), nn.Conv2d(32, 32, 5), nn.BatchNorm(32)
+    t1, t2, tbn = torch.nn.Conv2d(1, 32, 5), torch.nn.Conv2d(32, 32, 5), torch.nn.BatchNorm2d(32)
+    for a, b in ((c1, t1), (c2, t2)):
+        with torch.no_grad():
+            b.weight.copy_(torch.from_numpy(a.weight.numpy()))
+            b.bias.copy_(torch.from_numpy(a.bias.numpy()))
+    with Tensor.train():
+        out = bn(c2(c1(Tensor(x)).relu()).relu()).max_pool2d()
+        (out * 0.5).sum().backward()
+    tout = torch.nn.functional.max_pool2d(tbn(t2(t1(torch.from_numpy(x)).relu()).relu()), 2)
+    (tout * 0.5).sum().backward()
+    np.testing.assert_allclose(out.numpy(), tout.detach().numpy(), atol=1e-4, rtol=1e-4)
+    for p, tp in ((c1.weight, t1.weight), (c2.bias, t2.bias), (bn.weight, tbn.weight), (bn.bias, tbn.bias)):
+        g = p.grad.numpy()
+        assert np.isfinite(g).all(), f"non-finite gradient entries: {np.count_nonzero(~np.isfinite(g))}"
+        np.testing.assert_allclose(g, tp.grad.numpy(), atol=2e-3, rtol=2e-3)
