@@ -129,7 +129,9 @@ class WebgpuProgram:
         if dev.loop_limit is not None and (n := loop_iterations(spec.uops)) > dev.loop_limit:
             raise RuntimeError(f"{spec.name}: each work-item would run {n} loop iterations, but {dev.name} stops a "
                                f"work-item's loops after {dev.loop_limit} in all (llvmpipe's loop limiter); the "
-                               f"result would be silently wrong. Use a smaller reduce, or another device")
+                               "result would be silently wrong. Long reduces of a constant length are split to fit "
+                               "(SPLIT_REDUCE, schedule/split.py); this loop is not one of them: use a shorter one, "
+                               "or another device")
         written = {u.src[0].src[0].arg for u in spec.uops if u.op is Ops.STORE and u.src[0].src[0].op is Ops.PARAM}
         self.nbufs = sum(1 for u in spec.uops if u.op is Ops.PARAM)
         if self.nbufs + bool(spec.vars) > dev.max_bindings:

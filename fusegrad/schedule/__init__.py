@@ -3,7 +3,8 @@
 Fusion is decided by *realize points*: the nodes that get a buffer. Everything between realize points is fused into the
 kernel of the realize point that consumes it. Realize points are the requested tensors, CONTIGUOUS, COPY and its source,
 any reduce the indexer reports as unsafe to fuse (see indexing.py), a reduce consumed by several kernels, and an
-expensive subgraph that fusing would recompute many times (see recompute.py).
+expensive subgraph that fusing would recompute many times (see recompute.py). Before that, a long reduce into few
+outputs is split into two (split.py: its partial sums are a CONTIGUOUS, so a realize point).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from fusegrad.ir.pattern import substitute_memo
 from fusegrad.schedule.indexing import lower_kernel
 from fusegrad.schedule.memory import plan_memory
 from fusegrad.schedule.recompute import RecomputePolicy
+from fusegrad.schedule.split import split_reduces
 from fusegrad.schedule.variables import strip_binds
 from fusegrad.ir.shape import smax
 
@@ -49,12 +51,14 @@ def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, U
     sink = memo[sink]
     bound = dict(zip(targets, sink.src))   # with bound variables, for the result views handed back to tensors
     sink, unbound, var_vals = strip_binds(sink)
+    topo = list(sink.toposort(gate=lambda u: u.op is not Ops.BUFFER))
+    sink, split = split_reduces(sink, topo)   # long reduces into few outputs: two kernels (split.py)
+    if split: topo = list(sink.toposort(gate=lambda u: u.op is not Ops.BUFFER))
     new_targets = dict(zip(targets, sink.src))
     if SPEC:
         from fusegrad.ir.spec import verify_tensor_graph
         verify_tensor_graph(sink)
 
-    topo = list(sink.toposort(gate=lambda u: u.op is not Ops.BUFFER))
     rp: set[UOp] = {t for t in sink.src if not _is_buffer_view(t) and t.op is not Ops.CONST}
     for n in topo:
         if n.op in (Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN): rp.add(n)
@@ -95,7 +99,8 @@ def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, U
             results[orig] = buffer_view(buffer_uop(out_bufs[t]), orig.shape)
     # every assign that ran is done: later graphs holding it must read the buffer, not run it again
     for orig, new in memo.items():
-        if new.op is Ops.ASSIGN and unbound.get(new, new) in rp and orig not in results: results[orig] = new.src[0]
+        if new.op is Ops.ASSIGN and orig not in results and split.get(u := unbound.get(new, new), u) in rp:
+            results[orig] = new.src[0]
     return items, results
 
 

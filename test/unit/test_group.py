@@ -25,7 +25,9 @@ rng = np.random.default_rng(11)
 def grouping(monkeypatch):
     monkeypatch.setattr(Device["CL"].renderer, "group_max_outputs", 1 << 30)
     realize._programs.clear()
-    with Context(CACHELEVEL=0):  # no program cache: it would hand back an ungrouped program
+    # no program cache: it would hand back an ungrouped program; no split reduce (schedule/split.py): these tests
+    # group the one-kernel form of a long reduce
+    with Context(CACHELEVEL=0, SPLIT_REDUCE=0):
         yield
     realize._programs.clear()
 
@@ -72,7 +74,7 @@ def test_group_needs_a_reduce_range():
 
 def test_heuristic_leaves_cpu_devices_and_small_reduces_alone():
     r = Device["CL"].renderer
-    big = Tensor.ones(1 << 16, device="CL").sum().schedule()[-1].ast
+    with Context(SPLIT_REDUCE=0): big = Tensor.ones(1 << 16, device="CL").sum().schedule()[-1].ast  # one kernel
     small = Tensor.ones(4, 100, device="CL").sum(1).schedule()[-1].ast
     if Device["CL"].is_cpu: assert group_opt(big, r) is None
     assert group_opt(small, type(r)()) is None            # a reduce of 100 stays one work-item's loop
@@ -88,3 +90,15 @@ def test_beam_action_space_has_group_once():
     grouped = apply_opt(ast, groups[-1])
     assert not any(o.op in ("GROUP", "UPCAST") and o.axis == groups[-1].axis for o in actions(grouped, r))
     assert all(o.op != "GROUP" for o in actions(grouped, r))
+
+
+def test_split_reduce_partials_are_grouped(grouping):
+    """A long sum split in two (schedule/split.py): on a GPU-style device its partial kernel has a few hundred
+    outputs, each grouped over a workgroup."""
+    a = rng.standard_normal(1 << 20).astype(np.float32)
+    with Context(SPLIT_REDUCE=32768):
+        t = Tensor(a, device="CL")
+        k1, _ = t.sum().schedule()
+        assert group_opt(k1.ast, Device["CL"].renderer) is not None
+        np.testing.assert_allclose(t.sum().item(), a.sum(dtype=np.float64), rtol=1e-5, atol=1e-2)
+        np.testing.assert_array_equal(t.max().item(), a.max())
