@@ -6,6 +6,7 @@ gets no gradient). Everything the Tensor frontend builds is made of these few op
 from __future__ import annotations
 
 import math
+import weakref
 
 from fusegrad.dtype import dtypes
 from fusegrad.ir import build
@@ -157,10 +158,25 @@ class GradFn:
     def __repr__(self) -> str: return f"GradFn({self.name})"
 
 
+# strip_grad_fns' results, kept across calls: a realize strips many outputs of one graph (every parameter and
+# optimizer state of a step), and a walk of the whole graph for each cost 0.1 s of a training step's first call
+_stripped: weakref.WeakKeyDictionary[UOp, UOp] = weakref.WeakKeyDictionary()  # node -> node without GradFns
+_no_grad_fns: weakref.WeakSet[UOp] = weakref.WeakSet()                        # nodes with none under them
+
+
 def strip_grad_fns(u: UOp) -> UOp:
-    from fusegrad.ir.pattern import substitute
-    custom = {n: n.src[0] for n in u.toposort() if n.op is Ops.DETACH and n.arg is not None}
-    return substitute(u, custom) if custom else u
+    """u with every custom-backward DETACH replaced by its forward value (as `substitute` would; nodes are immutable,
+    so the result per node is kept and a later call walks only nodes it hasn't seen)."""
+    def seen(n: UOp) -> bool: return n in _no_grad_fns or n in _stripped
+    for n in u.toposort(gate=lambda n: not seen(n)):
+        if seen(n): continue
+        if n.op is Ops.DETACH and n.arg is not None:
+            _stripped[n] = n.src[0]
+            continue
+        new = tuple(_stripped.get(s, s) for s in n.src)
+        if all(a is b for a, b in zip(new, n.src)): _no_grad_fns.add(n)
+        else: _stripped[n] = n.replace(src=new)
+    return _stripped.get(u, u)
 
 
 def compute_gradient(root: UOp, root_grad: UOp, targets: set[UOp]) -> dict[UOp, UOp]:

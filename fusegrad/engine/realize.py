@@ -52,41 +52,74 @@ def _load_spec(ast: UOp, device: str, amt: int) -> tuple[str, ProgramSpec | None
                             tuple(d["local_size"]), display_name=d["display_name"], thread_size=d["thread_size"])
 
 
+def _get_spec(ast: UOp, device: str) -> ProgramSpec:
+    """The rendered program of a kernel: from the program disk cache, else by codegen (BEAM search first when asked)."""
+    from fusegrad.codegen import to_program
+    from fusegrad.engine.jit import capturing
+    dev = Device[device]
+    opts = None
+    amt = int(BEAM.value) or (int(JITBEAM.value) if capturing else 0)
+    # process replay (fusegrad/replay): when capturing, always run codegen, so the opts used are known
+    # VIZ (fusegrad/viz) also runs codegen, so the kernel's passes and linear program are recorded
+    dkey, spec = ("", None) if CAPTURE_PROCESS_REPLAY or VIZ else _load_spec(ast, device, amt)
+    if spec is None:
+        if amt and not NOOPT:
+            from fusegrad.codegen.search import beam_search
+            from fusegrad.codegen import kernel_name
+            opts = beam_search(ast, device, amt, kernel_name(ast))
+        if VIZ.value or PROFILE.value:
+            from fusegrad.viz.recorder import traced_to_program
+            spec = traced_to_program(ast, device, dev.renderer, opts)
+        else: spec = to_program(ast, dev.renderer, opts)
+        if dkey and not spec.vars:
+            diskcache_put("program", dkey, json.dumps({k: getattr(spec, k) for k in (
+                "name", "src", "nbufs", "ops", "mem", "global_size", "local_size", "display_name",
+                "thread_size")}).encode())
+        if CAPTURE_PROCESS_REPLAY:  # process replay: record the AST, renderer, flags and source
+            from fusegrad.replay import capture_kernel
+            capture_kernel(ast, device, dev.renderer, opts, spec)
+    return spec
+
+
 def get_runner(ast: UOp, device: str) -> Any:
     """The loaded program for a kernel AST on a device (render + compile on first use)."""
     key = (ast, device)
     if (prg := _programs.get(key)) is None:
-        from fusegrad.codegen import to_program
-        from fusegrad.engine.jit import capturing
         dev = Device[device]
-        opts = None
-        amt = int(BEAM.value) or (int(JITBEAM.value) if capturing else 0)
-        # process replay (fusegrad/replay): when capturing, always run codegen, so the opts used are known
-        # VIZ (fusegrad/viz) also runs codegen, so the kernel's passes and linear program are recorded
-        dkey, spec = ("", None) if CAPTURE_PROCESS_REPLAY or VIZ else _load_spec(ast, device, amt)
-        traced = VIZ.value or PROFILE.value
-        if spec is None:
-            if amt and not NOOPT:
-                from fusegrad.codegen.search import beam_search
-                from fusegrad.codegen import kernel_name
-                opts = beam_search(ast, device, amt, kernel_name(ast))
-            if traced:
-                from fusegrad.viz.recorder import traced_to_program
-                spec = traced_to_program(ast, device, dev.renderer, opts)
-            else: spec = to_program(ast, dev.renderer, opts)
-            if dkey and not spec.vars:
-                diskcache_put("program", dkey, json.dumps({k: getattr(spec, k) for k in (
-                    "name", "src", "nbufs", "ops", "mem", "global_size", "local_size", "display_name",
-                    "thread_size")}).encode())
-            if CAPTURE_PROCESS_REPLAY:  # process replay: record the AST, renderer, flags and source
-                from fusegrad.replay import capture_kernel
-                capture_kernel(ast, device, dev.renderer, opts, spec)
-        if traced:
+        spec = _get_spec(ast, device)
+        if VIZ.value or PROFILE.value:
             from fusegrad.viz.recorder import traced_compile
             lib = traced_compile(dev.compiler.compile_cached, spec.src, spec.name, device, ast)
         else: lib = dev.compiler.compile_cached(spec.src)
         prg = _programs[key] = dev.runtime(spec, lib)
     return prg
+
+
+def _prepare_runners(new: list[tuple[UOp, str]]) -> None:
+    """Load or build the programs of several new kernels. Kernels whose compiler can compile a batch
+    (CPUCompiler.compile_batch: one compiler run for many kernels) go to a thread pool in groups as codegen produces
+    them, so the compiler runs on the other cores while codegen continues here; the rest compile in the pool one by
+    one."""
+    from concurrent.futures import ThreadPoolExecutor
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    size = max(1, min(16, -(-len(new) // (2 * cores))))  # at least two groups per core, at most 16 kernels a group
+    pending: dict[str, list[tuple[tuple[UOp, str], ProgramSpec]]] = {}
+    futs = []
+
+    def build(dev: Any, group: list[tuple[tuple[UOp, str], ProgramSpec]]) -> None:
+        libs = dev.compiler.compile_batch([(spec.name, spec.src) for _, spec in group])
+        for (key, spec), lib in zip(group, libs): _programs[key] = dev.runtime(spec, lib)
+
+    with ThreadPoolExecutor(max_workers=min(len(new), cores + 1)) as pool:
+        for key in new:
+            dev = Device[key[1]]
+            if not hasattr(dev.compiler, "compile_batch") or VIZ.value or PROFILE.value:
+                futs.append(pool.submit(get_runner, *key))
+                continue
+            (group := pending.setdefault(key[1], [])).append((key, _get_spec(*key)))
+            if len(group) >= size: futs.append(pool.submit(build, dev, pending.pop(key[1])))
+        futs += [pool.submit(build, Device[d], group) for d, group in pending.items()]
+        for f in futs: f.result()
 
 
 def var_values(spec: ProgramSpec, var_vals: dict[UOp, int]) -> tuple[int, ...]:
@@ -102,13 +135,10 @@ def run_schedule(items: list[ScheduleItem]) -> None:
     st = time.perf_counter()
     kernels = 0
     traced = VIZ.value or PROFILE.value  # fusegrad/viz: put each launch and copy on the timeline
-    # compile every new kernel first, several at a time: the C compiler runs in parallel with the next codegen
+    # build every new kernel first, several at a time: the C compiler runs in parallel with the next codegen
     new = list(dict.fromkeys((si.ast, si.bufs[0].device) for si in items if not si.is_copy
                              and (si.ast, si.bufs[0].device) not in _programs))
-    if len(new) > 1:
-        from concurrent.futures import ThreadPoolExecutor
-        with ThreadPoolExecutor(max_workers=min(len(new), (os.cpu_count() or 1) + 1)) as pool:
-            list(pool.map(lambda k: get_runner(*k), new))
+    if len(new) > 1: _prepare_runners(new)
     for si in items:
         dev = si.bufs[0].device
         show = DEBUG >= 2

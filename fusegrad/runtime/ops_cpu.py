@@ -1,5 +1,10 @@
 """CPU device: C source from the C-style renderer, compiled by the system C compiler into a shared object, loaded
 with ctypes. Compiled objects are cached on disk keyed by source + compiler identity + CPU.
+
+Several new kernels are compiled as one translation unit into one shared object (`compile_batch`): each C compiler
+run costs about 35 ms before it compiles anything (driver, assembler, linker), more than a typical kernel's own
+compile. Each kernel's cache entry then holds a reference (`BATCH_REF`, the batch object's key, the kernel's symbol)
+to the batch object, which is cached under its own key, so a warm process also loads one object per batch.
 """
 from __future__ import annotations
 
@@ -8,13 +13,16 @@ import functools
 import hashlib
 import os
 import platform
+import re
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from typing import Any
 
-from fusegrad.device import Allocator, Compiled, CompileError, Compiler
+from fusegrad.device import Allocator, Compiled, CompileError, Compiler, diskcache_get, diskcache_put
+from fusegrad.helpers import hash_bytes
 from fusegrad.renderer import ProgramSpec
 from fusegrad.renderer.cstyle import ClangRenderer
 
@@ -69,7 +77,9 @@ class CPUCompiler(Compiler):
         self.cc = find_compiler()
         assert self.cc is not None
         ident = hashlib.sha256((_compiler_identity(self.cc) + _cpu_identity() + " ".join(self.flags)).encode())
-        super().__init__(f"cpu_{ident.hexdigest()[:16]}")
+        # "b1": entries may be BATCH_REF pointers, which an older fusegrad would try to load as shared objects
+        self.table = f"cpu_b1_{ident.hexdigest()[:16]}"
+        super().__init__(self.table)
 
     def compile(self, src: str) -> bytes:
         with tempfile.TemporaryDirectory() as d:
@@ -79,6 +89,66 @@ class CPUCompiler(Compiler):
             if proc.returncode != 0:
                 raise CompileError(f"C compile failed ({self.cc}):\n{proc.stderr}\n--- source ---\n{src}")
             with open(out, "rb") as f: return f.read()
+
+    def _lookup(self, src: str) -> bytes | None:
+        """The cached binary of a source, or None. A reference into a batch object counts only while that object is
+        loaded or in the disk cache (its bytes are then kept for CPUProgram)."""
+        if (lib := diskcache_get(self.table, hash_bytes(src))) is None or not lib.startswith(BATCH_REF): return lib
+        bkey = lib[len(BATCH_REF):].split(b":")[0].decode()
+        with _batch_lock:
+            if bkey in _batch_libs or bkey in _batch_objs: return lib
+        if (obj := diskcache_get(self.table, bkey)) is None: return None  # evicted or corrupt: compile again
+        with _batch_lock: _batch_objs.setdefault(bkey, obj)
+        return lib
+
+    def compile_cached(self, src: str) -> bytes:
+        if (lib := self._lookup(src)) is None:
+            lib = self.compile(src)
+            diskcache_put(self.table, hash_bytes(src), lib)
+        return lib
+
+    def compile_batch(self, kernels: list[tuple[str, str]]) -> list[bytes]:
+        """Binaries for (function name, source) pairs: cached ones from the disk cache, the rest compiled by one
+        compiler run into one shared object. In the joined source each kernel's function and static helpers get a
+        per-kernel suffix (names repeat across kernels); the identical typedefs that repeat are valid C11."""
+        libs = [self._lookup(src) for _, src in kernels]
+        todo = [i for i, lib in enumerate(libs) if lib is None]
+        if len(todo) == 1: libs[todo[0]] = self.compile_cached(kernels[todo[0]][1])
+        if len(todo) <= 1: return [lib for lib in libs if lib is not None]
+        parts, syms = [], {}
+        for i in todo:
+            name, src = kernels[i]
+            names = list(dict.fromkeys([name, *_STATIC_FN.findall(src)]))
+            parts += [f"#define {n} {n}__fg{i}" for n in names] + [src] + [f"#undef {n}" for n in names]
+            syms[i] = f"{name}__fg{i}"
+        unit = "\n".join(parts)
+        try: obj = self.compile(unit)
+        except CompileError:  # compile them one by one, so the error names the kernel that fails
+            return [lib if lib is not None else self.compile_cached(src) for lib, (_, src) in zip(libs, kernels)]
+        bkey = f"batch_{hash_bytes(unit)}"
+        diskcache_put(self.table, bkey, obj)
+        with _batch_lock: _batch_objs.setdefault(bkey, obj)
+        for i, sym in syms.items():
+            libs[i] = ref = BATCH_REF + f"{bkey}:{sym}".encode()
+            diskcache_put(self.table, hash_bytes(kernels[i][1]), ref)
+        return [lib for lib in libs if lib is not None]
+
+
+# a compile-cache entry that points into a batch object: BATCH_REF + b"<batch key>:<symbol>"
+BATCH_REF = b"FUSEGRAD-BATCH-REF:"
+_STATIC_FN = re.compile(r"^static inline [^(=;]*?\b(\w+)\(", re.MULTILINE)
+_batch_objs: dict[str, bytes] = {}          # batch key -> shared object not yet loaded in this process
+_batch_libs: dict[str, ctypes.CDLL] = {}    # batch key -> the loaded shared object
+_batch_lock = threading.Lock()
+
+
+def _batch_lib(bkey: str) -> ctypes.CDLL:
+    with _batch_lock:
+        if (lib := _batch_libs.get(bkey)) is None:
+            if (obj := _batch_objs.pop(bkey, None)) is None:
+                raise CompileError(f"batch object {bkey} is not loaded (compile_cached or compile_batch loads it)")
+            lib = _batch_libs[bkey] = _load_shared_object(obj)
+        return lib
 
 
 def simd_bytes() -> int:
@@ -121,8 +191,12 @@ class CPUProgram:
 
     def __init__(self, spec: ProgramSpec, lib: bytes):
         self.name, self.spec = spec.name, spec
-        self.lib = _load_shared_object(lib)
-        try: self.fxn = getattr(self.lib, spec.name)
+        sym = spec.name
+        if lib.startswith(BATCH_REF):  # a kernel inside a batch object (CPUCompiler.compile_batch)
+            bkey, sym = lib[len(BATCH_REF):].decode().split(":")
+            self.lib = _batch_lib(bkey)
+        else: self.lib = _load_shared_object(lib)
+        try: self.fxn = getattr(self.lib, sym)
         except AttributeError as e: raise CompileError(f"kernel {spec.name} missing from its compiled object") from e
         self.fxn.argtypes = [ctypes.c_void_p] * spec.nbufs + [ctypes.c_int] * len(spec.vars) + \
             ([ctypes.c_int, ctypes.c_int] if spec.thread_size else [])

@@ -118,3 +118,55 @@ def test_program_cache_is_keyed_by_the_renderer_configuration(monkeypatch):
     monkeypatch.setattr(r, "simd_bytes", 16)
     k3, _ = realize._load_spec(ast, "CPU", 0)
     assert len({k1, k2, k3}) == 3 and all((k1, k2, k3))
+
+
+def _run_add(lib: bytes, name: str, nbufs: int = 1, extra: float = 0.0) -> float:
+    from fusegrad.renderer import ProgramSpec
+    from fusegrad.runtime.ops_cpu import CPUProgram
+    a = np.array([1.0], dtype=np.float32)
+    CPUProgram(ProgramSpec(name, "", [], nbufs), lib)(a.ctypes.data)
+    return float(a[0])
+
+
+BATCH_SRCS = [  # two kernels with the same name and the same static helper, as the renderer emits them
+    ("k", "static inline float fg_h(float x) { return x + 1.0f; }\nvoid k(float* restrict a) { a[0] = fg_h(a[0]); }\n"),
+    ("k", "static inline float fg_h(float x) { return x * 10.0f; }\nvoid k(float* restrict a) { a[0] = fg_h(a[0]); }\n"),
+    ("add1", SRC),
+]
+
+
+def test_compile_batch_one_object_for_several_kernels(tmp_path, monkeypatch):
+    """Kernels compiled together keep their own functions and helpers, their cache entries point into one shared
+    object, and a fresh process state (nothing loaded) finds them through the disk cache."""
+    from fusegrad.helpers import hash_bytes
+    from fusegrad.runtime import ops_cpu
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    comp = CPUCompiler()
+    calls = []
+    real_compile = comp.compile
+    monkeypatch.setattr(comp, "compile", lambda src: calls.append(src) or real_compile(src))
+    libs = comp.compile_batch(BATCH_SRCS)
+    assert len(calls) == 1 and all(lib.startswith(ops_cpu.BATCH_REF) for lib in libs)
+    assert [_run_add(lib, name) for lib, (name, _) in zip(libs, BATCH_SRCS)] == [2.0, 10.0, 2.0]
+    assert {lib.split(b":")[1] for lib in libs} == {lib.split(b":")[1] for lib in libs[:1]}  # one batch object
+    # another process: nothing loaded, everything from the disk cache, no compiler run
+    monkeypatch.setattr(ops_cpu, "_batch_libs", {})
+    monkeypatch.setattr(ops_cpu, "_batch_objs", {})
+    assert comp.compile_batch(BATCH_SRCS) == libs and len(calls) == 1
+    assert _run_add(comp.compile_cached(BATCH_SRCS[1][1]), "k") == 10.0
+    # the batch object evicted: the kernel compiles alone
+    monkeypatch.setattr(ops_cpu, "_batch_libs", {})
+    monkeypatch.setattr(ops_cpu, "_batch_objs", {})
+    bkey = libs[0][len(ops_cpu.BATCH_REF):].split(b":")[0].decode()
+    (tmp_path / "fusegrad" / comp.cachekey / bkey).unlink()
+    lib = comp.compile_cached(BATCH_SRCS[0][1])
+    assert not lib.startswith(ops_cpu.BATCH_REF) and _run_add(lib, "k") == 2.0
+    assert diskcache_get(comp.cachekey, hash_bytes(BATCH_SRCS[0][1])) == lib
+
+
+def test_compile_batch_error_names_the_kernel(tmp_path, monkeypatch):
+    from fusegrad.device import CompileError
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    bad = ("bad_kernel", "void bad_kernel(float* restrict a) { a[0] = undefined_thing; }\n")
+    with pytest.raises(CompileError, match="undefined_thing"):
+        CPUCompiler().compile_batch([BATCH_SRCS[2], bad])
