@@ -300,7 +300,8 @@ def _zero(dt: DType) -> object:
 # within ~1.3 ulp over the whole float range, with IEEE special values (NaN, +-inf, 0, subnormals)
 FAST_MATH_C = {
     # NaN-propagating max. Written as `(a != a || a > b) ? a : b` GCC branches on each compare (a 2x2 max pool ran 10x
-    # slower than with a plain max); the larger value first, then the NaN fix, compiles to selects it can vectorize
+    # slower than with a plain max: the branches mispredict); the larger value first, then the NaN fix, compiles to
+    # selects it can vectorize. Used for every scalar float max but a reduce's accumulator update
     "fg_maxf": "static inline float fg_maxf(float a, float b) { float r = a > b ? a : b; return a != a ? a : r; }",
     "fg_maxd": "static inline double fg_maxd(double a, double b) { double r = a > b ? a : b; return a != a ? a : r; }",
     "fg_exp2f": """static inline float fg_exp2f(float x) {
@@ -352,7 +353,9 @@ class ClangRenderer(CStyleLanguage):
 
     def render_alu(self, op: Ops, dt: DType, a: list[str], src_dtype: DType) -> str:
         if op is Ops.EXP2 and dt.count > 1 and dt.scalar() == dtypes.float32: return f"fg_exp2f_x{dt.count}({a[0]})"
-        if op is Ops.MAX and dt in (dtypes.float32, dtypes.float64):
+        if op is Ops.MAX and dt in (dtypes.float32, dtypes.float64) and not any(x.startswith("acc") for x in a):
+            # (a reduce's running max keeps the branchy form: its compare is predictable, and the selects would make
+            # one long dependency chain, 3.5x slower over 4096-long rows)
             return f"fg_max{'f' if dt == dtypes.float32 else 'd'}({a[0]}, {a[1]})"
         if dt.count > 1 and dt.scalar() == dtypes.bool:
             # bool vectors are unsigned char lanes of 0/1. A compare of 32/64-bit vectors is one vector instruction
