@@ -929,8 +929,10 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
         return a._alu(Ops.ADD, b)
 
     def sub(self, x: "Tensor | ConstType", reverse: bool = False) -> "Tensor":
+        if dtypes.is_bool(self.dtype) or isinstance(x, bool) or (isinstance(x, Tensor) and dtypes.is_bool(x.dtype)):
+            raise RuntimeError("Subtraction, the `-` operator, with a bool tensor is not supported (as in torch); "
+                               "to invert a mask use `~` or logical_not(), or cast to an int dtype first")
         a, b = self._broadcasted(x, reverse)
-        if dtypes.is_bool(a.dtype): raise RuntimeError("subtraction of bool tensors is not supported; use logical ops")
         return a._alu(Ops.ADD, b.neg())
 
     def mul(self, x: "Tensor | ConstType", reverse: bool = False) -> "Tensor":
