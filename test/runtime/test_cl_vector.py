@@ -3,6 +3,7 @@ op and cast agrees with the PYTHON backend when each kernel is forced to 4, 8 or
 softmax and reductions match numpy. The renderer checks need no device; the rest is skipped without OpenCL."""
 import numpy as np
 import pytest
+from backend_checks import check_alu_matches_python, check_matmul_and_grad
 
 from fusegrad import Device, Tensor, dtypes
 from fusegrad.codegen import to_program
@@ -88,36 +89,13 @@ def lanes(request, monkeypatch):
     realize._programs.clear()
 
 
-def _alu_exprs(x, y, dt):
-    out = [x + y, x * y, x.maximum(y), x < y, x != y, (x < y).where(x, y)]
-    if dtypes.is_float(dt): out += [-x, x.reciprocal(), x.trunc(), x.abs().sqrt(), (x * 0.01).exp2(), x.abs().log2(),
-                                    x.sin(), (x.sum() * y.max())[None]]
-    elif dtypes.is_int(dt):
-        nz = (y == 0).where(y + 1, y)
-        out += [-x, x._alu(Ops.IDIV, nz), x._alu(Ops.MOD, nz), x & y, x | y, x ^ y, x << 2, x >> 1, x.sum()[None]]
-    else: out += [x & y, x | y, x ^ y, x.logical_not()]
-    return out
 
 
 @needs_cl
 @pytest.mark.parametrize("dt", [d for d in dtypes.all if d != dtypes.bfloat16], ids=str)
 def test_alu_matches_python_backend(dt, lanes):
     if not is_dtype_supported(dt, "CL"): pytest.skip(f"{dt} unsupported on this OpenCL device")
-    a = RNG.uniform(-40, 40, 32).astype(np.float64)
-    a[:3] = [float("nan"), -7, 7] if dtypes.is_float(dt) else [5, -7, 7]
-    b = RNG.uniform(-40, 40, 32).astype(np.float64)
-    b[:3] = [1.0, 2, -2]
-
-    def run(dev):
-        x, y = (Tensor(v, device=dev).cast(dtypes.int64).cast(dt) if not dtypes.is_float(dt) else
-                Tensor(v, device=dev).cast(dt) for v in (a, b))
-        if dt == dtypes.bool: x, y = Tensor(a > 0, device=dev), Tensor(b > 0, device=dev)
-        return [e.numpy() for e in _alu_exprs(x, y, dt)]
-    for i, (got, want) in enumerate(zip(run("CL"), run("PYTHON"))):
-        if dtypes.is_float(dt) and got.dtype.kind == "f":  # OpenCL's math builtins may differ from libm in the last bits
-            np.testing.assert_allclose(got, want, rtol=2e-3 if dt == dtypes.float16 else 1e-5, equal_nan=True,
-                                       err_msg=f"expr {i}")
-        else: np.testing.assert_array_equal(got, want, err_msg=f"expr {i}")
+    check_alu_matches_python("CL", dt, 32, float_rtol=1e-5)
 
 
 CAST_VALS = [-3.7, -1.0, -0.5, -0.0, 0.5, 1.5, 2.0, 100.25, 120.0, 7.0, 30000.0, float("nan"), -2.0, 0.75, 33.0, -99.9]
@@ -169,13 +147,7 @@ def test_device_sets_simd_bytes():
 @needs_cl
 @pytest.mark.parametrize("shape", [(64, 64, 64), (33, 48, 20), (128, 256, 96)])
 def test_vectorized_matmul_matches_numpy(shape):
-    n, k, m = shape
-    a, b = RNG.standard_normal((n, k)).astype(np.float32), RNG.standard_normal((k, m)).astype(np.float32)
-    x, y = Tensor(a, device="CL"), Tensor(b, device="CL", requires_grad=True)
-    out = x @ y
-    np.testing.assert_allclose(out.numpy(), a @ b, rtol=1e-4, atol=1e-4)
-    out.relu().sum().backward()
-    np.testing.assert_allclose(y.grad.numpy(), a.T @ (a @ b > 0).astype(np.float32), rtol=1e-4, atol=1e-4)
+    check_matmul_and_grad("CL", *shape)
 
 
 @needs_cl

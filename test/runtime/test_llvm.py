@@ -6,6 +6,7 @@ import sys
 
 import numpy as np
 import pytest
+from backend_checks import check_alu_matches_python, check_matmul_and_grad
 
 from fusegrad import Device, Tensor, dtypes
 from fusegrad.codegen import to_program
@@ -159,36 +160,13 @@ def test_casts_match_python_backend(src, lanes):
         np.testing.assert_array_equal(got, want, err_msg=f"{src} -> {dst}")
 
 
-def _alu_exprs(x, y, dt):
-    out = [x + y, x * y, x.maximum(y), x < y, x != y, (x < y).where(x, y)]
-    if dtypes.is_float(dt): out += [-x, x.reciprocal(), x.trunc(), x.abs().sqrt(), (x * 0.01).exp2(), x.abs().log2(),
-                                    x.sin(), (x.sum() * y.max())[None]]
-    elif dtypes.is_int(dt):
-        nz = (y == 0).where(y + 1, y)  # truncating division and modulo (y == 0 has its own test)
-        out += [-x, x._alu(Ops.IDIV, nz), x._alu(Ops.MOD, nz), x & y, x | y, x ^ y, x << 2, x >> 1, x.sum()[None]]
-    else: out += [x & y, x | y, x ^ y, x.logical_not()]
-    return out
 
 
 @needs_llvm
 @pytest.mark.parametrize("dt", [d for d in dtypes.all if d not in (dtypes.bfloat16,)], ids=str)
 def test_alu_matches_python_backend(dt, lanes):
     """Every ALU op on every dtype, including NaN compares (CMPNE is unordered) and negative int division."""
-    a = RNG.uniform(-40, 40, 12).astype(np.float64)
-    a[:3] = [float("nan"), -7, 7] if dtypes.is_float(dt) else [5, -7, 7]
-    b = RNG.uniform(-40, 40, 12).astype(np.float64)
-    b[:3] = [1.0, 2, -2]
-
-    def run(dev):
-        x, y = (Tensor(v, device=dev).cast(dtypes.int64).cast(dt) if not dtypes.is_float(dt) else
-                Tensor(v, device=dev).cast(dt) for v in (a, b))
-        if dt == dtypes.bool: x, y = Tensor(a > 0, device=dev), Tensor(b > 0, device=dev)
-        return [e.numpy() for e in _alu_exprs(x, y, dt)]
-    for i, (got, want) in enumerate(zip(run("LLVM"), run("PYTHON"))):
-        if dtypes.is_float(dt) and got.dtype.kind == "f":  # libm and Python's math may differ in the last bit
-            np.testing.assert_allclose(got, want, rtol=2e-3 if dt == dtypes.float16 else 1e-6, equal_nan=True,
-                                       err_msg=f"expr {i}")
-        else: np.testing.assert_array_equal(got, want, err_msg=f"expr {i}")
+    check_alu_matches_python("LLVM", dt, 12, float_rtol=1e-6)
 
 
 @needs_llvm
@@ -229,12 +207,7 @@ def test_double_to_half_rounds_correctly():
 
 @needs_llvm
 def test_matmul_and_its_gradient():
-    a, w = RNG.standard_normal((33, 48)).astype(np.float32), RNG.standard_normal((48, 20)).astype(np.float32)
-    x, wt = Tensor(a, device="LLVM"), Tensor(w, device="LLVM", requires_grad=True)
-    out = x @ wt
-    np.testing.assert_allclose(out.numpy(), a @ w, rtol=1e-4, atol=1e-4)
-    out.relu().sum().backward()
-    np.testing.assert_allclose(wt.grad.numpy(), a.T @ (a @ w > 0).astype(np.float32), rtol=1e-4, atol=1e-4)
+    check_matmul_and_grad("LLVM", 33, 48, 20)
 
 
 @needs_llvm

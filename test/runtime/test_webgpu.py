@@ -6,6 +6,7 @@ import sys
 
 import numpy as np
 import pytest
+from backend_checks import check_matmul_and_grad
 
 from fusegrad import Device, Tensor, dtypes
 from fusegrad.codegen import to_program
@@ -143,12 +144,7 @@ def test_compile_error_shows_the_message_and_source():
 
 @needs_device
 def test_matmul_and_its_gradient():
-    a, w = RNG.standard_normal((33, 48)).astype(np.float32), RNG.standard_normal((48, 20)).astype(np.float32)
-    x, wt = Tensor(a, device="WEBGPU"), Tensor(w, device="WEBGPU", requires_grad=True)
-    out = x @ wt
-    np.testing.assert_allclose(out.numpy(), a @ w, rtol=1e-4, atol=1e-4)
-    out.relu().sum().backward()
-    np.testing.assert_allclose(wt.grad.numpy(), a.T @ (a @ w > 0).astype(np.float32), rtol=1e-4, atol=1e-4)
+    check_matmul_and_grad("WEBGPU", 33, 48, 20)
 
 
 @needs_device
