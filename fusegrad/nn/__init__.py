@@ -174,6 +174,9 @@ class BatchNorm:
         w, has_bias = self.weight, self.bias is not None
 
         def backward(g: Tensor, *_: Tensor) -> list[Tensor]:
+            # the incoming gradient is often a fused expression (max_pool2d's backward, with its window permute) that
+            # both sums and dx would each recompute with strided loads: compute it once (bs512 step: ~4 x 12 ms -> 3 ms)
+            g = g.contiguous()
             xhat = (xd - mean.reshape(shape)) * invstd.reshape(shape)
             gsum, gxhat = g.sum(axes), (g * xhat).sum(axes)
             scale = invstd if w is None else invstd * w.detach()
