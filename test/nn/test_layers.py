@@ -255,4 +255,5 @@ def test_conv_batchnorm_maxpool_gradients_match_torch():
     for p, tp in ((c1.weight, t1.weight), (c2.bias, t2.bias), (bn.weight, tbn.weight), (bn.bias, tbn.bias)):
         g = p.grad.numpy()
         assert np.isfinite(g).all(), f"non-finite gradient entries: {np.count_nonzero(~np.isfinite(g))}"
-        np.testing.assert_allclose(g, tp.grad.numpy(), atol=2e-3, rtol=2e-3)
+        ref = tp.grad.numpy()   # float32 sums over 16x24x24 terms in another order: error relative to the scale
+        np.testing.assert_allclose(g, ref, atol=1e-4 * float(np.abs(ref).max()), rtol=2e-3)
