@@ -90,6 +90,7 @@ DEV = ContextVar("DEV", "")
 SPEC = ContextVar("SPEC", 0)
 CACHELEVEL = ContextVar("CACHELEVEL", 2)
 SPLIT_REDUCE = ContextVar("SPLIT_REDUCE", 32768)  # shortest reduce split into two kernels (schedule/split.py); 0: off
+MERGE_RANGES = ContextVar("MERGE_RANGES", 1)   # 0: keep every loop of a kernel as its shape gives it (codegen/merge.py)
 VIZ = ContextVar("VIZ", 0)
 PROFILE = ContextVar("PROFILE", 0)  # write the timeline as Chrome trace-event JSON (fusegrad/viz)
 CAPTURE_PROCESS_REPLAY = ContextVar("CAPTURE_PROCESS_REPLAY", 0)  # record every compiled kernel (fusegrad/replay)

@@ -12,7 +12,8 @@ from typing import Any
 
 from fusegrad.device import Device, diskcache_get, diskcache_put
 from fusegrad.renderer import ProgramSpec
-from fusegrad.helpers import BEAM, CACHELEVEL, DEBUG, JITBEAM, NOOPT, PROFILE, SPEC, VIZ, GlobalCounters, colored
+from fusegrad.helpers import BEAM, CACHELEVEL, DEBUG, JITBEAM, MERGE_RANGES, NOOPT, PROFILE, SPEC, VIZ, GlobalCounters, \
+    colored
 from fusegrad.helpers import CAPTURE_PROCESS_REPLAY  # process replay (fusegrad/replay)
 from fusegrad.ir.ops import UOp
 from fusegrad.schedule import ScheduleItem
@@ -44,7 +45,7 @@ def _load_spec(ast: UOp, device: str, amt: int) -> tuple[str, ProgramSpec | None
     from fusegrad.codegen.search import ast_key
     dev = Device[device]
     if dev.compiler.cachekey is None or not CACHELEVEL or DEBUG >= 3 or SPEC: return "", None  # run codegen to show/check it
-    key = hashlib.sha256(f"{ast_key(ast)}:{device}:{dev.compiler.cachekey}:{amt}:{int(NOOPT.value)}:"
+    key = hashlib.sha256(f"{ast_key(ast)}:{device}:{dev.compiler.cachekey}:{amt}:{int(NOOPT.value)}:{int(MERGE_RANGES.value)}:"
                          f"{_renderer_state(dev.renderer)}:{_code_version()}".encode()).hexdigest()
     if (raw := diskcache_get("program", key)) is None: return key, None
     d = json.loads(raw)
