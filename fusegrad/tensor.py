@@ -280,7 +280,7 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
 
     def to_(self, device: str | None) -> "Tensor":
         """Move this tensor to `device` in place."""
-        self._single_device(device, "to_")
+        _single_device(device, "to_")
         self.uop = self.to(device).uop
         return self
 
@@ -315,11 +315,8 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
 
     def linear_with_vars(self, *lst: "Tensor") -> tuple[list[Any], dict[Any, int]]:
         """`(schedule_linear(*lst), {variable: bound value})` for the bound Variables the graphs use."""
-        binds = {n.src[0]: n.src[1].arg for t in (self,) + lst for n in t.uop.toposort() if n.op is Ops.BIND}
-        for sh in (t.shape for t in (self,) + lst):
-            for d in sh:
-                if isinstance(d, UOp): binds.update({n.src[0]: n.src[1].arg for n in d.toposort() if n.op is Ops.BIND})
-        return self.schedule(*lst), binds
+        items = self.schedule(*lst)
+        return items, {v: val for si in items for v, val in si.var_vals.items()}
 
     def realize(self, *lst: "Tensor", do_update_stats: bool = True) -> "Tensor":
         """Compute this tensor (and `lst`) now; later uses read the stored result. (`do_update_stats` is accepted
@@ -432,10 +429,6 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
         from fusegrad.mixin.nn import _custom_grad
         return _custom_grad(self.detach(), [self], lambda g, x: (g.contiguous(),), "contiguous_backward")
 
-    @staticmethod
-    def _single_device(device: Any, what: str) -> Any:
-        return _single_device(device, what)
-
     def shard(self, devices: Any, axis: int | None = None) -> "Tensor":
         raise NotImplementedError("shard: fusegrad has no multi-device (sharded) tensors; use .to(device)")
     def shard_(self, devices: Any, axis: int | None = None) -> "Tensor":
@@ -451,12 +444,12 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
         return self
 
     def to(self, device: str | None) -> "Tensor":
-        device = Device.canonicalize(self._single_device(device, "to"))
+        device = Device.canonicalize(_single_device(device, "to"))
         if device == self.device: return self
         return Tensor._wrap(UOp(Ops.COPY, self.dtype, (self.uop,), device), self)
 
     def clone(self, device: str | None = None) -> "Tensor":
-        self._single_device(device, "clone")
+        _single_device(device, "clone")
         return self.to(device) if device is not None and Device.canonicalize(device) != self.device \
             else Tensor._wrap(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)), self)
 

@@ -116,7 +116,7 @@ class CapturedJit:
             if ln.prg is None:  # copy between devices
                 bufs = list(ln.args)
                 for k, i in ln.slots: bufs[k] = per_call[i]
-                bufs[0].copyin(bufs[1].copyout(memoryview(bytearray(bufs[1].nbytes))))  # one staging copy
+                bufs[0].copy_from(bufs[1])
                 continue
             args = list(ln.args)
             for k, i in ln.slots: args[k] = per_call[i].opaque

@@ -142,9 +142,7 @@ class BatchNorm:
     def calc_stats(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """(mean, 1/sqrt(var + eps)) over every axis but 1: the batch's in training mode, else the running ones."""
         if is_training() or self.running_mean is None or self.running_var is None:
-            axes = tuple(a for a in range(x.ndim) if a != 1)
-            mean = x.mean(axes)
-            var = (x - mean.reshape((1, -1) + (1,) * (x.ndim - 2))).square().mean(axes)   # biased, as torch normalizes
+            mean, var = _batch_mean_var(x)
             return mean, (var + self.eps).rsqrt()
         return self.running_mean, (self.running_var + self.eps).rsqrt()
 
@@ -163,8 +161,7 @@ class BatchNorm:
         shape = (1, -1) + (1,) * (x.ndim - 2)
         n = x.numel() // x.shape[1]
         xd = x.detach()
-        mean = xd.mean(axes)
-        var = (xd - mean.reshape(shape)).square().mean(axes)   # biased, as torch normalizes
+        mean, var = _batch_mean_var(xd)
         invstd = (var + self.eps).rsqrt()
         if is_training() and self.running_mean is not None and self.running_var is not None:
             self._update_running_stats(mean, var * (n / max(n - 1, 1)))
@@ -193,6 +190,13 @@ class BatchNorm:
         self.running_var.assign((1 - m) * self.running_var + m * var_unbiased.detach())
         self.num_batches_tracked.assign(self.num_batches_tracked + 1)
         for b in (self.running_mean, self.running_var, self.num_batches_tracked): b.requires_grad = False
+
+
+def _batch_mean_var(x: Tensor) -> tuple[Tensor, Tensor]:
+    """Mean and biased variance (as torch normalizes) over every axis but 1."""
+    axes = tuple(a for a in range(x.ndim) if a != 1)
+    mean = x.mean(axes)
+    return mean, (x - mean.reshape((1, -1) + (1,) * (x.ndim - 2))).square().mean(axes)
 
 
 BatchNorm1d = BatchNorm2d = BatchNorm3d = BatchNorm

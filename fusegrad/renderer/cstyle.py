@@ -363,8 +363,7 @@ class ClangRenderer(CStyleLanguage):
             if op in (Ops.CMPLT, Ops.CMPNE) and src_dtype.count > 1 and src_dtype.scalar().itemsize in (4, 8) and \
                     src_dtype.scalar() != dtypes.bool:
                 return f"__builtin_convertvector(-({a[0]}{'<' if op is Ops.CMPLT else '!='}{a[1]}), {self.render_dtype(dt)})"
-            if op in (Ops.AND, Ops.OR, Ops.XOR):   # 0/1 lanes stay 0/1
-                return f"({a[0]}{ {Ops.AND: '&', Ops.OR: '|', Ops.XOR: '^'}[op]}{a[1]})"
+            if op in (Ops.AND, Ops.OR, Ops.XOR): return self._render_alu(op, dt, a, src_dtype)  # 0/1 lanes stay 0/1
         return super().render_alu(op, dt, a, src_dtype)
 
     def render_kernel(self, name: str, args: list[str], body: list[str], has_float_acc: bool = False) -> str:

@@ -142,7 +142,7 @@ class CLAllocator(Allocator):
 
     def _copyin(self, dest: Any, src: memoryview) -> None:
         if not src.readonly: host: Any = (ctypes.c_char * src.nbytes).from_buffer(src)
-        # a view of a whole bytes object (the engine's copies) is passed as it is; another read-only view is copied
+        # a view of a whole bytes object (a Tensor made from bytes) is passed as it is; another read-only view is copied
         elif isinstance(src.obj, bytes) and src.c_contiguous and src.nbytes == len(src.obj): host = src.obj
         else: host = src.tobytes()
         check(libcl().clEnqueueWriteBuffer(self.dev.queue, dest, True, 0, src.nbytes, host, 0, None, None),
@@ -267,7 +267,6 @@ class CLDevice(Compiled):
         # vector types (VECTORIZE): the device's preferred float vector width in bytes, 16 to 64 (OpenCL's widest
         # vector is 16 lanes); CL_SIMD_BYTES overrides it (0: no vectors)
         pref = _uint.from_buffer_copy(_info(cl.clGetDeviceInfo, self.device_id, param=CL_DEVICE_PREFERRED_VECTOR_WIDTH_FLOAT))
-        self.preferred_float_width = pref.value
         renderer.simd_bytes = getenv("CL_SIMD_BYTES", min(max(4 * pref.value, 16), 64))
         super().__init__(device, CLAllocator(self), renderer, CLCompiler(self), functools.partial(CLProgram, self))
 
