@@ -332,6 +332,10 @@ class MovementMixin:
 
     def __setitem__(self: "Tensor", indices: Any, v: Any) -> None:
         """In-place assignment through an index: self becomes where(selected, v, self)."""
+        self._setitem_advanced(indices, v)
+
+    def _setitem_advanced(self: "Tensor", indices: Any, v: Any) -> None:
+        """Assignment through any index, advanced (tensor/list) indices included: a scatter of the flat positions."""
         Tensor = _T()
         pos = Tensor.arange(self.numel(), device=self.device).reshape(self.shape)
         sel = pos[indices]                                   # flat positions of the selected elements
