@@ -23,15 +23,9 @@ from fusegrad.mixin.movement import MovementMixin
 from fusegrad.mixin.nn import NNMixin
 from fusegrad.mixin.reduce import ReduceMixin
 
-_buffer_ids = iter(range(1, 1 << 62))
-# BUFFER node -> its device memory; an entry lives as long as some graph references the node
-buffers: "weakref.WeakKeyDictionary[UOp, Buffer]" = weakref.WeakKeyDictionary()
-# a lazy node that was computed -> the node of its buffer, so no graph computes it twice
-realized: "weakref.WeakKeyDictionary[UOp, UOp]" = weakref.WeakKeyDictionary()
-# the lazy graph a realized tensor with autograd history was computed from (for backward through realize)
-lazy_of: "weakref.WeakKeyDictionary[UOp, UOp]" = weakref.WeakKeyDictionary()
-# realized buffer of a leaf -> the unique node graphs built before the realize refer to (gradients still reach it)
-leaf_of: "weakref.WeakKeyDictionary[UOp, UOp]" = weakref.WeakKeyDictionary()
+# the buffer registry and result cache live below the frontend (storage.py); re-exported here for older imports
+from fusegrad import storage  # noqa: E402
+from fusegrad.storage import buffer_uop, buffer_view, buffers, lazy_of, leaf_of, realized  # noqa: E402,F401
 
 
 def _with_history(u: UOp) -> UOp:
@@ -46,6 +40,8 @@ def _with_history(u: UOp) -> UOp:
 
 # every live tensor: backward() fills .grad for those in the graph (unless requires_grad=False)
 _all_tensors: "weakref.WeakSet[Tensor]" = weakref.WeakSet()
+# a pending ASSIGN -> the tensor it was made for (which takes the buffer once the write ran)
+_assign_owner: "weakref.WeakKeyDictionary[UOp, weakref.ref[Tensor]]" = weakref.WeakKeyDictionary()
 _unique_ids = iter(range(1, 1 << 62))
 
 
@@ -79,21 +75,6 @@ def _make_unique(u: UOp) -> UOp:
     if u.op is Ops.BUFFER or (u.op is Ops.RESHAPE and u.src[0].op is Ops.BUFFER): return u
     if u.op is Ops.CONTIGUOUS and isinstance(u.arg, int): return u  # already unique
     return UOp(Ops.CONTIGUOUS, u.dtype, (u,), next(_unique_ids))
-
-
-def buffer_uop(buf: Buffer) -> UOp:
-    """A new BUFFER node backed by `buf`."""
-    u = UOp(Ops.BUFFER, buf.dtype, (UOp(Ops.DEVICE, arg=buf.device),), (next(_buffer_ids), buf.size))
-    buffers[u] = buf
-    return u
-
-
-def buffer_view(bu: UOp, shape: tuple[Any, ...]) -> UOp:
-    """A BUFFER node seen as `shape`. A symbolic shape is a prefix of a buffer allocated at the shape's largest size:
-    SHRINK to the (symbolic) element count, then RESHAPE."""
-    if all_static(shape): return build.reshape(bu, shape)
-    flat = build.shrink(bu, ((0, sprod(shape)),))
-    return flat if len(shape) == 1 else build.reshape(flat, shape)
 
 
 def _flatten_list(data: Any) -> tuple[list[Any], tuple[int, ...]]:
@@ -143,7 +124,8 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
     >>> (Tensor([1.0, 2.0]) * 3).tolist()
     [3.0, 6.0]
     """
-    __slots__ = ("uop", "grad", "requires_grad", "_derived", "_used", "is_param", "_weak", "_no_graph", "__weakref__")
+    __slots__ = ("uop", "grad", "requires_grad", "_derived", "_used", "is_param", "_weak", "_no_graph", "_view", "_views",
+                 "__weakref__")
     training: ClassVar[bool] = False
     no_grad: ClassVar[bool] = False
     _seed: ClassVar[int] = 0
@@ -188,6 +170,8 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
         self.is_param = False
         # a 0-d tensor made from a bare Python scalar (no dtype given) is weakly typed in promotion, like the scalar
         self._no_graph = False
+        self._view: tuple[Tensor, UOp] | None = None   # (base tensor, its node this view's movement ops start from)
+        self._views: weakref.WeakValueDictionary[int, Tensor] | None = None   # live views (they see its writes)
         self._weak = dt is None and isinstance(data, (int, float)) and not isinstance(data, bool)
         if requires_grad: self.uop = _make_unique(self.uop)
         _all_tensors.add(self)
@@ -213,6 +197,12 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
         t._no_graph = (Tensor.no_grad and any(p.requires_grad for p in parents)) or \
             (not t.requires_grad and any(p._no_graph for p in parents))
         for p in parents: p._used = True
+        t._view, t._views = None, None
+        # a movement op (or a same-size bitcast) of one tensor is a view of it: writes through it reach the base, and
+        # it sees the base's writes (PAD is not a view: padding makes new elements)
+        if len(parents) == 1:
+            mv = u.src[0] if u.op is Ops.DETACH and u.src else u
+            if u is parents[0].uop or (mv.op in _VIEW_OPS and mv.src[0] is parents[0].uop): _mark_view(t, parents[0])
         _all_tensors.add(t)
         return t
 
@@ -337,8 +327,12 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
     def _realize_todo(todo: list["Tensor"], traced: bool = False) -> None:
         from fusegrad.engine.realize import run_schedule
         from fusegrad.schedule import create_schedule
-        snaps = _snapshot_old_values(todo)
-        uops = dedup([t.uop for t in todo] + [s for _, s in snaps.values()])
+        todo = _view_bases(todo)
+        # lazy tensors that read memory this realize overwrites are computed first (they keep the value they were
+        # built with, as in eager execution); a tensor sharing that memory without being a view of it gets a copy
+        todo = dedup(todo + _pending_readers(todo))
+        if not todo: return
+        uops = dedup([t.uop for t in todo])
         plain = {u: autograd.strip_grad_fns(u) for u in uops}  # custom backward rules aren't scheduled
         if traced:
             from fusegrad.viz.recorder import traced_schedule
@@ -346,16 +340,23 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
         else: sched, results = create_schedule(dedup(list(plain.values())))
         results = {**results, **{u: results[p] for u, p in plain.items() if p in results}}
         run_schedule(sched)
-        for old, new in results.items(): realized[old] = new
+        written = {id(si.bufs[0]): si.bufs[0] for si in sched if si.inplace}
+        for b in written.values(): storage.written(b)   # cached results computed from the old contents are void
+        written_now = {storage.memory_of(b) for b in written.values()}
+        for old, new in results.items(): storage.cache_result(old, new, written_now)
         for t in todo:
             old = t.uop
             new = results[old]
             if t._derived: lazy_of[new] = old  # keep the history for backward()
             elif old.op is Ops.CONTIGUOUS and isinstance(old.arg, int): leaf_of.setdefault(new, old)
             t.uop = new
-        from fusegrad.ir.pattern import substitute
-        for reader, mapping in _stale_readers(snaps):
-            reader.uop = substitute(reader.uop, {b: results[s] for b, s in mapping.items()})
+        for t in todo: _refresh_views(t, realized_now=True)
+        # a tensor whose pending write ran as part of another graph now holds its buffer (the ASSIGN is done)
+        for old, new in results.items():
+            if old.op is Ops.ASSIGN and (ref := _assign_owner.pop(old, None)) is not None and \
+               (t := ref()) is not None and t.uop is old:
+                t.uop = new
+                _refresh_views(t)
 
     def _buffer(self) -> Buffer:
         """The realized, contiguous buffer holding this tensor's data."""
@@ -422,7 +423,10 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
         return Tensor._wrap(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)), self)
 
     def detach(self) -> "Tensor":
-        return Tensor._wrap(UOp(Ops.DETACH, self.dtype, (self.uop,)))
+        """The same values with no autograd history. Like torch, it shares the memory: writes through it reach self."""
+        t = Tensor._wrap(UOp(Ops.DETACH, self.dtype, (self.uop,)))
+        _mark_view(t, self)
+        return t
 
     def contiguous_backward(self) -> "Tensor":
         """The same values; its gradient is made contiguous (materialized) on the way back."""
@@ -1210,6 +1214,77 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
         def __init__(self) -> None: super().__init__(False)
 
 
+# ----- views: tensors that share a base tensor's memory -----
+_VIEW_OPS = {Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.SHRINK, Ops.FLIP, Ops.BITCAST, Ops.DETACH}
+
+
+def _mark_view(t: Tensor, src: Tensor) -> None:
+    """Record that `t` (whose node is view ops over src's node) is a view of src's base."""
+    if src._view is not None and _view_chain(src.uop, src._view[1]) is not None: base, b0 = src._view
+    else: base, b0 = src, src.uop
+    t._view = (base, b0)
+    if base._views is None: base._views = weakref.WeakValueDictionary()
+    base._views[id(t)] = t   # keyed by id: a WeakSet would compare tensors with ==, which is elementwise
+
+
+def _view_chain(u: UOp, b0: UOp) -> list[UOp] | None:
+    """The view ops from `u` down to `b0`, outermost first (None when u is not a view of b0)."""
+    ops = []
+    while u is not b0:
+        if (u.op not in _VIEW_OPS and u.op is not Ops.PAD) or not u.src: return None
+        ops.append(u)
+        u = u.src[0]
+    return ops
+
+
+def _refresh_views(base: Tensor, realized_now: bool = False) -> None:
+    """After `base` got a new node (a write, a realize), its views are rebuilt on it, so they read the new value.
+    After a realize (same value, now in a buffer) a view with autograd history keeps its lazy graph for backward."""
+    if not base._views: return
+    for v in list(base._views.values()):
+        if v._view is None or v._view[0] is not base: continue
+        b0 = v._view[1]
+        if b0 is base.uop: continue
+        chain = _view_chain(v.uop, b0)
+        if chain is None:   # the view was given another value (realized into its own memory): it no longer aliases
+            v._view = None
+            continue
+        out = base.uop
+        for op in reversed(chain):   # a reshape folds into one below it (a realized view is a plain buffer view)
+            if op.op is Ops.RESHAPE: out = build.reshape(out.src[0] if out.op is Ops.RESHAPE else out, op.shape)
+            else: out = op.replace(src=(out,) + op.src[1:])
+        if realized_now and v._derived and out not in lazy_of: lazy_of[out] = lazy_of.get(v.uop, v.uop)
+        v.uop, v._view = out, (base, base.uop)
+
+
+def _write_through(chain: list[UOp], val: UOp, b0: UOp, what: tuple[int, ...]) -> UOp:
+    """The base's new value after writing `val` through the view `chain` (outermost first) over base node `b0`: each
+    view op is undone on (value, written-mask), and the base keeps its old value where the mask is False."""
+    mask = build.const(True, dtypes.bool, val.device, val.shape)
+    for op in chain:
+        src = op.src[0]
+        ss = src.shape
+        assert ss is not None and op.shape is not None
+        if op.op is Ops.RESHAPE: val, mask = build.reshape(val, ss), build.reshape(mask, ss)
+        elif op.op is Ops.PERMUTE:
+            inv = build.inverse_permute(op.arg)
+            val, mask = build.permute(val, inv), build.permute(mask, inv)
+        elif op.op is Ops.SHRINK:
+            pads = [(b, ssub(s, e)) for (b, e), s in zip(op.arg, ss)]
+            val, mask = build.pad(val, pads), build.pad(mask, pads)
+        elif op.op is Ops.PAD:
+            keep = [(b, b + s) for (b, _), s in zip(op.arg, ss)]
+            val, mask = build.shrink(val, keep), build.shrink(mask, keep)
+        elif op.op is Ops.FLIP: val, mask = build.flip(val, op.arg), build.flip(mask, op.arg)
+        elif op.op is Ops.EXPAND:
+            if any(not sym_eq(a, b) for a, b in zip(ss, op.shape)):
+                raise RuntimeError(f"unsupported operation: the view of shape {what} is expanded from {ss}, so more "
+                                   "than one of its elements refers to a single memory location; clone() it before "
+                                   "writing to it")
+        elif op.op is Ops.BITCAST: val = UOp(Ops.BITCAST, src.dtype, (val,))
+    return build.alu(Ops.WHERE, mask, val, b0)
+
+
 def _mix32(x: Tensor) -> Tensor:
     """A 32-bit integer hash finalizer (xor-shift-multiply), applied elementwise."""
     x = x ^ (x >> 16)
@@ -1231,27 +1306,35 @@ def _is_sym_int(x: Any) -> bool:
     return isinstance(x, UOp) and dtypes.is_int(x.dtype)
 
 
-def _snapshot_old_values(todo: Sequence[Tensor]) -> dict[UOp, tuple[list[Tensor], UOp]]:
-    """Buffers about to be overwritten by an ASSIGN that other lazy tensors still read: for each, the readers and a
-    CONTIGUOUS copy of the old contents, scheduled before the overwrite (so readers keep seeing the old values)."""
-    targets = {n.src[0].base for t in todo for n in t.uop.toposort() if n.op is Ops.ASSIGN}
-    if not targets: return {}
-    pending = set(id(t) for t in todo)
-    out: dict[UOp, tuple[list[Tensor], UOp]] = {}
-    for t in list(_all_tensors):
-        if id(t) in pending or _is_realized(t.uop): continue
-        hits = [n for n in t.uop.toposort(gate=lambda u: u.op is not Ops.ASSIGN) if n in targets]
-        for b in hits:
-            if b not in out: out[b] = ([], UOp(Ops.CONTIGUOUS, b.dtype, (b,), next(_unique_ids)))
-            out[b][0].append(t)
+def _view_bases(todo: Sequence[Tensor]) -> list[Tensor]:
+    """Realizing a view realizes its base (the view stays a view of the base's memory)."""
+    out = []
+    for t in todo:
+        if t._view is not None and _view_chain(t.uop, t._view[1]) is not None:
+            if not _is_realized(t._view[0].uop): out.append(t._view[0])
+        else: out.append(t)
     return out
 
 
-def _stale_readers(snaps: dict[UOp, tuple[list[Tensor], UOp]]) -> list[tuple[Tensor, dict[UOp, UOp]]]:
-    per: dict[int, tuple[Tensor, dict[UOp, UOp]]] = {}
-    for b, (readers, snap) in snaps.items():
-        for r in readers: per.setdefault(id(r), (r, {}))[1][b] = snap
-    return list(per.values())
+def _pending_readers(todo: Sequence[Tensor]) -> list[Tensor]:
+    """Live tensors, other than `todo` and views, whose value reads a version of memory that an ASSIGN in `todo`
+    overwrites: lazy ones are computed in the same schedule (before the write), and ones that merely share the
+    memory (two tensors given one cached buffer) get a copy."""
+    overwritten = {n.src[0].base for t in todo for n in t.uop.toposort() if n.op is Ops.ASSIGN}
+    if not overwritten: return []
+    pending = {id(t) for t in todo}
+    out: list[Tensor] = []
+    for t in list(_all_tensors):
+        if id(t) in pending or (t._view is not None and _view_chain(t.uop, t._view[1]) is not None): continue
+        u = t.uop
+        if _is_contiguous_buffer(u):
+            if u.base in overwritten:
+                t.uop = UOp(Ops.CONTIGUOUS, u.dtype, (u,), next(_unique_ids))
+                out.append(t)
+            continue
+        if _is_realized(u): continue
+        if any(n in overwritten for n in u.toposort(gate=lambda x: x.op is not Ops.ASSIGN)): out.append(t)
+    return out
 
 
 def _fma_hazard(u: UOp, limit: int = 4096) -> bool:

@@ -18,6 +18,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, TypeVar
 
+from fusegrad import storage
 from fusegrad.device import Buffer
 from fusegrad.helpers import DEBUG, JIT, PROFILE, VIZ
 from fusegrad.schedule import ScheduleItem
@@ -127,6 +128,8 @@ class CapturedJit:
             if traced:
                 from fusegrad.viz.recorder import record_item
                 record_item(ln.item, et or 0.0, ln.prg.spec.display_name, ln.prg.spec.ops, ln.prg.spec.mem)
+            if ln.item.inplace: storage.written(per_call[ln.slots[0][1]] if ln.slots and ln.slots[0][0] == 0
+                                                else ln.item.bufs[0])   # cached results read the old contents
             GlobalCounters.kernel_count += 1
             GlobalCounters.global_ops += ln.prg.spec.ops
             GlobalCounters.global_mem += ln.prg.spec.mem

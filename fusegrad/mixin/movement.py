@@ -328,11 +328,17 @@ class MovementMixin:
             elif not isinstance(i, slice): ax += 1   # an int (or a symbolic int) index drops its axis
             else:
                 out_shape.append(kept[k]); k += 1; ax += 1
-        return x.reshape(out_shape + kept[k:])
+        out = x.reshape(out_shape + kept[k:])
+        from fusegrad.tensor import _mark_view, _view_chain
+        # a strided slice pads before it reshapes, and a pad alone is no view: the whole selection still is one
+        if _view_chain(out.uop, self.uop) is not None: _mark_view(out, self)
+        return out
 
     def __setitem__(self: "Tensor", indices: Any, v: Any) -> None:
-        """In-place assignment through an index: self becomes where(selected, v, self)."""
-        self._setitem_advanced(indices, v)
+        """In-place assignment through an index, like torch. Basic indices (ints, slices of any step, None, ...) write
+        through the view they select; tensor or list indices scatter into the selected positions."""
+        if _is_basic(indices): self[indices].assign(v)
+        else: self._setitem_advanced(indices, v)
 
     def _setitem_advanced(self: "Tensor", indices: Any, v: Any) -> None:
         """Assignment through any index, advanced (tensor/list) indices included: a scatter of the flat positions."""
@@ -346,22 +352,34 @@ class MovementMixin:
         self.assign(new.reshape(self.shape))
 
     def assign(self: "Tensor", x: Any) -> "Tensor":
+        """Write `x` into this tensor (in place, like torch's `copy_`): every reference to it, and every view of its
+        memory, sees the new value; lazy tensors built before keep the value they were built with. Writing to a view
+        (a slice, transpose, reshape, flip, detach or same-size bitcast of another tensor) writes into that tensor."""
         Tensor = _T()
         if not isinstance(x, Tensor): x = Tensor(x, device=self.device, dtype=self.dtype)
         if x.shape != self.shape: x = x._broadcast_to(self.shape) if x.ndim <= self.ndim else x
         if x.shape != self.shape: raise RuntimeError(f"assign shape mismatch {x.shape} != {self.shape}")
         if x.device != self.device: raise RuntimeError(f"assign device mismatch {x.device} != {self.device}")
         from fusegrad.ir.ops import Ops, UOp
-        from fusegrad.tensor import _is_contiguous_buffer, _unique_ids
+        import weakref
+        from fusegrad.tensor import _assign_owner, _is_contiguous_buffer, _refresh_views, _unique_ids, _view_chain, \
+            _write_through
         val = x.cast(self.dtype)
-        if self.uop.op is Ops.ASSIGN and val.uop is not self.uop:  # a pending assign: chain onto the same memory
-            self.uop = UOp(Ops.ASSIGN, self.dtype, (self.uop.src[0], val.uop), next(_unique_ids))
-        elif _is_contiguous_buffer(self.uop) and val.uop is not self.uop:
-            # write into this tensor's own memory, so every holder of it (and a TinyJit replay) sees the new value
+        if self._view is not None and (chain := _view_chain(self.uop, self._view[1])) is not None:
+            base, b0 = self._view
+            if base.uop is b0:   # a write through a view: the base takes the new values where the view maps
+                base.assign(Tensor._wrap(_write_through(chain, val.uop, b0, self.shape), base, val) if chain else val)
+                return self
+        if val.uop is self.uop: return self
+        if self.uop.op is Ops.ASSIGN or _is_contiguous_buffer(self.uop):
+            # write into this tensor's own memory (after any pending write), so every holder of it and a TinyJit
+            # replay see the new value
             self.uop = UOp(Ops.ASSIGN, self.dtype, (self.uop, val.uop), next(_unique_ids))
+            _assign_owner[self.uop] = weakref.ref(self)
         else:
             self.uop = val.uop
         self._derived = x._derived
+        _refresh_views(self)
         return self
 
     def scatter(self: "Tensor", dim: int, index: "Tensor", src: Any, reduce: str | None = None) -> "Tensor":
@@ -516,6 +534,17 @@ class MovementMixin:
         if sorted(out_names) != sorted(names): raise RuntimeError(f"rearrange: axes differ between sides of {formula!r}")
         x = x.permute([names.index(n) for n in out_names])
         return x.reshape(tuple(prod(dims[n] for n in g) for g in rg))
+
+
+def _is_basic(indices: Any) -> bool:
+    """Only ints, slices, None and Ellipsis (an index that selects a view, not a copy)."""
+    idx = indices if isinstance(indices, tuple) else (indices,)
+    return all(i is None or i is Ellipsis or isinstance(i, (int, slice)) or _is_sym_int_index(i) for i in idx)
+
+
+def _is_sym_int_index(i: Any) -> bool:
+    from fusegrad.ir.ops import UOp
+    return isinstance(i, UOp)
 
 
 def _pad_lead(t: "Tensor", pads: list[tuple[int, int]], lead: tuple[int, ...], value: Any = 0) -> "Tensor":

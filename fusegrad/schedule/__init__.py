@@ -44,11 +44,15 @@ def _is_buffer_view(u: UOp) -> bool:
 def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
     """Schedule the computation of `targets`. Returns the items in execution order and, per target, the node of the
     buffer holding its result (BUFFER reshaped to the target's shape)."""
-    from fusegrad.tensor import buffer_uop, buffer_view, buffers, realized
+    from fusegrad.storage import buffer_uop, buffer_view, buffers, executed, realized, target_buffer
     # graphs may contain nodes computed by an earlier realize: read their buffers instead of recomputing
     sink = UOp(Ops.SINK, src=tuple(targets))
     memo = substitute_memo(sink, {n: realized[n] for n in sink.toposort() if n in realized})
     sink = memo[sink]
+    if stale := [n for n in sink.toposort(gate=lambda u: u.op is not Ops.BUFFER) if n.op is Ops.ASSIGN and n in executed]:
+        raise RuntimeError(f"a graph reads the result of an assign (ASSIGN #{stale[0].arg}) whose memory a later in-place "
+                           "write has changed since: its old value is gone. Realize (or .clone()) a value before "
+                           "writing to the memory it depends on")
     bound = dict(zip(targets, sink.src))   # with bound variables, for the result views handed back to tensors
     sink, unbound, var_vals = strip_binds(sink)
     topo = list(sink.toposort(gate=lambda u: u.op is not Ops.BUFFER))
@@ -70,7 +74,7 @@ def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, U
     out_bufs: dict[UOp, Buffer] = {}
     for r in order:
         assert r.device is not None
-        if r.op is Ops.ASSIGN: out_bufs[r] = buffers[r.src[0].base]
+        if r.op is Ops.ASSIGN: out_bufs[r] = buffers[target_buffer(r)]
         elif r in held: out_bufs[r] = Buffer(r.device, smax(r.size), r.dtype)  # symbolic: the largest size
     plan_memory(order, kernels, held, out_bufs)
 
@@ -93,14 +97,15 @@ def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, U
     results: dict[UOp, UOp] = {}
     for orig, t in new_targets.items():
         if _is_buffer_view(t) or t.op is Ops.CONST: results[orig] = bound[orig]
-        elif t.op is Ops.ASSIGN: results[orig] = bound[orig].src[0]   # the target's buffer now holds the value
+        elif t.op is Ops.ASSIGN:   # the target's buffer now holds the value
+            results[orig] = buffer_view(target_buffer(bound[orig]), orig.shape)
         else:
             assert orig.shape is not None
             results[orig] = buffer_view(buffer_uop(out_bufs[t]), orig.shape)
     # every assign that ran is done: later graphs holding it must read the buffer, not run it again
     for orig, new in memo.items():
         if new.op is Ops.ASSIGN and orig not in results and split.get(u := unbound.get(new, new), u) in rp:
-            results[orig] = new.src[0]
+            results[orig] = buffer_view(target_buffer(new), orig.shape)
     return items, results
 
 
@@ -116,7 +121,9 @@ def _order(topo: list[UOp], rp: set[UOp], kernels: dict[UOp, Any]) -> list[UOp]:
         for i in reads[r]: readers.setdefault(i, []).append(r)
     for w in rp:
         if w.op is not Ops.ASSIGN: continue
-        for r in readers.get(w.src[0].base, ()):
+        prev = w.src[0].base   # the version it overwrites: the buffer, or a pending ASSIGN that runs first
+        if prev in rp: deps[w].add(prev)
+        for r in readers.get(prev, ()):
             if r is not w and w not in deps[r]: deps[w].add(r)
     users: dict[UOp, list[UOp]] = {}
     for r, ds in deps.items():

@@ -1,0 +1,112 @@
+"""Buffer identity: which device memory a BUFFER node names, which lazy nodes were computed into which buffer, and what
+an in-place write invalidates. The Tensor frontend, the scheduler, the engine and TinyJit all read and write this one
+registry, so "which memory does this graph read, and is a cached result still valid" has one answer.
+
+A BUFFER node names a piece of memory and stands for its *current* contents. The result cache (`realized`) maps a lazy
+node to the node of the buffer holding its value; every entry remembers the buffers its value was computed from, and
+`written(buffer)` (called for every in-place write: an ASSIGN run by the engine, a TinyJit replay) drops the entries that
+read or hold that buffer, so no later graph is ever served a value computed from older contents.
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+from fusegrad.device import Buffer
+from fusegrad.ir import build
+from fusegrad.ir.ops import GroupOp, Ops, UOp
+from fusegrad.ir.shape import all_static, sprod
+
+_buffer_ids = iter(range(1, 1 << 62))
+# BUFFER node -> its device memory; an entry lives as long as some graph references the node
+buffers: "weakref.WeakKeyDictionary[UOp, Buffer]" = weakref.WeakKeyDictionary()
+# a lazy node that was computed -> the node of its buffer, so no graph computes it twice
+realized: "weakref.WeakKeyDictionary[UOp, UOp]" = weakref.WeakKeyDictionary()
+# the lazy graph a realized tensor with autograd history was computed from (for backward through realize)
+lazy_of: "weakref.WeakKeyDictionary[UOp, UOp]" = weakref.WeakKeyDictionary()
+# realized buffer of a leaf -> the unique node graphs built before the realize refer to (gradients still reach it)
+leaf_of: "weakref.WeakKeyDictionary[UOp, UOp]" = weakref.WeakKeyDictionary()
+# id(memory) -> the cached results (weak refs to `realized` keys) that read or hold that memory
+_cache_deps: dict[int, list["weakref.ref[UOp]"]] = {}
+# id(memory) -> how many in-place writes it has had (a Tensor can check that a view's memory is unchanged)
+_versions: dict[int, int] = {}
+
+
+def buffer_uop(buf: Buffer) -> UOp:
+    """A new BUFFER node backed by `buf`."""
+    u = UOp(Ops.BUFFER, buf.dtype, (UOp(Ops.DEVICE, arg=buf.device),), (next(_buffer_ids), buf.size))
+    buffers[u] = buf
+    return u
+
+
+def buffer_view(bu: UOp, shape: tuple[Any, ...]) -> UOp:
+    """A BUFFER node seen as `shape`. A symbolic shape is a prefix of a buffer allocated at the shape's largest size:
+    SHRINK to the (symbolic) element count, then RESHAPE."""
+    if all_static(shape): return build.reshape(bu, shape)
+    flat = build.shrink(bu, ((0, sprod(shape)),))
+    return flat if len(shape) == 1 else build.reshape(flat, shape)
+
+
+def target_buffer(u: UOp) -> UOp:
+    """The BUFFER node an ASSIGN (or a chain of pending ASSIGNs, or a view of either) writes into."""
+    while u.op is Ops.ASSIGN or u.op in GroupOp.Movement: u = u.src[0]
+    return u
+
+
+def memory_of(buf: Buffer) -> int:
+    """The identity of a buffer's memory (a planner view shares its base's)."""
+    while buf.base is not None: buf = buf.base
+    return id(buf)
+
+
+def buffers_read(u: UOp) -> list[Buffer]:
+    """The buffers a lazy graph reads (stops at BUFFER nodes)."""
+    return [buffers[n] for n in u.toposort(gate=lambda x: x.op is not Ops.BUFFER) if n.op is Ops.BUFFER and n in buffers]
+
+
+# ASSIGN nodes that ran: one must never run twice (a graph that still holds one after its entry was dropped reads
+# memory that a later write changed, and raises instead)
+executed: "weakref.WeakSet[UOp]" = weakref.WeakSet()
+_recorded = 0
+
+
+def cache_result(key: UOp, value: UOp, written_now: set[int] | None = None) -> None:
+    """Remember that `key` was computed into `value` (a buffer node, maybe reshaped); the entry is dropped when any
+    buffer it read, or the buffer holding it, is written in place. An ASSIGN depends only on the memory it wrote. A
+    result that read memory the same schedule wrote (`written_now`) is not cached: a later graph naming that buffer
+    means its new contents."""
+    global _recorded
+    if key is value: return
+    if key.op is Ops.ASSIGN:
+        executed.add(key)
+        mems = set()
+    else:
+        mems = {memory_of(b) for b in buffers_read(key)}
+        if written_now and mems & written_now: return
+    realized[key] = value
+    ref = weakref.ref(key)
+    if value.base.op is Ops.BUFFER and value.base in buffers: mems.add(memory_of(buffers[value.base]))
+    for m in mems: _cache_deps.setdefault(m, []).append(ref)
+    _recorded += 1
+    if _recorded % 4096 == 0: prune()
+
+
+def written(buf: Buffer) -> None:
+    """`buf`'s memory was just written in place: forget every cached result computed from (or held in) it."""
+    m = memory_of(buf)
+    _versions[m] = _versions.get(m, 0) + 1
+    for ref in _cache_deps.pop(m, ()):
+        if (k := ref()) is not None: realized.pop(k, None)
+
+
+def version(buf: Buffer) -> int:
+    """How many in-place writes `buf`'s memory has had."""
+    return _versions.get(memory_of(buf), 0)
+
+
+def prune() -> None:
+    """Drop bookkeeping of results that no longer exist (called now and then, so long runs don't grow it)."""
+    for m in list(_cache_deps):
+        live = [r for r in _cache_deps[m] if r() is not None]
+        if live: _cache_deps[m] = live
+        else: del _cache_deps[m]
