@@ -70,15 +70,15 @@ executed: "weakref.WeakSet[UOp]" = weakref.WeakSet()
 _recorded = 0
 
 
-def cache_result(key: UOp, value: UOp, written_now: set[int] | None = None) -> None:
+def cache_result(key: UOp, value: UOp, written_now: set[int] | None) -> None:
     """Remember that `key` was computed into `value` (a buffer node, maybe reshaped); the entry is dropped when any
     buffer it read, or the buffer holding it, is written in place. An ASSIGN depends only on the memory it wrote. A
     result that read memory the same schedule wrote (`written_now`) is not cached: a later graph naming that buffer
-    means its new contents."""
+    means its new contents. `written_now=None`: a snapshot of memory taken before a write, which stays valid."""
     global _recorded
     if key is value: return
-    if key.op is Ops.ASSIGN:
-        executed.add(key)
+    if key.op is Ops.ASSIGN or written_now is None:   # a write, or a snapshot taken before one: valid until its
+        if key.op is Ops.ASSIGN: executed.add(key)    # own memory is written
         mems = set()
     else:
         mems = {memory_of(b) for b in buffers_read(key)}

@@ -202,7 +202,7 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
         # it sees the base's writes (PAD is not a view: padding makes new elements)
         if len(parents) == 1:
             mv = u.src[0] if u.op is Ops.DETACH and u.src else u
-            if u is parents[0].uop or (mv.op in _VIEW_OPS and mv.src[0] is parents[0].uop): _mark_view(t, parents[0])
+            if mv.op in _VIEW_OPS and mv.src[0] is parents[0].uop: _mark_view(t, parents[0])
         _all_tensors.add(t)
         return t
 
@@ -328,11 +328,10 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
         from fusegrad.engine.realize import run_schedule
         from fusegrad.schedule import create_schedule
         todo = _view_bases(todo)
-        # lazy tensors that read memory this realize overwrites are computed first (they keep the value they were
-        # built with, as in eager execution); a tensor sharing that memory without being a view of it gets a copy
-        todo = dedup(todo + _pending_readers(todo))
         if not todo: return
-        uops = dedup([t.uop for t in todo])
+        # tensors that read memory this realize overwrites keep the value they were built with (as in eager execution)
+        snaps = _preserve_old_values(todo)
+        uops = dedup([t.uop for t in todo] + snaps)
         plain = {u: autograd.strip_grad_fns(u) for u in uops}  # custom backward rules aren't scheduled
         if traced:
             from fusegrad.viz.recorder import traced_schedule
@@ -343,7 +342,12 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
         written = {id(si.bufs[0]): si.bufs[0] for si in sched if si.inplace}
         for b in written.values(): storage.written(b)   # cached results computed from the old contents are void
         written_now = {storage.memory_of(b) for b in written.values()}
-        for old, new in results.items(): storage.cache_result(old, new, written_now)
+        snap_ids = {id(u) for u in snaps}
+        # an ASSIGN overwritten by a later one in the same schedule is done, but its value is gone
+        superseded = {n.src[0].base for n in results if n.op is Ops.ASSIGN}
+        for old, new in results.items():
+            if old in superseded: storage.executed.add(old)
+            else: storage.cache_result(old, new, None if id(old) in snap_ids else written_now)
         for t in todo:
             old = t.uop
             new = results[old]
@@ -713,6 +717,13 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
     def _apply(self, fn: Callable[..., UOp], *others: "Tensor") -> "Tensor":
         return Tensor._wrap(fn(self.uop, *[o.uop for o in others]), self, *others)
 
+    def _view_apply(self, fn: Callable[[UOp], UOp]) -> "Tensor":
+        """A movement op: the result is a view of self, also when the op changes nothing (a reshape to the same
+        shape, a full slice), as in torch."""
+        t = self._apply(fn)
+        if t._view is None: _mark_view(t, self)
+        return t
+
     def _broadcasted(self, y: "Tensor | ConstType", reverse: bool = False,
                      match_dtype: bool = True) -> tuple["Tensor", "Tensor"]:
         """Both operands broadcast to one shape and (if match_dtype) promoted to one dtype; scalars are weak."""
@@ -765,7 +776,7 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
             new = tuple(self.numel() // rest if s == -1 else s for s in new)
         if any(isinstance(s, int) and s < 0 for s in new) or not sym_eq(sprod(new), self.numel()):
             raise RuntimeError(f"shape '{list(new)}' is invalid for input of size {self.numel()} (shape {self.shape})")
-        return self._apply(lambda u: build.reshape(u, new))
+        return self._view_apply(lambda u: build.reshape(u, new))
 
     def view(self, shape: Any, *args: int) -> "Tensor": return self.reshape(shape, *args)
 
@@ -775,7 +786,7 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
             raise RuntimeError(f"permute: number of dims don't match: order {o} for shape {self.shape}")
         o = tuple(self._axis(a) for a in o)
         if sorted(o) != list(range(self.ndim)): raise RuntimeError(f"permute: repeated dim in order {o} for shape {self.shape}")
-        return self._apply(lambda u: build.permute(u, o))
+        return self._view_apply(lambda u: build.permute(u, o))
 
     def expand(self, shape: Any, *args: int) -> "Tensor":
         new = argfix(shape, *args)
@@ -789,7 +800,7 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
                 raise RuntimeError(f"The expanded size of the tensor ({n}) must match the existing size ({o}) at "
                                    f"non-singleton dimension: shape {self.shape} to {new}")
         return self.reshape(old)._apply(lambda u: build.expand(u, new)) if old != self.shape else \
-            self._apply(lambda u: build.expand(u, new))
+            self._view_apply(lambda u: build.expand(u, new))
 
     def pad(self, padding: Sequence[int] | Sequence[tuple[int, int] | None], mode: str = "constant",
             value: float = 0.0) -> "Tensor":
@@ -853,11 +864,11 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
         for (b, e), s in zip(a, self.shape):
             if not (sle(0, b) and sle(b, e) and sle(e, s)):
                 raise IndexError(f"shrink {arg} out of bounds for shape {self.shape}")
-        return self._apply(lambda u: build.shrink(u, a))
+        return self._view_apply(lambda u: build.shrink(u, a))
 
     def flip(self, axis: Any, *args: int) -> "Tensor":
         axes = {self._axis(a) for a in argfix(axis, *args)}
-        return self._apply(lambda u: build.flip(u, [i in axes for i in range(self.ndim)]))
+        return self._view_apply(lambda u: build.flip(u, [i in axes for i in range(self.ndim)]))
 
     def transpose(self, dim0: int = 1, dim1: int = 0) -> "Tensor":
         order = list(range(self.ndim))
@@ -1093,7 +1104,9 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
         if any(self.shape[a] == 0 for a in axes):  # reducing nothing: pad with the identity (keeps the graph link)
             ident = 0 if op is Ops.ADD else 1
             x = x.pad([(0, 1) if i in axes and s == 0 else (0, 0) for i, s in enumerate(self.shape)], value=ident)
-        out = x._apply(lambda u: build.reduce_axis(u, op, axes)) if any(x.shape[a] != 1 for a in axes) else x
+        # reducing nothing still gives a new tensor (not a view of self: a later write to self doesn't change it)
+        out = x._apply(lambda u: build.reduce_axis(u, op, axes)) if any(x.shape[a] != 1 for a in axes) else \
+            Tensor._wrap(x.uop, x)
         return out if keepdim else out.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
 
     def sum(self, axis: int | Sequence[int] | None = None, keepdim: bool = False,
@@ -1250,11 +1263,25 @@ def _refresh_views(base: Tensor, realized_now: bool = False) -> None:
             v._view = None
             continue
         out = base.uop
-        for op in reversed(chain):   # a reshape folds into one below it (a realized view is a plain buffer view)
-            if op.op is Ops.RESHAPE: out = build.reshape(out.src[0] if out.op is Ops.RESHAPE else out, op.shape)
-            else: out = op.replace(src=(out,) + op.src[1:])
+        for op in reversed(chain): out = op.replace(src=(out,) + op.src[1:])
         if realized_now and v._derived and out not in lazy_of: lazy_of[out] = lazy_of.get(v.uop, v.uop)
         v.uop, v._view = out, (base, base.uop)
+
+
+def _overlaps(chain: list[UOp], b0: UOp) -> bool:
+    """Whether two elements of the view `chain` (outermost first) over `b0` are the same memory location (an expanded
+    axis it selects more than one element of). Decided on the positions themselves: the chain applied to an iota."""
+    assert b0.shape is not None
+    n = prod(b0.shape)
+    iota = UOp(Ops.IOTA, dtypes.int32, (UOp(Ops.DEVICE, arg=b0.device),), n)
+    pos = build.reshape(build.alu(Ops.ADD, iota, build.const(1, dtypes.int32, b0.device, (n,))), b0.shape)
+    for op in reversed(chain):
+        pos = op.replace(dtype=dtypes.int32, src=(pos,) + op.src[1:]) if op.op is not Ops.BITCAST else pos
+    vals = Tensor(UOp(Ops.CONTIGUOUS, dtypes.int32, (pos,))).tolist()
+    flat = vals if isinstance(vals, list) else [vals]
+    while flat and isinstance(flat[0], list): flat = [x for row in flat for x in row]
+    flat = [x for x in flat if x]   # 0: padding (a strided slice's), not memory
+    return len(set(flat)) != len(flat)
 
 
 def _write_through(chain: list[UOp], val: UOp, b0: UOp, what: tuple[int, ...]) -> UOp:
@@ -1277,10 +1304,20 @@ def _write_through(chain: list[UOp], val: UOp, b0: UOp, what: tuple[int, ...]) -
             val, mask = build.shrink(val, keep), build.shrink(mask, keep)
         elif op.op is Ops.FLIP: val, mask = build.flip(val, op.arg), build.flip(mask, op.arg)
         elif op.op is Ops.EXPAND:
-            if any(not sym_eq(a, b) for a, b in zip(ss, op.shape)):
+            if any(not sym_eq(a, b) for a, b in zip(ss, op.shape)) and _overlaps(chain, b0):
                 raise RuntimeError(f"unsupported operation: the view of shape {what} is expanded from {ss}, so more "
                                    "than one of its elements refers to a single memory location; clone() it before "
                                    "writing to it")
+            # each written element maps to its own source element: sum the (bits of the) values back over the
+            # expanded axes, where every other element contributes 0
+            axes = tuple(i for i, (a, b) in enumerate(zip(ss, op.shape)) if not sym_eq(a, b))
+            ut = {1: dtypes.uint8, 2: dtypes.uint16, 4: dtypes.uint32, 8: dtypes.uint64}[val.dtype.itemsize]
+            bits = build.cast(val, ut) if val.dtype == dtypes.bool else UOp(Ops.BITCAST, ut, (val,))
+            bits = build.alu(Ops.WHERE, mask, bits, build.const(0, ut, val.device, op.shape))
+            bits = build.reshape(build.reduce_axis(bits, Ops.ADD, axes), ss)
+            val = build.cast(bits, dtypes.bool) if val.dtype == dtypes.bool else UOp(Ops.BITCAST, val.dtype, (bits,))
+            hits = build.reduce_axis(build.cast(mask, dtypes.int32), Ops.ADD, axes)
+            mask = build.alu(Ops.CMPLT, build.const(0, dtypes.int32, val.device, ss), build.reshape(hits, ss))
         elif op.op is Ops.BITCAST: val = UOp(Ops.BITCAST, src.dtype, (val,))
     return build.alu(Ops.WHERE, mask, val, b0)
 
@@ -1295,7 +1332,7 @@ def _mix32(x: Tensor) -> Tensor:
 
 
 def _is_contiguous_buffer(u: UOp) -> bool:
-    if u.op is Ops.RESHAPE: u = u.src[0]
+    while u.op is Ops.RESHAPE: u = u.src[0]
     if u.op is Ops.SHRINK and u.src[0].op is Ops.BUFFER and u.arg[0][0] == 0 and isinstance(u.arg[0][1], UOp):
         return True  # a symbolic shape: a prefix of a buffer allocated at its largest size
     return u.op is Ops.BUFFER
@@ -1316,25 +1353,45 @@ def _view_bases(todo: Sequence[Tensor]) -> list[Tensor]:
     return out
 
 
-def _pending_readers(todo: Sequence[Tensor]) -> list[Tensor]:
-    """Live tensors, other than `todo` and views, whose value reads a version of memory that an ASSIGN in `todo`
-    overwrites: lazy ones are computed in the same schedule (before the write), and ones that merely share the
-    memory (two tensors given one cached buffer) get a copy."""
-    overwritten = {n.src[0].base for t in todo for n in t.uop.toposort() if n.op is Ops.ASSIGN}
+def _preserve_old_values(todo: Sequence[Tensor]) -> list[UOp]:
+    """Before memory is overwritten by an ASSIGN in `todo`, every live tensor that reads its current contents (a lazy
+    tensor built before the write, one sharing the memory without being a view of it, or a graph in `todo` that reads
+    it outside the ASSIGN itself) is pointed at a snapshot of them: a copy scheduled before the write. Views are left
+    alone (they see the write). Returns the snapshot nodes, to be realized with `todo`."""
+    # the writes still to run (an ASSIGN computed before is just its buffer now)
+    overwritten = {n.src[0].base for t in todo for n in t.uop.toposort(gate=lambda x: x not in realized)
+                   if n.op is Ops.ASSIGN and n not in realized}
     if not overwritten: return []
-    pending = {id(t) for t in todo}
-    out: list[Tensor] = []
+    snaps: dict[UOp, UOp] = {}
+
+    def old_reads(u: UOp) -> dict[UOp, UOp]:
+        out = {}
+        # an ASSIGN's own reads are part of the write; below a computed node is only how it was computed
+        for n in u.toposort(gate=lambda x: x.op is not Ops.ASSIGN and x not in realized):
+            if n is u and n.op is Ops.ASSIGN: continue
+            r = realized.get(n)
+            if n in overwritten or (r is not None and r.base in overwritten):   # a node computed earlier reads its buffer
+                if n not in snaps: snaps[n] = UOp(Ops.CONTIGUOUS, n.dtype, (r if r is not None else n,), next(_unique_ids))
+                out[n] = snaps[n]
+        return out
+
     for t in list(_all_tensors):
-        if id(t) in pending or (t._view is not None and _view_chain(t.uop, t._view[1]) is not None): continue
-        u = t.uop
-        if _is_contiguous_buffer(u):
-            if u.base in overwritten:
-                t.uop = UOp(Ops.CONTIGUOUS, u.dtype, (u,), next(_unique_ids))
-                out.append(t)
-            continue
-        if _is_realized(u): continue
-        if any(n in overwritten for n in u.toposort(gate=lambda x: x.op is not Ops.ASSIGN)): out.append(t)
-    return out
+        if t._view is not None and _view_chain(t.uop, t._view[1]) is not None: continue
+        if _is_realized(t.uop) and not _is_contiguous_buffer(t.uop): continue   # a broadcast constant
+        if mapping := old_reads(t.uop): t.uop = _substitute_outside_assigns(t.uop, mapping)
+    return list(snaps.values())
+
+
+def _substitute_outside_assigns(root: UOp, mapping: dict[UOp, UOp]) -> UOp:
+    """substitute(), leaving ASSIGN nodes (their target and value) as they are."""
+    memo: dict[UOp, UOp] = {}
+    for n in root.toposort(gate=lambda x: x.op is not Ops.ASSIGN and x not in mapping and x not in realized):
+        if n in mapping: memo[n] = mapping[n]
+        elif n.op is Ops.ASSIGN or n in realized: memo[n] = n
+        else:
+            src = tuple(memo[x] for x in n.src)
+            memo[n] = n if all(a is b for a, b in zip(src, n.src)) else n.replace(src=src)
+    return memo[root]
 
 
 def _fma_hazard(u: UOp, limit: int = 4096) -> bool:

@@ -38,7 +38,8 @@ class ScheduleItem:
 
 
 def _is_buffer_view(u: UOp) -> bool:
-    return u.op is Ops.BUFFER or (u.op is Ops.RESHAPE and u.src[0].op is Ops.BUFFER)
+    while u.op is Ops.RESHAPE: u = u.src[0]
+    return u.op is Ops.BUFFER
 
 
 def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
@@ -79,7 +80,7 @@ def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, U
     plan_memory(order, kernels, held, out_bufs)
 
     def buf_of(n: UOp) -> Buffer:
-        return buffers[n] if n.op is Ops.BUFFER else out_bufs[n] if n in out_bufs else buffers[n.src[0]]
+        return buffers[n] if n.op is Ops.BUFFER else out_bufs[n] if n in out_bufs else buffers[n.base]
 
     items: list[ScheduleItem] = []
     for r in order:
