@@ -14,6 +14,7 @@ State updated in place (assign: optimizer parameters, BatchNorm running stats, t
 from __future__ import annotations
 
 import functools
+import threading
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, TypeVar
@@ -30,8 +31,24 @@ class JitError(Exception):
     """A TinyJit misuse that would otherwise give silently wrong results."""
 
 
-# the TinyJit currently capturing (run_schedule appends the items it executes here)
-capturing: list[list[ScheduleItem]] = []
+class _CaptureStack(threading.local):
+    """The TinyJit captures in progress in this thread (run_schedule appends the items it executes to the innermost):
+    a capture in one thread doesn't see, or forbid, another thread's work."""
+    def __init__(self) -> None:
+        self.stack: list[list[ScheduleItem]] = []
+        self.assigns: list[list[Any]] = []   # weak refs to the tensors assigned to during each capture
+    def __bool__(self) -> bool: return bool(self.stack)
+    def __getitem__(self, i: int) -> list[ScheduleItem]: return self.stack[i]
+    def append(self, items: list[ScheduleItem]) -> None: self.stack.append(items); self.assigns.append([])
+    def pop(self) -> list[ScheduleItem]: self.assigns.pop(); return self.stack.pop()
+
+
+capturing = _CaptureStack()
+
+
+def note_assign(t: Any) -> None:
+    """assign() made a pending write to `t`: a capture realizes it at the end, so replays perform it too."""
+    if capturing.stack: capturing.assigns[-1].append(weakref.ref(t))
 
 
 def _collect(args: tuple, kwargs: dict) -> tuple[list[Any], list[Any]]:
@@ -50,6 +67,18 @@ def _collect(args: tuple, kwargs: dict) -> tuple[list[Any], list[Any]]:
     for a in args: visit(a, 0)
     for k in sorted(kwargs): visit(kwargs[k], 0)
     return tensors, others
+
+
+def _swap(x: Any, copies: dict[int, Any]) -> Any:
+    """args (a tuple) or kwargs (a dict) with the tensors in `copies` replaced, one level into lists, tuples, dicts."""
+    if not copies: return x
+    def one(v: Any, depth: int) -> Any:
+        if id(v) in copies: return copies[id(v)]
+        if depth == 0 and isinstance(v, (list, tuple)): return type(v)(one(e, 1) for e in v)
+        if depth == 0 and isinstance(v, dict): return {k: one(e, 1) for k, e in v.items()}
+        return v
+    if isinstance(x, dict): return {k: one(v, 0) for k, v in x.items()}
+    return tuple(one(v, 0) for v in x)
 
 
 def _unbind(x: Any, var_vals: dict[Any, int]) -> Any:
@@ -173,21 +202,24 @@ class TinyJit(Generic[ReturnType]):
         if self.expected is not None and sig != self.expected:
             raise JitError(f"TinyJit inputs changed since capture: expected {self.expected}, got {sig} "
                            "(shapes, dtypes and devices must stay the same; call .reset() to recapture)")
-        frozen = _frozen(others, var_vals)
+        from fusegrad.tensor import Tensor
+        frozen = (_frozen(others, var_vals), ("training", bool(Tensor.training)), ("no_grad", bool(Tensor.no_grad)))
         if self.expected_others is not None and frozen != self.expected_others:
-            raise JitError(f"TinyJit non-Tensor arguments changed since capture ({self.expected_others} -> {frozen}); "
-                           "their values are baked into the captured kernels. Pass them as Tensors or call .reset()")
+            raise JitError(f"TinyJit non-Tensor arguments or the mode (Tensor.training, Tensor.no_grad) changed since "
+                           f"capture ({self.expected_others} -> {frozen}); they are baked into the captured kernels. "
+                           "Pass values as Tensors, or call .reset() to capture again")
         self.expected, self.expected_others = sig, frozen
         return var_vals
 
     def _prepare_inputs(self, tensors: list[Any]) -> list[Buffer]:
+        """The buffer each input tensor's data is in. An input that is not a whole buffer (a view, a lazy value) is
+        copied into one; the caller's tensor stays what it was (a view stays a view of its base)."""
         from fusegrad.tensor import Tensor, _is_contiguous_buffer, buffers
-        for t in tensors:
-            if not _is_contiguous_buffer(t.uop):
-                t.realize()
-                if not _is_contiguous_buffer(t.uop): t.uop = t.contiguous().realize().uop
         Tensor.realize(*tensors) if tensors else None
-        bufs = [buffers[t.uop.base] for t in tensors]
+        whole = [t if _is_contiguous_buffer(t.uop) else t.contiguous() for t in tensors]
+        Tensor.realize(*whole) if whole else None
+        self._whole = whole
+        bufs = [buffers[t.uop.base] for t in whole]
         if len({id(b) for b in bufs}) != len(bufs):
             raise JitError("the same buffer is passed to TinyJit twice; pass distinct tensors (e.g. x.clone())")
         return bufs
@@ -202,14 +234,27 @@ class TinyJit(Generic[ReturnType]):
             self.cnt = 1
             return self.fxn(*args, **kwargs)
         if self.cnt == 1:
+            from fusegrad.tensor import Tensor, _assign_owner
+            # writes still pending from before (the first call's, the caller's) are not part of the capture
+            pending = [t for r in list(_assign_owner.values()) if (t := r()) is not None and t.uop.op.name == "ASSIGN"]
+            if pending: Tensor.realize(*pending)
             in_bufs = self._prepare_inputs(tensors)
+            copies = {id(t): w for t, w in zip(tensors, self._whole) if w is not t}
             items: list[ScheduleItem] = []
             capturing.append(items)
             try:
-                ret = self.fxn(*args, **kwargs)
+                # an input that is a view (or lazy) is passed as its copy in a buffer of its own, the buffer that
+                # each replay fills with that call's input
+                ret = self.fxn(*_swap(args, copies), **_swap(kwargs, copies))
+                if any(id(r()) in {id(w) for w in copies.values()} for r in capturing.assigns[-1]):
+                    raise JitError("the function writes to an input that is a view of another tensor (or not yet "
+                                   "computed): TinyJit passes it as a copy, so the write would be lost. Pass a "
+                                   "realized, whole tensor (.contiguous().realize())")
                 out_tensors = _flatten_ret(ret)
                 from fusegrad.tensor import Tensor
-                if out_tensors: Tensor.realize(*out_tensors)
+                # writes the function left pending (x += y, BatchNorm's running stats) are part of what it does
+                written = [t for r in capturing.assigns[-1] if (t := r()) is not None]
+                if out_tensors or written: Tensor.realize(*out_tensors, *written)
                 from fusegrad.tensor import _is_contiguous_buffer
                 for t in out_tensors:  # outputs must own plain buffers (a view of an input is copied)
                     if not _is_contiguous_buffer(t.uop): t.uop = t.contiguous().realize().uop
@@ -221,6 +266,9 @@ class TinyJit(Generic[ReturnType]):
             fresh = [b for b in outs if id(b) not in written_in_place and id(b) not in {id(x) for x in in_bufs}]
             self.captured = CapturedJit(items, in_bufs, _dedup_bufs(fresh), ret)
             self._ret_map = [(t, buffers[t.uop.base]) for t in out_tensors]
+            # a returned input is returned as this call's input, not as the tensor passed at capture
+            self._ret_input = {id(t): i for t in out_tensors for i, (x, w) in enumerate(zip(tensors, self._whole))
+                               if x is t or w is t}
             self.cnt = 2
             if DEBUG >= 1: print(f"TinyJit captured {len(items)} kernels with {len(in_bufs)} inputs")
             return ret
@@ -228,9 +276,9 @@ class TinyJit(Generic[ReturnType]):
         in_bufs = self._prepare_inputs(tensors)
         outs = self.captured.replay(in_bufs, var_vals)
         self.cnt += 1
-        return self._rebuild(outs, var_vals)
+        return self._rebuild(outs, var_vals, tensors)
 
-    def _rebuild(self, outs: list[Buffer], var_vals: dict[Any, int]) -> Any:
+    def _rebuild(self, outs: list[Buffer], var_vals: dict[Any, int], tensors: list[Any]) -> Any:
         """The captured return structure with each fresh output tensor pointing at this call's buffer."""
         from fusegrad.tensor import Tensor, buffer_uop, buffer_view
         assert self.captured is not None
@@ -238,7 +286,8 @@ class TinyJit(Generic[ReturnType]):
         mapping: dict[int, Tensor] = {}
         for t, b in self._ret_map:
             nb = fresh.get(id(b))
-            if nb is None: mapping[id(t)] = t
+            if id(t) in self._ret_input: mapping[id(t)] = tensors[self._ret_input[id(t)]]
+            elif nb is None: mapping[id(t)] = t
             else:
                 mapping[id(t)] = Tensor._wrap(buffer_view(buffer_uop(nb), _rebind(t.shape, var_vals)))
         return _map_ret(self.captured.ret_struct, mapping)

@@ -371,13 +371,19 @@ class MovementMixin:
                 base.assign(Tensor._wrap(_write_through(chain, val.uop, b0, self.shape), base, val) if chain else val)
                 return self
         if val.uop is self.uop: return self
-        if self.uop.op is Ops.ASSIGN or _is_contiguous_buffer(self.uop):
-            # write into this tensor's own memory (after any pending write), so every holder of it and a TinyJit
-            # replay see the new value
-            self.uop = UOp(Ops.ASSIGN, self.dtype, (self.uop, val.uop), next(_unique_ids))
-            _assign_owner[self.uop] = weakref.ref(self)
+        # write into this tensor's own memory (after any pending write), so every holder of it and a TinyJit replay
+        # see the new value. A tensor without memory yet (a constant, a lazy value) gets some: like a torch tensor,
+        # it then has storage that later writes (and replays of them) update
+        if self.uop.op is Ops.ASSIGN or _is_contiguous_buffer(self.uop): target = self.uop
         else:
-            self.uop = val.uop
+            from fusegrad.device import Buffer
+            from fusegrad.ir.shape import smax, sprod
+            from fusegrad.storage import buffer_uop, buffer_view
+            target = buffer_view(buffer_uop(Buffer(self.device, smax(sprod(self.shape)), self.dtype)), self.shape)
+        self.uop = UOp(Ops.ASSIGN, self.dtype, (target, val.uop), next(_unique_ids))
+        _assign_owner[self.uop] = weakref.ref(self)
+        from fusegrad.engine.jit import note_assign
+        note_assign(self)
         self._derived = x._derived
         _refresh_views(self)
         return self
