@@ -20,8 +20,37 @@ from fusegrad.ir.shape import all_static, sprod
 _buffer_ids = iter(range(1, 1 << 62))
 # BUFFER node -> its device memory; an entry lives as long as some graph references the node
 buffers: "weakref.WeakKeyDictionary[UOp, Buffer]" = weakref.WeakKeyDictionary()
+class ResultCache:
+    """lazy node -> the node of the buffer holding its value. Both sides are weak: an entry lives while the lazy node
+    is in some graph and its result is held by some tensor. (A strong value would make a cycle with `lazy_of`, which
+    maps the result back to the lazy graph: every realized tensor with autograd history, and every buffer its graph
+    read, would be kept forever.) A value that is no buffer (a constant) is held strongly: it owns no memory."""
+
+    def __init__(self) -> None:
+        self._d: "weakref.WeakKeyDictionary[UOp, Any]" = weakref.WeakKeyDictionary()
+
+    def get(self, key: UOp, default: Any = None) -> Any:
+        v = self._d.get(key)
+        if v is None: return default
+        if isinstance(v, weakref.ref):
+            if (v := v()) is None: return default
+        return v
+
+    def __contains__(self, key: UOp) -> bool: return self.get(key) is not None
+    def __getitem__(self, key: UOp) -> UOp:
+        if (v := self.get(key)) is None: raise KeyError(key)
+        return v
+    def __setitem__(self, key: UOp, value: UOp) -> None:
+        self._d[key] = weakref.ref(value) if value.base.op is Ops.BUFFER else value
+    def pop(self, key: UOp, default: Any = None) -> Any:
+        v = self.get(key, default)
+        self._d.pop(key, None)
+        return v
+    def __len__(self) -> int: return len(self._d)
+
+
 # a lazy node that was computed -> the node of its buffer, so no graph computes it twice
-realized: "weakref.WeakKeyDictionary[UOp, UOp]" = weakref.WeakKeyDictionary()
+realized = ResultCache()
 # the lazy graph a realized tensor with autograd history was computed from (for backward through realize)
 lazy_of: "weakref.WeakKeyDictionary[UOp, UOp]" = weakref.WeakKeyDictionary()
 # realized buffer of a leaf -> the unique node graphs built before the realize refer to (gradients still reach it)

@@ -38,7 +38,7 @@ def _with_history(u: UOp) -> UOp:
     raise RuntimeError("autograd history too deep")
 
 
-# every live tensor: backward() fills .grad for those in the graph (unless requires_grad=False)
+# every live tensor: backward() fills .grad for those in the graph that require a gradient
 _all_tensors: "weakref.WeakSet[Tensor]" = weakref.WeakSet()
 # a pending ASSIGN -> the tensor it was made for (which takes the buffer once the write ran)
 _assign_owner: "weakref.WeakKeyDictionary[UOp, weakref.ref[Tensor]]" = weakref.WeakKeyDictionary()
@@ -330,7 +330,8 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
         todo = _view_bases(todo)
         if not todo: return
         # tensors that read memory this realize overwrites keep the value they were built with (as in eager execution)
-        snaps = _preserve_old_values(todo)
+        readers: list[Tensor] = []
+        snaps = _preserve_old_values(todo, readers)
         uops = dedup([t.uop for t in todo] + snaps)
         plain = {u: autograd.strip_grad_fns(u) for u in uops}  # custom backward rules aren't scheduled
         if traced:
@@ -355,6 +356,11 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
             elif old.op is Ops.CONTIGUOUS and isinstance(old.arg, int): leaf_of.setdefault(new, old)
             t.uop = new
         for t in todo: _refresh_views(t, realized_now=True)
+        # readers of a snapshot hold its buffer itself (a cached result lives only while some tensor holds it)
+        if snaps:
+            done = {s: results[s] for s in snaps}
+            for t in readers:
+                if not _is_contiguous_buffer(t.uop): t.uop = _substitute_outside_assigns(t.uop, done)
         # a tensor whose pending write ran as part of another graph now holds its buffer (the ASSIGN is done)
         for old, new in results.items():
             if old.op is Ops.ASSIGN and (ref := _assign_owner.pop(old, None)) is not None and \
@@ -1173,7 +1179,7 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
 
     # ----- autograd -----
     def backward(self, gradient: "Tensor | None" = None) -> "Tensor":
-        """Fill `.grad` of every live float tensor this one depends on, except those with requires_grad=False.
+        """Fill `.grad` of every live float tensor this one depends on whose requires_grad is True (as in torch).
 
         Gradients accumulate into an existing `.grad`. Use requires_grad=True on tensors made by factories like
         `Tensor.zeros` so each gets its own gradient (identical constants otherwise share one graph node)."""
@@ -1186,7 +1192,7 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
         self._check_has_graph()
         root = _with_history(self.uop)
         targets = {t: lazy_of.get(t.uop, t.uop) for t in list(_all_tensors)
-                   if t.requires_grad is not False and dtypes.is_float(t.dtype) and t is not gradient}
+                   if t.requires_grad and dtypes.is_float(t.dtype) and t is not gradient}
         grads = autograd.compute_gradient(root, gradient.uop, set(targets.values()) | {t.uop for t in targets} |
                                           {leaf_of[t.uop] for t in targets if t.uop in leaf_of})
         for t, u in targets.items():
@@ -1353,11 +1359,12 @@ def _view_bases(todo: Sequence[Tensor]) -> list[Tensor]:
     return out
 
 
-def _preserve_old_values(todo: Sequence[Tensor]) -> list[UOp]:
+def _preserve_old_values(todo: Sequence[Tensor], readers: list[Tensor]) -> list[UOp]:
     """Before memory is overwritten by an ASSIGN in `todo`, every live tensor that reads its current contents (a lazy
     tensor built before the write, one sharing the memory without being a view of it, or a graph in `todo` that reads
     it outside the ASSIGN itself) is pointed at a snapshot of them: a copy scheduled before the write. Views are left
-    alone (they see the write). Returns the snapshot nodes, to be realized with `todo`."""
+    alone (they see the write). Returns the snapshot nodes, to be realized with `todo`; the tensors pointed at them
+    are appended to `readers`."""
     # the writes still to run (an ASSIGN computed before is just its buffer now)
     overwritten = {n.src[0].base for t in todo for n in t.uop.toposort(gate=lambda x: x not in realized)
                    if n.op is Ops.ASSIGN and n not in realized}
@@ -1378,7 +1385,9 @@ def _preserve_old_values(todo: Sequence[Tensor]) -> list[UOp]:
     for t in list(_all_tensors):
         if t._view is not None and _view_chain(t.uop, t._view[1]) is not None: continue
         if _is_realized(t.uop) and not _is_contiguous_buffer(t.uop): continue   # a broadcast constant
-        if mapping := old_reads(t.uop): t.uop = _substitute_outside_assigns(t.uop, mapping)
+        if mapping := old_reads(t.uop):
+            t.uop = _substitute_outside_assigns(t.uop, mapping)
+            readers.append(t)
     return list(snaps.values())
 
 
