@@ -53,6 +53,8 @@ class ResultCache:
 realized = ResultCache()
 # the lazy graph a realized tensor with autograd history was computed from (for backward through realize)
 lazy_of: "weakref.WeakKeyDictionary[UOp, UOp]" = weakref.WeakKeyDictionary()
+# lazy_of's key -> the write count of each memory its lazy graph read, when it was computed
+_history_versions: "weakref.WeakKeyDictionary[UOp, dict[int, int]]" = weakref.WeakKeyDictionary()
 # realized buffer of a leaf -> the unique node graphs built before the realize refer to (gradients still reach it)
 leaf_of: "weakref.WeakKeyDictionary[UOp, UOp]" = weakref.WeakKeyDictionary()
 # id(memory) -> the cached results (weak refs to `realized` keys) that read or hold that memory
@@ -131,6 +133,21 @@ def written(buf: Buffer) -> None:
 def version(buf: Buffer) -> int:
     """How many in-place writes `buf`'s memory has had."""
     return _versions.get(memory_of(buf), 0)
+
+
+def record_history(new: UOp, old: UOp) -> None:
+    """`new` (a realized result) was computed by the lazy graph `old`: backward() differentiates through it."""
+    lazy_of[new] = old
+    _history_versions[new] = {memory_of(b): version(b) for b in buffers_read(old)}
+
+
+def check_history(new: UOp) -> None:
+    """Raise if memory the history of `new` read was written since (its gradient would use the new values)."""
+    for m, v in _history_versions.get(new, {}).items():
+        if _versions.get(m, 0) != v:
+            raise RuntimeError("one of the tensors needed for gradient computation has been modified by an in-place "
+                               "operation (assign, +=, an optimizer step) since the result was computed: call "
+                               "backward() before changing them, as in torch")
 
 
 def prune() -> None:

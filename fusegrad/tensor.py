@@ -34,6 +34,7 @@ def _with_history(u: UOp) -> UOp:
     for _ in range(10000):
         mapping = {n: lazy_of[n] for n in u.toposort() if n in lazy_of}
         if not mapping: return u
+        for n in mapping: storage.check_history(n)
         u = substitute(u, mapping)
     raise RuntimeError("autograd history too deep")
 
@@ -352,7 +353,7 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
         for t in todo:
             old = t.uop
             new = results[old]
-            if t._derived: lazy_of[new] = old  # keep the history for backward()
+            if t._derived: storage.record_history(new, old)  # keep the history for backward()
             elif old.op is Ops.CONTIGUOUS and isinstance(old.arg, int): leaf_of.setdefault(new, old)
             t.uop = new
         for t in todo: _refresh_views(t, realized_now=True)
@@ -1270,7 +1271,7 @@ def _refresh_views(base: Tensor, realized_now: bool = False) -> None:
             continue
         out = base.uop
         for op in reversed(chain): out = op.replace(src=(out,) + op.src[1:])
-        if realized_now and v._derived and out not in lazy_of: lazy_of[out] = lazy_of.get(v.uop, v.uop)
+        if realized_now and v._derived and out not in lazy_of: storage.record_history(out, lazy_of.get(v.uop, v.uop))
         v.uop, v._view = out, (base, base.uop)
 
 

@@ -247,3 +247,13 @@ def test_property_mutation_matches_torch(steps):
         elif op == "realize":
             t.realize()
     for t, r in pool + reads: np.testing.assert_array_equal(t.numpy(), r.numpy())
+
+
+def test_backward_after_weights_changed_raises_like_torch():
+    w, rw = Tensor([1.0, 2.0], requires_grad=True), torch.tensor([1.0, 2.0], requires_grad=True)
+    out, rout = (w * w).sum(), (rw * rw).sum()
+    out.realize()
+    with torch.no_grad(): rw += 1
+    with pytest.raises(RuntimeError): rout.backward()
+    w.assign(w.detach() + 1).realize()
+    with pytest.raises(RuntimeError, match="modified by an in-place"): out.backward()

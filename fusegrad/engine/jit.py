@@ -214,7 +214,8 @@ class TinyJit(Generic[ReturnType]):
     def _prepare_inputs(self, tensors: list[Any]) -> list[Buffer]:
         """The buffer each input tensor's data is in. An input that is not a whole buffer (a view, a lazy value) is
         copied into one; the caller's tensor stays what it was (a view stays a view of its base)."""
-        from fusegrad.tensor import Tensor, _is_contiguous_buffer, buffers
+        from fusegrad.storage import buffers
+        from fusegrad.tensor import Tensor, _is_contiguous_buffer
         Tensor.realize(*tensors) if tensors else None
         whole = [t if _is_contiguous_buffer(t.uop) else t.contiguous() for t in tensors]
         Tensor.realize(*whole) if whole else None
@@ -260,7 +261,7 @@ class TinyJit(Generic[ReturnType]):
                     if not _is_contiguous_buffer(t.uop): t.uop = t.contiguous().realize().uop
             finally:
                 capturing.pop()
-            from fusegrad.tensor import buffers
+            from fusegrad.storage import buffers
             outs = [buffers[t.uop.base] for t in out_tensors]
             written_in_place = {id(it.bufs[0]) for it in items if it.inplace}
             fresh = [b for b in outs if id(b) not in written_in_place and id(b) not in {id(x) for x in in_bufs}]
@@ -280,7 +281,8 @@ class TinyJit(Generic[ReturnType]):
 
     def _rebuild(self, outs: list[Buffer], var_vals: dict[Any, int], tensors: list[Any]) -> Any:
         """The captured return structure with each fresh output tensor pointing at this call's buffer."""
-        from fusegrad.tensor import Tensor, buffer_uop, buffer_view
+        from fusegrad.storage import buffer_uop, buffer_view
+        from fusegrad.tensor import Tensor
         assert self.captured is not None
         fresh = {id(b): outs[i] for i, b in enumerate(self.captured.outputs)}
         mapping: dict[int, Tensor] = {}
