@@ -1371,24 +1371,51 @@ def _preserve_old_values(todo: Sequence[Tensor], readers: list[Tensor]) -> list[
                    if n.op is Ops.ASSIGN and n not in realized}
     if not overwritten: return []
     snaps: dict[UOp, UOp] = {}
+    # node -> whether its value reads overwritten contents; one walk shared by every tensor (graphs overlap a lot: the
+    # gradients of one model all contain its forward graph)
+    reach: dict[UOp, bool] = {}
 
-    def old_reads(u: UOp) -> dict[UOp, UOp]:
-        out = {}
+    def is_old(n: UOp) -> bool:   # an overwritten version, or a node computed earlier into overwritten memory
+        r = realized.get(n)
+        return n in overwritten or (r is not None and r.base in overwritten)
+
+    def reads_old(u: UOp) -> bool:
         # an ASSIGN's own reads are part of the write; below a computed node is only how it was computed
-        for n in u.toposort(gate=lambda x: x.op is not Ops.ASSIGN and x not in realized):
-            if n is u and n.op is Ops.ASSIGN: continue
+        stop = lambda x: x.op is Ops.ASSIGN or x in realized   # noqa: E731
+        for n in u.toposort(gate=lambda x: x not in reach and not stop(x)):
+            if n in reach: continue
+            reach[n] = is_old(n) or (not stop(n) and any(reach[x] for x in n.src))
+        return reach[u]
+
+    def snapshot(n: UOp) -> UOp:
+        if n not in snaps:
             r = realized.get(n)
-            if n in overwritten or (r is not None and r.base in overwritten):   # a node computed earlier reads its buffer
-                if n not in snaps: snaps[n] = UOp(Ops.CONTIGUOUS, n.dtype, (r if r is not None else n,), next(_unique_ids))
-                out[n] = snaps[n]
-        return out
+            snaps[n] = UOp(Ops.CONTIGUOUS, n.dtype, (r if r is not None else n,), next(_unique_ids))
+        return snaps[n]
 
     for t in list(_all_tensors):
-        if t._view is not None and _view_chain(t.uop, t._view[1]) is not None: continue
-        if _is_realized(t.uop) and not _is_contiguous_buffer(t.uop): continue   # a broadcast constant
-        if mapping := old_reads(t.uop):
-            t.uop = _substitute_outside_assigns(t.uop, mapping)
-            readers.append(t)
+        u = t.uop
+        if t._view is not None and _view_chain(u, t._view[1]) is not None: continue   # a view sees the write
+        if u.op is Ops.ASSIGN:
+            # the write itself reads its own target in place; a value that reads another version this schedule
+            # overwrites first (w += 1 then w.assign(a value built before)) reads a snapshot
+            # (reads of other memory that this schedule overwrites are ordered before those writes instead)
+            own, val = u.src[0].base, u.src[1]
+            if not reads_old(val): continue
+            mem = storage.target_buffer(own)
+            mapping = {n: snapshot(n) for n in val.toposort(gate=lambda x: reach.get(x, False) and not is_old(x))
+                       if reach.get(n, False) and is_old(n) and n is not own and storage.target_buffer(
+                           realized.get(n, n)) is mem}
+            if not mapping: continue
+            t.uop = UOp(Ops.ASSIGN, u.dtype, (u.src[0], _substitute_outside_assigns(val, mapping)), u.arg)
+            if (ref := _assign_owner.pop(u, None)) is not None: _assign_owner[t.uop] = ref
+            _refresh_views(t)
+            continue
+        if not reads_old(u): continue
+        mapping = {n: snapshot(n) for n in u.toposort(gate=lambda x: reach.get(x, False) and not is_old(x))
+                   if reach.get(n, False) and is_old(n)}
+        t.uop = _substitute_outside_assigns(u, mapping)
+        readers.append(t)
     return list(snaps.values())
 
 

@@ -257,3 +257,38 @@ def test_backward_after_weights_changed_raises_like_torch():
     with pytest.raises(RuntimeError): rout.backward()
     w.assign(w.detach() + 1).realize()
     with pytest.raises(RuntimeError, match="modified by an in-place"): out.backward()
+
+
+def test_assign_a_value_built_before_an_earlier_pending_write():
+    w, rw = fresh([1.0, 2.0]), torch.tensor([1.0, 2.0])
+    v, rv = w * 1, rw * 1
+    w += 1
+    rw += 1
+    w.assign(v + w)
+    rw.copy_(rv + rw)
+    same(w, rw)
+    same(v, rv)
+
+
+def test_tinyjit_capture_in_another_thread_doesnt_block_reads():
+    import threading
+    from fusegrad import TinyJit
+    started, release = threading.Event(), threading.Event()
+
+    def slow(x):
+        started.set()
+        release.wait(30)
+        return (x * 2).realize()
+    jit = TinyJit(slow)
+    jit(Tensor([1.0]))
+    release.clear()
+    started.clear()
+    th = threading.Thread(target=lambda: jit(Tensor([1.0])))   # the second call captures
+    th.start()
+    assert started.wait(30)
+    try:
+        assert (Tensor([3.0]) + 1).item() == 4.0                 # this thread is not capturing
+    finally:
+        release.set()
+        th.join(30)
+    assert jit.captured is not None
