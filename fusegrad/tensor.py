@@ -26,6 +26,8 @@ from fusegrad.mixin.reduce import ReduceMixin
 # the buffer registry and result cache live below the frontend (storage.py); re-exported here for older imports
 from fusegrad import storage  # noqa: E402
 from fusegrad.storage import buffer_uop, buffer_view, buffers, lazy_of, leaf_of, realized  # noqa: E402,F401
+from fusegrad.views import _VIEW_OPS, _assign_owner, _mark_view, _preserve_old_values, _refresh_views, \
+    _substitute_outside_assigns, _view_bases, _view_chain, _write_through  # noqa: E402,F401
 
 
 def _with_history(u: UOp) -> UOp:
@@ -41,8 +43,6 @@ def _with_history(u: UOp) -> UOp:
 
 # every live tensor: backward() fills .grad for those in the graph that require a gradient
 _all_tensors: "weakref.WeakSet[Tensor]" = weakref.WeakSet()
-# a pending ASSIGN -> the tensor it was made for (which takes the buffer once the write ran)
-_assign_owner: "weakref.WeakKeyDictionary[UOp, weakref.ref[Tensor]]" = weakref.WeakKeyDictionary()
 _unique_ids = iter(range(1, 1 << 62))
 
 
@@ -1234,101 +1234,6 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
         def __init__(self) -> None: super().__init__(False)
 
 
-# ----- views: tensors that share a base tensor's memory -----
-_VIEW_OPS = {Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.SHRINK, Ops.FLIP, Ops.BITCAST, Ops.DETACH}
-
-
-def _mark_view(t: Tensor, src: Tensor) -> None:
-    """Record that `t` (whose node is view ops over src's node) is a view of src's base."""
-    if src._view is not None and _view_chain(src.uop, src._view[1]) is not None: base, b0 = src._view
-    else: base, b0 = src, src.uop
-    t._view = (base, b0)
-    if base._views is None: base._views = weakref.WeakValueDictionary()
-    base._views[id(t)] = t   # keyed by id: a WeakSet would compare tensors with ==, which is elementwise
-
-
-def _view_chain(u: UOp, b0: UOp) -> list[UOp] | None:
-    """The view ops from `u` down to `b0`, outermost first (None when u is not a view of b0)."""
-    ops = []
-    while u is not b0:
-        if (u.op not in _VIEW_OPS and u.op is not Ops.PAD) or not u.src: return None
-        ops.append(u)
-        u = u.src[0]
-    return ops
-
-
-def _refresh_views(base: Tensor, realized_now: bool = False) -> None:
-    """After `base` got a new node (a write, a realize), its views are rebuilt on it, so they read the new value.
-    After a realize (same value, now in a buffer) a view with autograd history keeps its lazy graph for backward."""
-    if not base._views: return
-    for v in list(base._views.values()):
-        if v._view is None or v._view[0] is not base: continue
-        b0 = v._view[1]
-        if b0 is base.uop: continue
-        chain = _view_chain(v.uop, b0)
-        if chain is None:   # the view was given another value (realized into its own memory): it no longer aliases
-            v._view = None
-            continue
-        out = base.uop
-        for op in reversed(chain): out = op.replace(src=(out,) + op.src[1:])
-        if realized_now and v._derived and out not in lazy_of: storage.record_history(out, lazy_of.get(v.uop, v.uop))
-        v.uop, v._view = out, (base, base.uop)
-
-
-def _overlaps(chain: list[UOp], b0: UOp) -> bool:
-    """Whether two elements of the view `chain` (outermost first) over `b0` are the same memory location (an expanded
-    axis it selects more than one element of). Decided on the positions themselves: the chain applied to an iota."""
-    assert b0.shape is not None
-    n = prod(b0.shape)
-    iota = UOp(Ops.IOTA, dtypes.int32, (UOp(Ops.DEVICE, arg=b0.device),), n)
-    pos = build.reshape(build.alu(Ops.ADD, iota, build.const(1, dtypes.int32, b0.device, (n,))), b0.shape)
-    for op in reversed(chain):
-        pos = op.replace(dtype=dtypes.int32, src=(pos,) + op.src[1:]) if op.op is not Ops.BITCAST else pos
-    vals = Tensor(UOp(Ops.CONTIGUOUS, dtypes.int32, (pos,))).tolist()
-    flat = vals if isinstance(vals, list) else [vals]
-    while flat and isinstance(flat[0], list): flat = [x for row in flat for x in row]
-    flat = [x for x in flat if x]   # 0: padding (a strided slice's), not memory
-    return len(set(flat)) != len(flat)
-
-
-def _write_through(chain: list[UOp], val: UOp, b0: UOp, what: tuple[int, ...]) -> UOp:
-    """The base's new value after writing `val` through the view `chain` (outermost first) over base node `b0`: each
-    view op is undone on (value, written-mask), and the base keeps its old value where the mask is False."""
-    mask = build.const(True, dtypes.bool, val.device, val.shape)
-    for op in chain:
-        src = op.src[0]
-        ss = src.shape
-        assert ss is not None and op.shape is not None
-        if op.op is Ops.RESHAPE: val, mask = build.reshape(val, ss), build.reshape(mask, ss)
-        elif op.op is Ops.PERMUTE:
-            inv = build.inverse_permute(op.arg)
-            val, mask = build.permute(val, inv), build.permute(mask, inv)
-        elif op.op is Ops.SHRINK:
-            pads = [(b, ssub(s, e)) for (b, e), s in zip(op.arg, ss)]
-            val, mask = build.pad(val, pads), build.pad(mask, pads)
-        elif op.op is Ops.PAD:
-            keep = [(b, b + s) for (b, _), s in zip(op.arg, ss)]
-            val, mask = build.shrink(val, keep), build.shrink(mask, keep)
-        elif op.op is Ops.FLIP: val, mask = build.flip(val, op.arg), build.flip(mask, op.arg)
-        elif op.op is Ops.EXPAND:
-            if any(not sym_eq(a, b) for a, b in zip(ss, op.shape)) and _overlaps(chain, b0):
-                raise RuntimeError(f"unsupported operation: the view of shape {what} is expanded from {ss}, so more "
-                                   "than one of its elements refers to a single memory location; clone() it before "
-                                   "writing to it")
-            # each written element maps to its own source element: sum the (bits of the) values back over the
-            # expanded axes, where every other element contributes 0
-            axes = tuple(i for i, (a, b) in enumerate(zip(ss, op.shape)) if not sym_eq(a, b))
-            ut = {1: dtypes.uint8, 2: dtypes.uint16, 4: dtypes.uint32, 8: dtypes.uint64}[val.dtype.itemsize]
-            bits = build.cast(val, ut) if val.dtype == dtypes.bool else UOp(Ops.BITCAST, ut, (val,))
-            bits = build.alu(Ops.WHERE, mask, bits, build.const(0, ut, val.device, op.shape))
-            bits = build.reshape(build.reduce_axis(bits, Ops.ADD, axes), ss)
-            val = build.cast(bits, dtypes.bool) if val.dtype == dtypes.bool else UOp(Ops.BITCAST, val.dtype, (bits,))
-            hits = build.reduce_axis(build.cast(mask, dtypes.int32), Ops.ADD, axes)
-            mask = build.alu(Ops.CMPLT, build.const(0, dtypes.int32, val.device, ss), build.reshape(hits, ss))
-        elif op.op is Ops.BITCAST: val = UOp(Ops.BITCAST, src.dtype, (val,))
-    return build.alu(Ops.WHERE, mask, val, b0)
-
-
 def _mix32(x: Tensor) -> Tensor:
     """A 32-bit integer hash finalizer (xor-shift-multiply), applied elementwise."""
     x = x ^ (x >> 16)
@@ -1348,87 +1253,6 @@ def _is_contiguous_buffer(u: UOp) -> bool:
 def _is_sym_int(x: Any) -> bool:
     """A symbolic size: an int-typed UOp (a bound Variable, or an expression of one)."""
     return isinstance(x, UOp) and dtypes.is_int(x.dtype)
-
-
-def _view_bases(todo: Sequence[Tensor]) -> list[Tensor]:
-    """Realizing a view realizes its base (the view stays a view of the base's memory)."""
-    out = []
-    for t in todo:
-        if t._view is not None and _view_chain(t.uop, t._view[1]) is not None:
-            if not _is_realized(t._view[0].uop): out.append(t._view[0])
-        else: out.append(t)
-    return out
-
-
-def _preserve_old_values(todo: Sequence[Tensor], readers: list[Tensor]) -> list[UOp]:
-    """Before memory is overwritten by an ASSIGN in `todo`, every live tensor that reads its current contents (a lazy
-    tensor built before the write, one sharing the memory without being a view of it, or a graph in `todo` that reads
-    it outside the ASSIGN itself) is pointed at a snapshot of them: a copy scheduled before the write. Views are left
-    alone (they see the write). Returns the snapshot nodes, to be realized with `todo`; the tensors pointed at them
-    are appended to `readers`."""
-    # the writes still to run (an ASSIGN computed before is just its buffer now)
-    overwritten = {n.src[0].base for t in todo for n in t.uop.toposort(gate=lambda x: x not in realized)
-                   if n.op is Ops.ASSIGN and n not in realized}
-    if not overwritten: return []
-    snaps: dict[UOp, UOp] = {}
-    # node -> whether its value reads overwritten contents; one walk shared by every tensor (graphs overlap a lot: the
-    # gradients of one model all contain its forward graph)
-    reach: dict[UOp, bool] = {}
-
-    def is_old(n: UOp) -> bool:   # an overwritten version, or a node computed earlier into overwritten memory
-        r = realized.get(n)
-        return n in overwritten or (r is not None and r.base in overwritten)
-
-    def reads_old(u: UOp) -> bool:
-        # an ASSIGN's own reads are part of the write; below a computed node is only how it was computed
-        stop = lambda x: x.op is Ops.ASSIGN or x in realized   # noqa: E731
-        for n in u.toposort(gate=lambda x: x not in reach and not stop(x)):
-            if n in reach: continue
-            reach[n] = is_old(n) or (not stop(n) and any(reach[x] for x in n.src))
-        return reach[u]
-
-    def snapshot(n: UOp) -> UOp:
-        if n not in snaps:
-            r = realized.get(n)
-            snaps[n] = UOp(Ops.CONTIGUOUS, n.dtype, (r if r is not None else n,), next(_unique_ids))
-        return snaps[n]
-
-    for t in list(_all_tensors):
-        u = t.uop
-        if t._view is not None and _view_chain(u, t._view[1]) is not None: continue   # a view sees the write
-        if u.op is Ops.ASSIGN:
-            # the write itself reads its own target in place; a value that reads another version this schedule
-            # overwrites first (w += 1 then w.assign(a value built before)) reads a snapshot
-            # (reads of other memory that this schedule overwrites are ordered before those writes instead)
-            own, val = u.src[0].base, u.src[1]
-            if not reads_old(val): continue
-            mem = storage.target_buffer(own)
-            mapping = {n: snapshot(n) for n in val.toposort(gate=lambda x: reach.get(x, False) and not is_old(x))
-                       if reach.get(n, False) and is_old(n) and n is not own and storage.target_buffer(
-                           realized.get(n, n)) is mem}
-            if not mapping: continue
-            t.uop = UOp(Ops.ASSIGN, u.dtype, (u.src[0], _substitute_outside_assigns(val, mapping)), u.arg)
-            if (ref := _assign_owner.pop(u, None)) is not None: _assign_owner[t.uop] = ref
-            _refresh_views(t)
-            continue
-        if not reads_old(u): continue
-        mapping = {n: snapshot(n) for n in u.toposort(gate=lambda x: reach.get(x, False) and not is_old(x))
-                   if reach.get(n, False) and is_old(n)}
-        t.uop = _substitute_outside_assigns(u, mapping)
-        readers.append(t)
-    return list(snaps.values())
-
-
-def _substitute_outside_assigns(root: UOp, mapping: dict[UOp, UOp]) -> UOp:
-    """substitute(), leaving ASSIGN nodes (their target and value) as they are."""
-    memo: dict[UOp, UOp] = {}
-    for n in root.toposort(gate=lambda x: x.op is not Ops.ASSIGN and x not in mapping and x not in realized):
-        if n in mapping: memo[n] = mapping[n]
-        elif n.op is Ops.ASSIGN or n in realized: memo[n] = n
-        else:
-            src = tuple(memo[x] for x in n.src)
-            memo[n] = n if all(a is b for a, b in zip(src, n.src)) else n.replace(src=src)
-    return memo[root]
 
 
 def _fma_hazard(u: UOp, limit: int = 4096) -> bool:

@@ -235,7 +235,8 @@ class TinyJit(Generic[ReturnType]):
             self.cnt = 1
             return self.fxn(*args, **kwargs)
         if self.cnt == 1:
-            from fusegrad.tensor import Tensor, _assign_owner
+            from fusegrad.tensor import Tensor
+            from fusegrad.views import _assign_owner
             # writes still pending from before (the first call's, the caller's) are not part of the capture
             pending = [t for r in list(_assign_owner.values()) if (t := r()) is not None and t.uop.op.name == "ASSIGN"]
             if pending: Tensor.realize(*pending)

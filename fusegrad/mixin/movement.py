@@ -329,7 +329,7 @@ class MovementMixin:
             else:
                 out_shape.append(kept[k]); k += 1; ax += 1
         out = x.reshape(out_shape + kept[k:])
-        from fusegrad.tensor import _mark_view, _view_chain
+        from fusegrad.views import _mark_view, _view_chain
         # a strided slice pads before it reshapes, and a pad alone is no view: the whole selection still is one
         if _view_chain(out.uop, self.uop) is not None: _mark_view(out, self)
         return out
@@ -362,8 +362,8 @@ class MovementMixin:
         if x.device != self.device: raise RuntimeError(f"assign device mismatch {x.device} != {self.device}")
         from fusegrad.ir.ops import Ops, UOp
         import weakref
-        from fusegrad.tensor import _assign_owner, _is_contiguous_buffer, _refresh_views, _unique_ids, _view_chain, \
-            _write_through
+        from fusegrad.tensor import _is_contiguous_buffer, _unique_ids
+        from fusegrad.views import _assign_owner, _refresh_views, _view_chain, _write_through
         val = x.cast(self.dtype)
         if self._view is not None and (chain := _view_chain(self.uop, self._view[1])) is not None:
             base, b0 = self._view
