@@ -1,0 +1,1135 @@
+"""ONNX operators as fusegrad Tensor calls: one function per op_type, `fn(ctx, *inputs, **attributes)`.
+
+Each function returns a value or a tuple of values (one per node output). Inputs that fix shapes (Reshape's shape,
+Slice's starts, ...) are read as numpy through `ctx.np(i)`; everything else stays lazy.
+"""
+from __future__ import annotations
+import math
+from typing import Any, Callable
+import numpy as np
+from fusegrad.tensor import Tensor
+from fusegrad.dtype import dtypes
+
+OPS: dict[str, Callable] = {}
+
+
+class UnsupportedOp(NotImplementedError):
+  """An ONNX node fusegrad cannot run; the message names the op, the node and the opset."""
+  def __init__(self, op: str, node: str, opset: int, domain: str = "ai.onnx", why: str = ""):
+    self.op, self.node, self.opset = op, node, opset
+    super().__init__(f"ONNX op {op!r} (domain {domain}, opset {opset}) in node {node!r} is not supported by fusegrad"
+                     + (f": {why}" if why else ""))
+
+
+def op(*names: str):
+  def deco(fn):
+    for n in names: OPS[n] = fn
+    return fn
+  return deco
+
+
+# ---------------------------------------------------------------- dtypes and attributes
+def onnx_dtype(t: int):
+  """ONNX TensorProto elem_type -> fusegrad dtype."""
+  m = {1: dtypes.float32, 2: dtypes.uint8, 3: dtypes.int8, 4: dtypes.uint16, 5: dtypes.int16, 6: dtypes.int32,
+       7: dtypes.int64, 9: dtypes.bool, 10: dtypes.float16, 11: dtypes.float64, 12: dtypes.uint32, 13: dtypes.uint64,
+       16: dtypes.bfloat16}
+  if t not in m: raise NotImplementedError(f"ONNX elem_type {t} has no fusegrad dtype")
+  return m[t]
+
+
+def to_tensor(arr: np.ndarray, elem_type: int | None = None, device: str | None = None) -> Tensor:
+  """numpy array (any ONNX dtype, bfloat16 from ml_dtypes included) -> Tensor."""
+  arr = np.asarray(arr)
+  if arr.dtype.name == "bfloat16" or elem_type == 16:
+    return Tensor(np.ascontiguousarray(arr.astype(np.float32)), device=device).cast(dtypes.bfloat16)
+  if arr.dtype == object or arr.dtype.kind in "SU": raise NotImplementedError("string tensors are not supported")
+  return Tensor(np.ascontiguousarray(arr), device=device)
+
+
+def attr_value(a: Any) -> Any:
+  from onnx import helper, numpy_helper, AttributeProto
+  if a.type == AttributeProto.TENSOR: return numpy_helper.to_array(a.t)
+  if a.type == AttributeProto.GRAPH: return a.g
+  if a.type == AttributeProto.STRING: return a.s.decode()
+  if a.type == AttributeProto.STRINGS: return [s.decode() for s in a.strings]
+  if a.type == AttributeProto.SPARSE_TENSOR: raise NotImplementedError("sparse tensor attributes are not supported")
+  v = helper.get_attribute_value(a)
+  return list(v) if isinstance(v, (list, tuple)) or type(v).__name__.startswith("Repeated") else v
+
+
+def _ax(axis: int, ndim: int) -> int: return axis + ndim if axis < 0 else axis
+
+
+def _as(x: Tensor, like: Tensor) -> Tensor: return x if x.dtype == like.dtype else x.cast(like.dtype)
+
+
+# ---------------------------------------------------------------- elementwise
+_UNARY = {
+  "Abs": Tensor.abs, "Neg": Tensor.neg, "Exp": Tensor.exp, "Log": Tensor.log, "Sqrt": Tensor.sqrt,
+  "Reciprocal": Tensor.reciprocal, "Floor": Tensor.floor, "Ceil": Tensor.ceil, "Round": Tensor.round,
+  "Sign": Tensor.sign, "Sin": Tensor.sin, "Cos": Tensor.cos, "Tan": Tensor.tan, "Asin": Tensor.asin,
+  "Acos": Tensor.acos, "Atan": Tensor.atan, "Sinh": Tensor.sinh, "Cosh": Tensor.cosh, "Asinh": Tensor.asinh,
+  "Acosh": Tensor.acosh, "Atanh": Tensor.atanh, "Erf": Tensor.erf, "Sigmoid": Tensor.sigmoid, "Tanh": Tensor.tanh,
+  "Relu": Tensor.relu, "Softplus": Tensor.softplus, "Softsign": Tensor.softsign, "Not": Tensor.logical_not,
+  "IsNaN": Tensor.isnan, "HardSwish": Tensor.hardswish, "Mish": Tensor.mish, "BitwiseNot": Tensor.bitwise_not,
+}
+for _n, _f in _UNARY.items():
+  OPS[_n] = (lambda f: lambda ctx, x, **kw: f(x))(_f)
+
+
+@op("Identity")
+def _identity(ctx, x, **kw): return x
+
+
+@op("IsInf")
+def _isinf(ctx, x, detect_negative=1, detect_positive=1):
+  neg, pos = (x == -math.inf), (x == math.inf)
+  if detect_negative and detect_positive: return neg.bitwise_or(pos)
+  return neg if detect_negative else pos if detect_positive else neg.bitwise_and(pos)
+
+
+@op("HardSigmoid")
+def _hardsigmoid(ctx, x, alpha=0.2, beta=0.5): return (x * alpha + beta).clip(0, 1)
+
+
+@op("Elu")
+def _elu(ctx, x, alpha=1.0): return x.elu(alpha)
+
+
+@op("Selu")
+def _selu(ctx, x, alpha=1.67326319217681884765625, gamma=1.05070102214813232421875):
+  return gamma * (x > 0).where(x, alpha * (x.exp() - 1))
+
+
+@op("Celu")
+def _celu(ctx, x, alpha=1.0): return x.celu(alpha)
+
+
+@op("LeakyRelu")
+def _leaky(ctx, x, alpha=0.01): return (x >= 0).where(x, x * alpha)
+
+
+@op("ThresholdedRelu")
+def _trelu(ctx, x, alpha=1.0): return (x > alpha).where(x, 0)
+
+
+@op("PRelu")
+def _prelu(ctx, x, slope): return (x >= 0).where(x, x * slope)
+
+
+@op("Gelu")
+def _gelu(ctx, x, approximate="none"): return x.gelu("tanh" if approximate == "tanh" else "none")
+
+
+@op("Shrink")
+def _shrink(ctx, x, bias=0.0, lambd=0.5):
+  return (x < -lambd).where(x + bias, (x > lambd).where(x - bias, 0)).cast(x.dtype)
+
+
+def _binop(f):
+  return lambda ctx, a, b, **kw: f(a, b)
+
+
+OPS.update({
+  "Add": _binop(lambda a, b: _as(a + b, a)), "Sub": _binop(lambda a, b: _as(a - b, a)),
+  "Mul": _binop(lambda a, b: _as(a * b, a)),
+  "Equal": _binop(lambda a, b: a == b), "Less": _binop(lambda a, b: a < b), "Greater": _binop(lambda a, b: a > b),
+  "LessOrEqual": _binop(lambda a, b: a <= b), "GreaterOrEqual": _binop(lambda a, b: a >= b),
+  "And": _binop(lambda a, b: a.bitwise_and(b)), "Or": _binop(lambda a, b: a.bitwise_or(b)),
+  "Xor": _binop(lambda a, b: a.bitwise_xor(b)), "BitwiseAnd": _binop(lambda a, b: a.bitwise_and(b)),
+  "BitwiseOr": _binop(lambda a, b: a.bitwise_or(b)), "BitwiseXor": _binop(lambda a, b: a.bitwise_xor(b)),
+})
+
+
+@op("Div")
+def _div(ctx, a, b):
+  if dtypes.is_int(a.dtype): return _as(a.div(b, rounding_mode="trunc"), a)
+  return _as(a / b, a)
+
+
+@op("Pow")
+def _pow(ctx, a, b):
+  if dtypes.is_int(a.dtype):
+    return _as(a.cast(dtypes.float64 if a.dtype in (dtypes.int64, dtypes.uint64) else dtypes.float32)
+               .pow(b.cast(dtypes.float32)).round(), a)
+  return _as(a.pow(b.cast(a.dtype) if dtypes.is_int(b.dtype) else b), a)
+
+
+@op("Mod")
+def _mod(ctx, a, b, fmod=0):
+  if fmod: return _as(a.fmod(b), a)
+  return _as(a.mod(b), a)
+
+
+@op("BitShift")
+def _bitshift(ctx, a, b, direction="LEFT"):
+  return _as(a.lshift(b) if direction == "LEFT" else a.rshift(b), a)
+
+
+def _variadic(f):
+  def fn(ctx, *xs, **kw):
+    out = xs[0]
+    for x in xs[1:]: out = f(out, x)
+    return out
+  return fn
+
+
+OPS["Max"] = _variadic(lambda a, b: a.maximum(b))
+OPS["Min"] = _variadic(lambda a, b: a.minimum(b))
+OPS["Sum"] = _variadic(lambda a, b: a + b)
+
+
+@op("Mean")
+def _mean(ctx, *xs): return OPS["Sum"](ctx, *xs) / len(xs)
+
+
+@op("Where")
+def _where(ctx, c, a, b): return c.bool().where(a, b)
+
+
+@op("Clip")
+def _clip(ctx, x, lo=None, hi=None, min=None, max=None):
+  lo = min if lo is None and min is not None else lo
+  hi = max if hi is None and max is not None else hi
+  if lo is not None: x = x.maximum(lo)
+  if hi is not None: x = x.minimum(hi)
+  return x
+
+
+# ---------------------------------------------------------------- casts and constants
+@op("Cast")
+def _cast(ctx, x, to, saturate=1, round_mode="up"):
+  dt = onnx_dtype(to)
+  if dtypes.is_float(x.dtype) and dtypes.is_int(dt) and not dtypes.is_unsigned(dt): return x.trunc().cast(dt)
+  return x.cast(dt)
+
+
+@op("CastLike")
+def _castlike(ctx, x, like, saturate=1, round_mode="up"): return x.cast(like.dtype)
+
+
+@op("Constant")
+def _constant(ctx, value=None, value_float=None, value_floats=None, value_int=None, value_ints=None, **kw):
+  if value is not None: return to_tensor(value, None, ctx.runner.device)
+  if value_float is not None: return Tensor(np.array(value_float, np.float32))
+  if value_floats is not None: return Tensor(np.array(value_floats, np.float32))
+  if value_int is not None: return Tensor(np.array(value_int, np.int64))
+  if value_ints is not None: return Tensor(np.array(value_ints, np.int64))
+  raise NotImplementedError(f"Constant with attributes {sorted(kw)}")
+
+
+@op("ConstantOfShape")
+def _constofshape(ctx, shape, value=None):
+  val = np.zeros(1, np.float32) if value is None else np.asarray(value).reshape(-1)
+  shp = tuple(ctx.ints(0))
+  return to_tensor(np.full(shp, val[0], dtype=val.dtype))
+
+
+@op("Shape")
+def _shape(ctx, x, start=0, end=None):
+  return Tensor(np.array(x.shape[start:end], dtype=np.int64))
+
+
+@op("Size")
+def _size(ctx, x): return Tensor(np.array(x.numel(), dtype=np.int64))
+
+
+@op("Range")
+def _range(ctx, start, limit, delta):
+  s, l, d = ctx.np(0).item(), ctx.np(1).item(), ctx.np(2).item()
+  return to_tensor(np.arange(s, l, d, dtype=ctx.np(0).dtype))
+
+
+@op("EyeLike")
+def _eyelike(ctx, x, dtype=None, k=0):
+  dt = x.dtype if dtype is None else onnx_dtype(dtype)
+  return to_tensor(np.eye(x.shape[0], x.shape[1], k=k)).cast(dt)
+
+
+# ---------------------------------------------------------------- matmul family
+@op("MatMul")
+def _matmul(ctx, a, b): return a.matmul(b)
+
+
+@op("Gemm")
+def _gemm(ctx, a, b, c=None, alpha=1.0, beta=1.0, transA=0, transB=0):
+  if transA: a = a.T
+  if transB: b = b.T
+  out = a.matmul(b)
+  if alpha != 1.0: out = out * alpha
+  if c is not None: out = out + (c * beta if beta != 1.0 else c)
+  return _as(out, a)
+
+
+@op("Einsum")
+def _einsum(ctx, *xs, equation): return Tensor.einsum(equation.replace(" ", ""), *xs)
+
+
+@op("MatMulInteger")
+def _matmulint(ctx, a, b, a_zp=None, b_zp=None):
+  a = a.cast(dtypes.int32) - (a_zp.cast(dtypes.int32) if a_zp is not None else 0)
+  b = b.cast(dtypes.int32) - (b_zp.cast(dtypes.int32) if b_zp is not None else 0)
+  return a.matmul(b).cast(dtypes.int32)
+
+
+# ---------------------------------------------------------------- conv and pooling
+def _auto_pads(auto_pad: str, in_sp, k, s, d, pads):
+  nd = len(in_sp)
+  if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+    out = []
+    for i in range(nd):
+      total = max((math.ceil(in_sp[i] / s[i]) - 1) * s[i] + (k[i] - 1) * d[i] + 1 - in_sp[i], 0)
+      small, big = total // 2, total - total // 2
+      out.append((small, big) if auto_pad == "SAME_UPPER" else (big, small))
+    return out
+  if auto_pad == "VALID": return [(0, 0)] * nd
+  pads = pads or [0] * (2 * nd)
+  return [(pads[i], pads[i + nd]) for i in range(nd)]
+
+
+def _pad_sp(x: Tensor, pads, value=0.0) -> Tensor:
+  """Pad the spatial dims (2..) by (before, after) pairs; negative pads crop."""
+  if all(p == (0, 0) for p in pads): return x
+  pos = [(max(b, 0), max(a, 0)) for b, a in pads]
+  if any(p != (0, 0) for p in pos): x = x.pad([None, None] + pos, value=value)
+  if any(b < 0 or a < 0 for b, a in pads):
+    sl = [slice(None), slice(None)] + [slice(-min(b, 0), x.shape[i + 2] + min(a, 0)) for i, (b, a) in enumerate(pads)]
+    x = x[tuple(sl)]
+  return x
+
+
+@op("Conv")
+def _conv(ctx, x, w, b=None, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
+  nd = x.ndim - 2
+  k = list(w.shape[2:])
+  s, d = strides or [1] * nd, dilations or [1] * nd
+  x = _pad_sp(x, _auto_pads(auto_pad, x.shape[2:], k, s, d, pads))
+  return x.conv2d(w, b, groups=group, stride=tuple(s), dilation=tuple(d), padding=0)
+
+
+@op("ConvTranspose")
+def _convtranspose(ctx, x, w, b=None, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
+                   output_padding=None, output_shape=None, pads=None, strides=None):
+  nd = x.ndim - 2
+  k = list(w.shape[2:])
+  s, d = strides or [1] * nd, dilations or [1] * nd
+  op_ = output_padding or [0] * nd
+  in_sp = x.shape[2:]
+  full = [(in_sp[i] - 1) * s[i] + (k[i] - 1) * d[i] + 1 + op_[i] for i in range(nd)]
+  if output_shape is not None:
+    out_sp = list(output_shape)[-nd:]
+    tot = [full[i] - out_sp[i] for i in range(nd)]
+    pp = [((t // 2, t - t // 2) if auto_pad != "SAME_LOWER" else (t - t // 2, t // 2)) for t in tot]
+    pp = [(t - t // 2, t // 2) if auto_pad == "SAME_UPPER" or auto_pad == "NOTSET" else p for t, p in zip(tot, pp)]
+  elif auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+    tot = [full[i] - in_sp[i] * s[i] for i in range(nd)]
+    pp = [(t // 2, t - t // 2) if auto_pad == "SAME_UPPER" else (t - t // 2, t // 2) for t in tot]
+  else:
+    p = pads or [0] * (2 * nd)
+    pp = [(p[i], p[i + nd]) for i in range(nd)]
+  y = x.conv_transpose2d(w, None, groups=group, stride=tuple(s), dilation=tuple(d), padding=0)
+  # y has spatial size full - output_padding; add output_padding at the end then crop the pads
+  y = y.pad([None, None] + [(0, o) for o in op_]) if any(op_) else y
+  y = _pad_sp(y, [(-a, -c) for a, c in pp])
+  if b is not None: y = y + b.reshape(1, -1, *([1] * nd))
+  return y
+
+
+def _pool_setup(x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode):
+  nd = x.ndim - 2
+  k, s, d = list(kernel_shape), strides or [1] * nd, dilations or [1] * nd
+  pp = _auto_pads(auto_pad, x.shape[2:], k, s, d, pads)
+  extra = []
+  for i in range(nd):
+    L = x.shape[2 + i] + pp[i][0] + pp[i][1]
+    eff = (k[i] - 1) * d[i] + 1
+    if ceil_mode:
+      out = math.ceil((L - eff) / s[i]) + 1
+      if (out - 1) * s[i] >= x.shape[2 + i] + pp[i][0]: out -= 1
+    else: out = (L - eff) // s[i] + 1
+    extra.append(max((out - 1) * s[i] + eff - L, 0))
+  return k, s, d, pp, extra
+
+
+@op("MaxPool")
+def _maxpool(ctx, x, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=None, pads=None, storage_order=0,
+             strides=None):
+  k, s, d, pp, extra = _pool_setup(x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
+  dt = x.dtype
+  xf = x if dtypes.is_float(dt) else x.cast(dtypes.float32)
+  xp = _pad_sp(xf, [(a, b + e) for (a, b), e in zip(pp, extra)], value=-math.inf)
+  y = xp.max_pool2d(tuple(k), stride=tuple(s), dilation=tuple(d))
+  y = _as(y, x)
+  if len(ctx.node.output) > 1 and ctx.node.output[1]:
+    if any(p != (0, 0) for p in pp) or any(extra): raise NotImplementedError("MaxPool Indices with padding")
+    _, idx = xf.max_pool2d(tuple(k), stride=tuple(s), dilation=tuple(d), return_indices=True)
+    sp = x.shape[2:]
+    if storage_order == 1:
+      if len(sp) != 2: raise NotImplementedError("MaxPool storage_order=1 beyond 2-D")
+      idx = (idx % sp[1]) * sp[0] + idx // sp[1]
+    base = Tensor.arange(x.shape[0] * x.shape[1]).reshape(x.shape[0], x.shape[1], *([1] * len(sp))) * math.prod(sp)
+    return y, (idx.cast(dtypes.int64) + base.cast(dtypes.int64))
+  return y
+
+
+@op("AveragePool")
+def _avgpool(ctx, x, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, dilations=None, kernel_shape=None, pads=None,
+             strides=None):
+  k, s, d, pp, extra = _pool_setup(x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
+  kk = math.prod(k)
+  xs = _pad_sp(x, [(a, b + e) for (a, b), e in zip(pp, extra)])
+  tot = xs.avg_pool2d(tuple(k), stride=tuple(s), dilation=tuple(d)) * kk
+  ones = Tensor.ones(1, 1, *x.shape[2:], dtype=x.dtype)
+  if count_include_pad: cnt = _pad_sp(ones, pp, value=1.0)
+  else: cnt = ones
+  cnt = _pad_sp(cnt, [(0 if count_include_pad else a, e if count_include_pad else b + e) for (a, b), e in zip(pp, extra)])
+  cnt = cnt.avg_pool2d(tuple(k), stride=tuple(s), dilation=tuple(d)) * kk
+  return _as(tot / cnt, x)
+
+
+@op("GlobalAveragePool")
+def _gap(ctx, x): return x.mean(axis=tuple(range(2, x.ndim)), keepdim=True)
+
+
+@op("GlobalMaxPool")
+def _gmp(ctx, x): return x.max(axis=tuple(range(2, x.ndim)), keepdim=True)
+
+
+@op("LpPool")
+def _lppool(ctx, x, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=None, p=2, pads=None, strides=None):
+  k, s, d, pp, extra = _pool_setup(x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
+  xs = _pad_sp(x.abs().pow(p), [(a, b + e) for (a, b), e in zip(pp, extra)])
+  return (xs.avg_pool2d(tuple(k), stride=tuple(s), dilation=tuple(d)) * math.prod(k)).pow(1.0 / p)
+
+
+@op("GlobalLpPool")
+def _glp(ctx, x, p=2): return x.abs().pow(p).sum(axis=tuple(range(2, x.ndim)), keepdim=True).pow(1.0 / p)
+
+
+# ---------------------------------------------------------------- normalization
+@op("BatchNormalization")
+def _bn(ctx, x, scale, bias, mean, var, epsilon=1e-5, momentum=0.9, training_mode=0, **kw):
+  if training_mode: raise NotImplementedError("BatchNormalization training_mode=1")
+  shp = (1, -1) + (1,) * (x.ndim - 2)
+  return _as((x - mean.reshape(shp)) * (scale.reshape(shp) * (var.reshape(shp) + epsilon).rsqrt()) + bias.reshape(shp), x)
+
+
+@op("InstanceNormalization")
+def _instnorm(ctx, x, scale, bias, epsilon=1e-5):
+  axes = tuple(range(2, x.ndim))
+  shp = (1, -1) + (1,) * (x.ndim - 2)
+  return x.layernorm(axes, epsilon) * scale.reshape(shp) + bias.reshape(shp)
+
+
+@op("LayerNormalization")
+def _layernorm(ctx, x, scale, bias=None, axis=-1, epsilon=1e-5, stash_type=1):
+  axes = tuple(range(_ax(axis, x.ndim), x.ndim))
+  xf = x.float() if x.dtype != dtypes.float64 else x
+  mean = xf.mean(axis=axes, keepdim=True)
+  var = ((xf - mean) ** 2).mean(axis=axes, keepdim=True)
+  inv = (var + epsilon).rsqrt()
+  y = (xf - mean) * inv
+  y = _as(y, x) * scale
+  if bias is not None: y = y + bias
+  return y, mean, inv
+
+
+@op("GroupNormalization")
+def _groupnorm(ctx, x, scale, bias, epsilon=1e-5, num_groups=1, stash_type=1):
+  n, c = x.shape[0], x.shape[1]
+  xg = x.reshape(n, num_groups, -1).layernorm(-1, epsilon).reshape(x.shape)
+  shp = (1, -1) + (1,) * (x.ndim - 2)
+  if ctx.opset < 21:
+    scale = scale.reshape(num_groups, 1).expand(num_groups, c // num_groups).reshape(-1)
+    bias = bias.reshape(num_groups, 1).expand(num_groups, c // num_groups).reshape(-1)
+  return xg * scale.reshape(shp) + bias.reshape(shp)
+
+
+@op("MeanVarianceNormalization")
+def _mvn(ctx, x, axes=(0, 2, 3)):
+  mean = x.mean(axis=tuple(axes), keepdim=True)
+  var = ((x - mean) ** 2).mean(axis=tuple(axes), keepdim=True)
+  return (x - mean) / (var.sqrt() + 1e-9)
+
+
+@op("LRN")
+def _lrn(ctx, x, size, alpha=1e-4, beta=0.75, bias=1.0):
+  c = x.shape[1]
+  sq = (x * x).reshape(x.shape[0], 1, c, -1)
+  lo, hi = (size - 1) // 2, size - 1 - (size - 1) // 2
+  sq = sq.pad([None, None, (lo, hi), None])
+  s = sq.avg_pool2d((size, 1), stride=1) * size
+  return x / (bias + alpha / size * s.reshape(x.shape)).pow(beta)
+
+
+def _flat2d(x: Tensor, axis: int):
+  axis = _ax(axis, x.ndim)
+  return x.reshape(math.prod(x.shape[:axis]), -1)
+
+
+def _softmax_like(f):
+  def fn(ctx, x, axis=None):
+    if ctx.opset < 13:
+      axis = 1 if axis is None else axis
+      return f(_flat2d(x, axis), -1).reshape(x.shape)
+    return f(x, -1 if axis is None else axis)
+  return fn
+
+
+OPS["Softmax"] = _softmax_like(lambda x, a: x.softmax(a))
+OPS["LogSoftmax"] = _softmax_like(lambda x, a: x.log_softmax(a))
+
+
+def _hardmax(x: Tensor, a: int) -> Tensor:
+  a = _ax(a, x.ndim)
+  idx = x.argmax(a, keepdim=True)
+  ar = Tensor.arange(x.shape[a]).reshape(*([1] * a), -1, *([1] * (x.ndim - a - 1)))
+  return (ar == idx).cast(x.dtype)
+
+
+OPS["Hardmax"] = _softmax_like(_hardmax)
+
+
+@op("Dropout")
+def _dropout(ctx, x, ratio=None, training_mode=None, seed=None, is_test=None):
+  if training_mode is not None and ctx.np(2) is not None and bool(ctx.np(2)):
+    r = 0.5 if ratio is None else float(ctx.np(1))
+    if r != 0: raise NotImplementedError("Dropout in training mode")
+  return x, Tensor.ones(*x.shape, dtype=dtypes.bool)
+
+
+# ---------------------------------------------------------------- reductions
+def _red_axes(ctx, x, axes_in, axes_attr, noop):
+  axes = ctx.ints(1) if axes_in is not None else axes_attr
+  if axes is None or len(axes) == 0:
+    if noop: return None
+    return tuple(range(x.ndim))
+  return tuple(_ax(a, x.ndim) for a in axes)
+
+
+def _reduce(f):
+  def fn(ctx, x, axes_in=None, axes=None, keepdims=1, noop_with_empty_axes=0):
+    ax = _red_axes(ctx, x, axes_in, axes, noop_with_empty_axes)
+    if ax is None: return x
+    return f(x, ax, bool(keepdims))
+  return fn
+
+
+def _rmax(x, ax, k):
+  if x.numel() == 0:
+    shp = [1 if i in ax else s for i, s in enumerate(x.shape)] if k else [s for i, s in enumerate(x.shape) if i not in ax]
+    return Tensor.full(tuple(shp), -math.inf if dtypes.is_float(x.dtype) else dtypes.min(x.dtype), dtype=x.dtype)
+  return x.max(ax, keepdim=k)
+
+
+def _rmin(x, ax, k):
+  if x.numel() == 0:
+    shp = [1 if i in ax else s for i, s in enumerate(x.shape)] if k else [s for i, s in enumerate(x.shape) if i not in ax]
+    return Tensor.full(tuple(shp), math.inf if dtypes.is_float(x.dtype) else dtypes.max(x.dtype), dtype=x.dtype)
+  return x.min(ax, keepdim=k)
+
+
+OPS.update({
+  "ReduceSum": _reduce(lambda x, a, k: _as(x.sum(a, keepdim=k), x)),
+  "ReduceMean": _reduce(lambda x, a, k: _as(x.mean(a, keepdim=k), x)),
+  "ReduceMax": _reduce(_rmax), "ReduceMin": _reduce(_rmin),
+  "ReduceProd": _reduce(lambda x, a, k: _as(x.prod(a, keepdim=k), x)),
+  "ReduceL1": _reduce(lambda x, a, k: _as(x.abs().sum(a, keepdim=k), x)),
+  "ReduceL2": _reduce(lambda x, a, k: _as((x * x).sum(a, keepdim=k).sqrt(), x)),
+  "ReduceLogSum": _reduce(lambda x, a, k: x.sum(a, keepdim=k).log()),
+  "ReduceLogSumExp": _reduce(lambda x, a, k: _as(x.logsumexp(a, keepdim=k) if x.numel() else x.sum(a, keepdim=k).log(), x)),
+  "ReduceSumSquare": _reduce(lambda x, a, k: _as((x * x).sum(a, keepdim=k), x)),
+})
+for _n in ("ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceLogSum",
+           "ReduceLogSumExp", "ReduceSumSquare", "ReduceSum"):
+  OPS[_n] = (lambda f: lambda ctx, x, axes_in=None, **kw: f(ctx, x, axes_in, **kw))(OPS[_n])
+
+
+def _arg(largest: bool):
+  def fn(ctx, x, axis=0, keepdims=1, select_last_index=0):
+    a = _ax(axis, x.ndim)
+    if select_last_index:
+      xf = x.flip(a)
+      i = (xf.argmax(a, keepdim=bool(keepdims)) if largest else xf.argmin(a, keepdim=bool(keepdims)))
+      return (x.shape[a] - 1 - i).cast(dtypes.int64)
+    return (x.argmax(a, keepdim=bool(keepdims)) if largest else x.argmin(a, keepdim=bool(keepdims))).cast(dtypes.int64)
+  return fn
+
+
+OPS["ArgMax"], OPS["ArgMin"] = _arg(True), _arg(False)
+
+
+@op("CumSum")
+def _cumsum(ctx, x, axis, exclusive=0, reverse=0):
+  a = _ax(int(ctx.np(1).reshape(-1)[0]), x.ndim)
+  if reverse: x = x.flip(a)
+  y = x.cumsum(a)
+  if exclusive: y = y - x
+  if reverse: y = y.flip(a)
+  return _as(y, x)
+
+
+@op("TopK")
+def _topk(ctx, x, k, axis=-1, largest=1, sorted=1):
+  v, i = x.topk(int(ctx.np(1).reshape(-1)[0]), dim=axis, largest=bool(largest), sorted_=True)
+  return v, i.cast(dtypes.int64)
+
+
+# ---------------------------------------------------------------- movement
+@op("Reshape")
+def _reshape(ctx, x, shape=None, allowzero=0, **kw):
+  shp = ctx.ints(1) if shape is not None else kw.get("shape_attr")
+  if not allowzero: shp = [x.shape[i] if s == 0 else s for i, s in enumerate(shp)]
+  return x.reshape(tuple(shp))
+
+
+@op("Flatten")
+def _flatten(ctx, x, axis=1): return _flat2d(x, axis) if x.ndim else x.reshape(1, 1)
+
+
+@op("Transpose")
+def _transpose(ctx, x, perm=None): return x.permute(tuple(perm) if perm is not None else tuple(range(x.ndim))[::-1])
+
+
+@op("Concat")
+def _concat(ctx, *xs, axis):
+  xs = [x for x in xs if x is not None]
+  return xs[0].cat(*xs[1:], dim=axis) if len(xs) > 1 else xs[0]
+
+
+@op("Split")
+def _split(ctx, x, split=None, axis=0, num_outputs=None, **kw):
+  a = _ax(axis, x.ndim)
+  sizes = ctx.ints(1) if split is not None and not isinstance(split, list) else split
+  if sizes is None:
+    n = num_outputs or len(ctx.node.output)
+    each = math.ceil(x.shape[a] / n)
+    sizes = [min(each, x.shape[a] - i * each) for i in range(n)]
+  return tuple(x.split(list(sizes), dim=a))
+
+
+@op("Squeeze")
+def _squeeze(ctx, x, axes=None):
+  ax = ctx.ints(1) if axes is not None and not isinstance(axes, list) else axes
+  if ax is None: ax = [i for i, s in enumerate(x.shape) if s == 1]
+  ax = sorted(_ax(a, x.ndim) for a in ax)
+  return x.reshape(tuple(s for i, s in enumerate(x.shape) if i not in ax))
+
+
+@op("Unsqueeze")
+def _unsqueeze(ctx, x, axes=None):
+  ax = ctx.ints(1) if axes is not None and not isinstance(axes, list) else axes
+  nd = x.ndim + len(ax)
+  ax = sorted(_ax(a, nd) for a in ax)
+  shp = list(x.shape)
+  for a in ax: shp.insert(a, 1)
+  return x.reshape(tuple(shp))
+
+
+@op("Slice")
+def _slice(ctx, x, starts=None, ends=None, axes=None, steps=None):
+  if ctx.opset < 10:
+    st, en, ax, sp = starts, ends, axes, None
+  else:
+    st, en, ax, sp = ctx.ints(1), ctx.ints(2), ctx.ints(3), ctx.ints(4)
+  ax = list(range(len(st))) if ax is None else [_ax(a, x.ndim) for a in ax]
+  sp = [1] * len(st) if sp is None else sp
+  sl = [slice(None)] * x.ndim
+  for s, e, a, p in zip(st, en, ax, sp):
+    n = x.shape[a]
+    if p > 0:
+      s = min(max(s + n if s < 0 else s, 0), n)
+      e = min(max(e + n if e < 0 else e, 0), n)
+    else:
+      s = min(max(s + n if s < 0 else s, -1), n - 1)
+      e = min(max(e + n if e < 0 else e, -1), n - 1)
+    sl[a] = (s, e, p)
+  out = x
+  for a, v in enumerate(sl):
+    if isinstance(v, slice): continue
+    s, e, p = v
+    idx = list(range(s, e, p))
+    if p == 1: out = out[(slice(None),) * a + (slice(s, max(e, s)),)]
+    elif len(idx) == 0: out = out[(slice(None),) * a + (slice(0, 0),)]
+    elif p > 0: out = out[(slice(None),) * a + (slice(s, e, p),)]
+    else:
+      lo = idx[-1]
+      out = out[(slice(None),) * a + (slice(lo, s + 1),)].flip(a)[(slice(None),) * a + (slice(None, None, -p),)]
+  return out
+
+
+@op("Gather")
+def _gather(ctx, x, idx, axis=0):
+  a = _ax(axis, x.ndim)
+  ii = ctx.np(1) if ctx.node.input[1] in ctx.npscope else None
+  if ii is not None and ii.ndim <= 1 and ii.size <= 64 and x.numel() > 0:
+    vals = [int(v) + x.shape[a] if v < 0 else int(v) for v in ii.reshape(-1)]
+    if ii.ndim == 0: return x[(slice(None),) * a + (vals[0],)]
+    if vals == list(range(vals[0], vals[0] + len(vals))) and vals:
+      return x[(slice(None),) * a + (slice(vals[0], vals[0] + len(vals)),)]
+  idx = idx.cast(dtypes.int64)
+  idx = (idx < 0).where(idx + x.shape[a], idx)
+  return x[(slice(None),) * a + (idx,)]
+
+
+@op("GatherElements")
+def _gather_el(ctx, x, idx, axis=0):
+  a = _ax(axis, x.ndim)
+  idx = idx.cast(dtypes.int64)
+  idx = (idx < 0).where(idx + x.shape[a], idx)
+  return x.gather(a, idx)
+
+
+@op("GatherND")
+def _gathernd(ctx, x, idx, batch_dims=0):
+  idx = idx.cast(dtypes.int64)
+  m = idx.shape[-1]
+  bshape = x.shape[:batch_dims]
+  nb = math.prod(bshape)
+  rest = x.shape[batch_dims + m:]
+  xf = x.reshape(nb * math.prod(x.shape[batch_dims:batch_dims + m]), *rest)
+  ish = idx.shape[batch_dims:-1]
+  idf = idx.reshape(nb, -1, m)
+  dims = x.shape[batch_dims:batch_dims + m]
+  flat = Tensor.zeros(nb, idf.shape[1], dtype=dtypes.int64)
+  for j in range(m):
+    ij = idf[:, :, j]
+    ij = (ij < 0).where(ij + dims[j], ij)
+    flat = flat * dims[j] + ij
+  flat = flat + Tensor.arange(nb).reshape(nb, 1).cast(dtypes.int64) * math.prod(dims)
+  out = xf[flat.reshape(-1)]
+  return out.reshape(*bshape, *ish, *rest)
+
+
+@op("Scatter", "ScatterElements")
+def _scatter_el(ctx, x, idx, upd, axis=0, reduction="none"):
+  a = _ax(axis, x.ndim)
+  idx = idx.cast(dtypes.int64)
+  idx = (idx < 0).where(idx + x.shape[a], idx)
+  if reduction == "none": return x.scatter(a, idx, upd)
+  red = {"add": "sum", "mul": "prod", "max": "amax", "min": "amin"}[reduction]
+  return x.scatter_reduce(a, idx, upd, red, include_self=True)
+
+
+@op("ScatterND")
+def _scatternd(ctx, x, idx, upd, reduction="none"):
+  m = idx.shape[-1]
+  dims = x.shape[:m]
+  rest = x.shape[m:]
+  xf = x.reshape(math.prod(dims), math.prod(rest) if rest else 1)
+  idf = idx.cast(dtypes.int64).reshape(-1, m)
+  flat = Tensor.zeros(idf.shape[0], dtype=dtypes.int64)
+  for j in range(m): flat = flat * dims[j] + idf[:, j]
+  uf = upd.reshape(idf.shape[0], xf.shape[1])
+  fidx = flat.reshape(-1, 1).expand(idf.shape[0], xf.shape[1])
+  if reduction == "none": out = xf.scatter(0, fidx, uf)
+  else:
+    red = {"add": "sum", "mul": "prod", "max": "amax", "min": "amin"}[reduction]
+    out = xf.scatter_reduce(0, fidx, uf, red, include_self=True)
+  return out.reshape(x.shape)
+
+
+@op("Expand")
+def _expand(ctx, x, shape):
+  shp = ctx.ints(1)
+  nd = max(len(shp), x.ndim)
+  xs = (1,) * (nd - x.ndim) + tuple(x.shape)
+  ss = (1,) * (nd - len(shp)) + tuple(shp)
+  out = tuple(max(a, b) if min(a, b) != 0 else 0 for a, b in zip(xs, ss))
+  return x.reshape(xs).expand(out)
+
+
+@op("Tile")
+def _tile(ctx, x, repeats): return x.repeat(tuple(ctx.ints(1)))
+
+
+@op("Pad")
+def _pad(ctx, x, pads=None, value=None, axes=None, mode="constant", **kw):
+  if ctx.opset < 11:
+    p, cval, ax = kw.get("paddings") if pads is None else pads, kw.get("value_attr", 0.0), None
+    cval = value if value is not None and not isinstance(value, Tensor) else 0.0
+  else:
+    p, ax = ctx.ints(1), ctx.ints(3)
+    cv = ctx.np(2)
+    cval = 0.0 if cv is None or cv.size == 0 else cv.reshape(-1)[0].item()
+  ax = list(range(x.ndim)) if ax is None else [_ax(a, x.ndim) for a in ax]
+  n = len(ax)
+  per = [(0, 0)] * x.ndim
+  for i, a in enumerate(ax): per[a] = (p[i], p[i + n])
+  neg = any(b < 0 or e < 0 for b, e in per)
+  pos = [(max(b, 0), max(e, 0)) for b, e in per]
+  if mode == "constant": y = x.pad(pos, value=cval) if any(q != (0, 0) for q in pos) else x
+  elif mode in ("reflect", "edge", "wrap"):
+    y = x
+    for a, (b, e) in enumerate(pos):
+      if b == 0 and e == 0: continue
+      pre = (slice(None),) * a
+      n_ = y.shape[a]
+      if mode == "edge": parts = [y[pre + (slice(0, 1),)]] * b + [y] + [y[pre + (slice(n_ - 1, n_),)]] * e
+      elif mode == "wrap":
+        ii = [(i % n_) for i in range(-b, n_ + e)]
+        parts = [y[pre + (Tensor(np.array(ii, np.int64)),)]]
+      else:
+        ii = []
+        for i in range(-b, n_ + e):
+          j = i
+          while j < 0 or j >= n_: j = -j if j < 0 else 2 * (n_ - 1) - j
+          ii.append(j)
+        parts = [y[pre + (Tensor(np.array(ii, np.int64)),)]]
+      y = parts[0].cat(*parts[1:], dim=a) if len(parts) > 1 else parts[0]
+  else: raise NotImplementedError(f"Pad mode {mode}")
+  if neg:
+    sl = tuple(slice(-min(b, 0), y.shape[i] + min(e, 0)) for i, (b, e) in enumerate(per))
+    y = y[sl]
+  return y
+
+
+@op("DepthToSpace")
+def _d2s(ctx, x, blocksize, mode="DCR"):
+  n, c, h, w = x.shape
+  b = blocksize
+  if mode == "DCR": y = x.reshape(n, b, b, c // (b * b), h, w).permute(0, 3, 4, 1, 5, 2)
+  else: y = x.reshape(n, c // (b * b), b, b, h, w).permute(0, 1, 4, 2, 5, 3)
+  return y.reshape(n, c // (b * b), h * b, w * b)
+
+
+@op("SpaceToDepth")
+def _s2d(ctx, x, blocksize):
+  n, c, h, w = x.shape
+  b = blocksize
+  return x.reshape(n, c, h // b, b, w // b, b).permute(0, 3, 5, 1, 2, 4).reshape(n, c * b * b, h // b, w // b)
+
+
+@op("OneHot")
+def _onehot(ctx, idx, depth, values, axis=-1):
+  d = int(ctx.np(1).reshape(-1)[0])
+  idx = idx.cast(dtypes.int64)
+  idx = (idx < 0).where(idx + d, idx)
+  nd = idx.ndim + 1
+  a = _ax(axis, nd)
+  ar = Tensor.arange(d).reshape(*([1] * a), d, *([1] * (nd - a - 1))).cast(dtypes.int64)
+  hit = ar == idx.unsqueeze(a)
+  return hit.where(values[1], values[0])
+
+
+@op("Trilu")
+def _trilu(ctx, x, k=None, upper=1):
+  kk = 0 if k is None else int(ctx.np(1).reshape(-1)[0])
+  if x.numel() == 0: return x
+  return x.triu(kk) if upper else x.tril(kk)
+
+
+@op("NonZero")
+def _nonzero(ctx, x):
+  arr = x.numpy()
+  return Tensor(np.array(np.nonzero(arr), dtype=np.int64).reshape(arr.ndim, -1))
+
+
+@op("Compress")
+def _compress(ctx, x, cond, axis=None):
+  c = np.nonzero(ctx.np(1).astype(bool))[0]
+  if axis is None: x, a = x.reshape(-1), 0
+  else: a = _ax(axis, x.ndim)
+  return x[(slice(None),) * a + (Tensor(c.astype(np.int64)),)]
+
+
+@op("ReverseSequence")
+def _revseq(ctx, x, lens, batch_axis=1, time_axis=0):
+  L = ctx.ints(1)
+  T = x.shape[time_axis]
+  idx = np.zeros((x.shape[batch_axis], T), np.int64)
+  for b, l in enumerate(L): idx[b] = [l - 1 - t if t < l else t for t in range(T)]
+  it = Tensor(idx if batch_axis < time_axis else idx.T)
+  shp = [1] * x.ndim
+  shp[batch_axis], shp[time_axis] = x.shape[batch_axis], T
+  it = it.reshape(shp).expand(x.shape)
+  return x.gather(time_axis, it)
+
+
+# ---------------------------------------------------------------- Resize / Upsample
+def _resize_matrix(L_in: int, L_out: int, scale: float, mode: str, ctm: str, nearest_mode: str, a: float,
+                   exclude_outside: int, roi: tuple[float, float] | None, extrap: float, antialias: int):
+  W = np.zeros((L_out, L_in), np.float64)
+  oor = np.zeros(L_out, bool)
+  for o in range(L_out):
+    if ctm == "half_pixel": x = (o + 0.5) / scale - 0.5
+    elif ctm == "half_pixel_symmetric":
+      adj = L_out / (scale * L_in)
+      x = L_in / 2 * (1 - adj) + (o + 0.5) / scale - 0.5
+    elif ctm == "pytorch_half_pixel": x = (o + 0.5) / scale - 0.5 if L_out > 1 else 0.0
+    elif ctm == "align_corners": x = 0.0 if L_out == 1 else o * (L_in - 1) / (L_out - 1)
+    elif ctm == "asymmetric": x = o / scale
+    elif ctm == "tf_crop_and_resize":
+      s, e = roi
+      x = s * (L_in - 1) + o * (e - s) * (L_in - 1) / (L_out - 1) if L_out > 1 else 0.5 * (s + e) * (L_in - 1)
+      if x < 0 or x > L_in - 1:
+        oor[o] = True
+        continue
+    else: raise NotImplementedError(f"Resize coordinate_transformation_mode={ctm}")
+    if mode == "nearest":
+      if nearest_mode == "round_prefer_floor": i = math.floor(x) if x - math.floor(x) == 0.5 else round(x)
+      elif nearest_mode == "round_prefer_ceil": i = math.ceil(x) if x - math.floor(x) == 0.5 else round(x)
+      elif nearest_mode == "floor": i = math.floor(x)
+      elif nearest_mode == "ceil": i = math.ceil(x)
+      else: raise NotImplementedError(f"Resize nearest_mode={nearest_mode}")
+      W[o, min(max(int(i), 0), L_in - 1)] += 1.0
+      continue
+    if antialias and scale < 1:
+      support = (1.0 if mode == "linear" else 2.0) / scale
+      c = (o + 0.5) / scale - 0.5 if ctm != "align_corners" else x
+      c = x
+      lo, hi = math.floor(c - support) + 1, math.floor(c + support) + 1
+      ws = {}
+      for j in range(lo, hi):
+        t = abs(j - c) * scale
+        if mode == "linear": w = max(0.0, 1 - t)
+        else:
+          w = ((a + 2) * t - (a + 3)) * t * t + 1 if t <= 1 else ((a * t - 5 * a) * t + 8 * a) * t - 4 * a if t < 2 else 0
+        if 0 <= j < L_in: ws[j] = ws.get(j, 0.0) + w
+      tot = sum(ws.values())
+      for j, w in ws.items(): W[o, j] += w / tot if tot else 0
+      continue
+    x0 = math.floor(x)
+    r = x - x0
+    if mode == "linear": taps = [(x0, 1 - r), (x0 + 1, r)]
+    elif mode == "cubic":
+      c = [((a * (r + 1) - 5 * a) * (r + 1) + 8 * a) * (r + 1) - 4 * a, ((a + 2) * r - (a + 3)) * r * r + 1,
+           ((a + 2) * (1 - r) - (a + 3)) * (1 - r) * (1 - r) + 1,
+           ((a * (2 - r) - 5 * a) * (2 - r) + 8 * a) * (2 - r) - 4 * a]
+      taps = list(zip(range(x0 - 1, x0 + 3), c))
+      if exclude_outside:
+        taps = [(j, w) for j, w in taps if 0 <= j < L_in]
+        tot = sum(w for _, w in taps)
+        taps = [(j, w / tot) for j, w in taps]
+    else: raise NotImplementedError(f"Resize mode={mode}")
+    for j, w in taps: W[o, min(max(j, 0), L_in - 1)] += w
+  return W, oor
+
+
+@op("Resize", "Upsample")
+def _resize(ctx, x, roi=None, scales=None, sizes=None, antialias=0, axes=None, coordinate_transformation_mode=None,
+            cubic_coeff_a=-0.75, exclude_outside=0, extrapolation_value=0.0, keep_aspect_ratio_policy="stretch",
+            mode="nearest", nearest_mode="round_prefer_floor", **kw):
+  nd = x.ndim
+  if ctx.node.op_type == "Upsample" or ctx.opset < 11:
+    sc = scales if isinstance(scales, list) else ctx.np(1).tolist()
+    roi_v, sz, ctm = None, None, "asymmetric"
+    mode = {"bilinear": "linear"}.get(mode, mode)
+    nearest_mode = "floor" if ctx.node.op_type == "Upsample" else nearest_mode
+  else:
+    roi_v = ctx.np(1)
+    sc_v, sz_v = ctx.np(2), ctx.np(3)
+    sc = None if sc_v is None or sc_v.size == 0 else sc_v.tolist()
+    sz = None if sz_v is None or sz_v.size == 0 else [int(v) for v in sz_v]
+    ctm = coordinate_transformation_mode or "half_pixel"
+  ax = list(range(nd)) if axes is None else [_ax(a, nd) for a in axes]
+  scale = [1.0] * nd
+  out = list(x.shape)
+  if sz is not None:
+    if keep_aspect_ratio_policy != "stretch":
+      r = [sz[i] / x.shape[a] for i, a in enumerate(ax)]
+      s = min(r) if keep_aspect_ratio_policy == "not_larger" else max(r)
+      for a in ax: scale[a], out[a] = s, int(math.floor(x.shape[a] * s + 0.5))
+    else:
+      for i, a in enumerate(ax): scale[a], out[a] = sz[i] / x.shape[a], sz[i]
+  else:
+    for i, a in enumerate(ax): scale[a], out[a] = float(sc[i]), int(math.floor(x.shape[a] * sc[i]))
+  roi_full = None
+  if roi_v is not None and roi_v.size:
+    rr = roi_v.reshape(-1).tolist()
+    n = len(ax)
+    roi_full = {a: (rr[i], rr[i + n]) for i, a in enumerate(ax)}
+  dt = x.dtype
+  y = x if dtypes.is_float(dt) else x.cast(dtypes.float32)
+  mask = None
+  for a in range(nd):
+    if out[a] == x.shape[a] and scale[a] == 1.0 and ctm != "tf_crop_and_resize": continue
+    W, oor = _resize_matrix(x.shape[a], out[a], scale[a], mode, ctm, nearest_mode, cubic_coeff_a, exclude_outside,
+                            roi_full.get(a) if roi_full else None, extrapolation_value, antialias)
+    Wt = Tensor(W.T.astype(np.float64 if y.dtype == dtypes.float64 else np.float32)).cast(y.dtype)
+    y = y.transpose(a, -1).matmul(Wt).transpose(a, -1)
+    if oor.any():
+      m = Tensor(oor).reshape(*([1] * a), -1, *([1] * (nd - a - 1)))
+      mask = m if mask is None else mask.bitwise_or(m)
+  if mask is not None: y = mask.where(extrapolation_value, y)
+  if not dtypes.is_float(dt): y = y.round().cast(dt)
+  return _as(y, x)
+
+
+# ---------------------------------------------------------------- quantization
+@op("QuantizeLinear")
+def _quant(ctx, x, scale, zp=None, axis=1, block_size=0, saturate=1, output_dtype=0, precision=0):
+  dt = zp.dtype if zp is not None else (onnx_dtype(output_dtype) if output_dtype else dtypes.uint8)
+  if dt not in (dtypes.uint8, dtypes.int8, dtypes.uint16, dtypes.int16, dtypes.int32):
+    raise NotImplementedError(f"QuantizeLinear to {dt}")
+  if block_size: raise NotImplementedError("blocked QuantizeLinear")
+  if scale.ndim == 1 and x.ndim > 1 and scale.shape[0] > 1:
+    a = _ax(axis, x.ndim)
+    shp = [1] * x.ndim
+    shp[a] = -1
+    scale = scale.reshape(shp)
+    zp = zp.reshape(shp) if zp is not None else None
+  y = (x.float() / scale.float()).round()
+  if zp is not None: y = y + zp.float()
+  return y.clip(dtypes.min(dt), dtypes.max(dt)).cast(dt)
+
+
+@op("DequantizeLinear")
+def _dequant(ctx, x, scale, zp=None, axis=1, block_size=0, output_dtype=0):
+  if block_size: raise NotImplementedError("blocked DequantizeLinear")
+  if scale.ndim == 1 and x.ndim > 1 and scale.shape[0] > 1:
+    a = _ax(axis, x.ndim)
+    shp = [1] * x.ndim
+    shp[a] = -1
+    scale = scale.reshape(shp)
+    zp = zp.reshape(shp) if zp is not None else None
+  xf = x.cast(dtypes.float32) if x.dtype != dtypes.int32 else x.cast(dtypes.float64)
+  if zp is not None: xf = xf - zp.cast(xf.dtype)
+  return (xf * scale.cast(xf.dtype)).cast(scale.dtype)
+
+
+@op("DynamicQuantizeLinear")
+def _dynquant(ctx, x):
+  lo, hi = x.min().minimum(0), x.max().maximum(0)
+  scale = (hi - lo) / 255
+  zp = (-lo / scale).round().clip(0, 255)
+  y = ((x / scale).round() + zp).clip(0, 255).cast(dtypes.uint8)
+  return y, scale, zp.cast(dtypes.uint8)
+
+
+# ---------------------------------------------------------------- sequences
+@op("SequenceConstruct")
+def _seqc(ctx, *xs): return list(xs)
+
+
+@op("SequenceEmpty")
+def _seqe(ctx, dtype=None): return []
+
+
+@op("SequenceAt")
+def _seqat(ctx, seq, pos): return seq[int(ctx.np(1).reshape(-1)[0])]
+
+
+@op("SequenceLength")
+def _seqlen(ctx, seq): return Tensor(np.array(len(seq), np.int64))
+
+
+@op("SequenceInsert")
+def _seqins(ctx, seq, t, pos=None):
+  s = list(seq)
+  if pos is None: s.append(t)
+  else:
+    p = int(ctx.np(2).reshape(-1)[0])
+    s.insert(p + len(s) if p < 0 else p, t)
+  return s
+
+
+@op("SequenceErase")
+def _seqerase(ctx, seq, pos=None):
+  s = list(seq)
+  p = -1 if pos is None else int(ctx.np(1).reshape(-1)[0])
+  del s[p]
+  return s
+
+
+@op("ConcatFromSequence")
+def _concatseq(ctx, seq, axis, new_axis=0):
+  if new_axis: return seq[0].stack(*seq[1:], dim=axis) if len(seq) > 1 else seq[0].unsqueeze(axis)
+  return seq[0].cat(*seq[1:], dim=axis) if len(seq) > 1 else seq[0]
+
+
+@op("SplitToSequence")
+def _splitseq(ctx, x, split=None, axis=0, keepdims=1):
+  a = _ax(axis, x.ndim)
+  if split is None:
+    parts = x.split(1, dim=a)
+    return [p.squeeze(a) for p in parts] if not keepdims else list(parts)
+  sp = ctx.np(1)
+  if sp.ndim == 0: return list(x.split(int(sp), dim=a))
+  return list(x.split([int(v) for v in sp], dim=a))
+
+
+# ---------------------------------------------------------------- optional and control flow
+@op("Optional")
+def _optional(ctx, x=None, type=None): return x
+
+
+@op("OptionalHasElement")
+def _opthas(ctx, x=None): return Tensor(np.array(x is not None))
+
+
+@op("OptionalGetElement")
+def _optget(ctx, x): return x
+
+
+@op("If")
+def _if(ctx, cond, then_branch, else_branch):
+  g = then_branch if bool(ctx.np(0).reshape(-1)[0]) else else_branch
+  scope, npscope = dict(ctx.scope), dict(ctx.npscope)
+  ctx.runner._load_initializers(g, scope, npscope)
+  outs = ctx.runner.run_graph(g, scope, npscope)
+  return tuple(outs.values())
+
+
+@op("Loop")
+def _loop(ctx, M, cond, *v_init, body):
+  trip = None if M is None else int(ctx.np(0).reshape(-1)[0])
+  keep = True if cond is None else bool(ctx.np(1).reshape(-1)[0])
+  vals = list(v_init)
+  n_state = len(vals)
+  scans: list[list] = []
+  i = 0
+  while (trip is None or i < trip) and keep:
+    scope, npscope = dict(ctx.scope), dict(ctx.npscope)
+    ctx.runner._load_initializers(body, scope, npscope)
+    names = [v.name for v in body.input]
+    scope[names[0]] = Tensor(np.array(i, np.int64))
+    npscope[names[0]] = np.array(i, np.int64)
+    scope[names[1]] = Tensor(np.array(keep))
+    npscope[names[1]] = np.array(keep)
+    for n, v in zip(names[2:], vals): scope[n] = v
+    outs = list(ctx.runner.run_graph(body, scope, npscope).values())
+    keep = bool(outs[0].numpy().reshape(-1)[0]) if isinstance(outs[0], Tensor) else bool(outs[0])
+    vals = outs[1:1 + n_state]
+    for j, s in enumerate(outs[1 + n_state:]):
+      if len(scans) <= j: scans.append([])
+      scans[j].append(s)
+    i += 1
+  n_scan = len(ctx.node.output) - n_state
+  res = vals + [(s[0].stack(*s[1:]) if len(s) > 1 else s[0].unsqueeze(0)) for s in scans]
+  for _ in range(n_scan - len(scans)): res.append(Tensor.zeros(0))
+  return tuple(res)
+
+
+@op("Scan")
+def _scan(ctx, *args, body, num_scan_inputs, scan_input_axes=None, scan_input_directions=None,
+          scan_output_axes=None, scan_output_directions=None):
+  n_state = len(args) - num_scan_inputs
+  state, xs = list(args[:n_state]), list(args[n_state:])
+  in_ax = scan_input_axes or [0] * len(xs)
+  in_dir = scan_input_directions or [0] * len(xs)
+  T = xs[0].shape[_ax(in_ax[0], xs[0].ndim)]
+  names = [v.name for v in body.input]
+  outs_acc: list[list] = []
+  for t in range(T):
+    scope, npscope = dict(ctx.scope), dict(ctx.npscope)
+    ctx.runner._load_initializers(body, scope, npscope)
+    for n, v in zip(names, state): scope[n] = v
+    for k, x in enumerate(xs):
+      a = _ax(in_ax[k], x.ndim)
+      tt = T - 1 - t if in_dir[k] else t
+      scope[names[n_state + k]] = x[(slice(None),) * a + (tt,)]
+    outs = list(ctx.runner.run_graph(body, scope, npscope).values())
+    state = outs[:n_state]
+    for j, o in enumerate(outs[n_state:]):
+      if len(outs_acc) <= j: outs_acc.append([])
+      outs_acc[j].append(o)
+  out_ax = scan_output_axes or [0] * len(outs_acc)
+  out_dir = scan_output_directions or [0] * len(outs_acc)
+  res = list(state)
+  for j, s in enumerate(outs_acc):
+    if out_dir[j]: s = s[::-1]
+    a = _ax(out_ax[j], s[0].ndim + 1)
+    res.append(s[0].stack(*s[1:], dim=a) if len(s) > 1 else s[0].unsqueeze(a))
+  return tuple(res)
