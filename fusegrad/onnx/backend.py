@@ -5,10 +5,14 @@ import numpy as np
 import onnx
 from onnx.backend.base import Backend, BackendRep
 from fusegrad.tensor import Tensor
+from fusegrad.dtype import dtypes
 from fusegrad.onnx.runner import OnnxRunner
 
 
 def _to_numpy(v: Any) -> Any:
+  if isinstance(v, Tensor) and v.dtype == dtypes.bfloat16:
+    import ml_dtypes
+    return v.float().numpy().astype(ml_dtypes.bfloat16)
   if isinstance(v, Tensor): return v.numpy()
   if isinstance(v, list): return [_to_numpy(x) for x in v]
   return v

@@ -72,10 +72,14 @@ _UNARY = {
   "Acos": Tensor.acos, "Atan": Tensor.atan, "Sinh": Tensor.sinh, "Cosh": Tensor.cosh, "Asinh": Tensor.asinh,
   "Acosh": Tensor.acosh, "Atanh": Tensor.atanh, "Erf": Tensor.erf, "Sigmoid": Tensor.sigmoid, "Tanh": Tensor.tanh,
   "Relu": Tensor.relu, "Softplus": Tensor.softplus, "Softsign": Tensor.softsign, "Not": Tensor.logical_not,
-  "IsNaN": Tensor.isnan, "HardSwish": Tensor.hardswish, "Mish": Tensor.mish, "BitwiseNot": Tensor.bitwise_not,
+  "IsNaN": Tensor.isnan, "HardSwish": Tensor.hardswish, "BitwiseNot": Tensor.bitwise_not,
 }
 for _n, _f in _UNARY.items():
   OPS[_n] = (lambda f: lambda ctx, x, **kw: f(x))(_f)
+
+
+@op("Mish")
+def _mish(ctx, x, **kw): return _as(x * (x.exp() + 1).log().tanh(), x)
 
 
 @op("Identity")
@@ -493,8 +497,8 @@ OPS["Hardmax"] = _softmax_like(_hardmax)
 
 @op("Dropout")
 def _dropout(ctx, x, ratio=None, training_mode=None, seed=None, is_test=None):
-  if training_mode is not None and ctx.np(2) is not None and bool(ctx.np(2)):
-    r = 0.5 if ratio is None else float(ctx.np(1))
+  if training_mode is not None and ctx.np(2) is not None and bool(ctx.np(2).reshape(-1)[0]):
+    r = 0.5 if ratio is None else float(ctx.np(1).reshape(-1)[0])
     if r != 0: raise NotImplementedError("Dropout in training mode")
   return x, Tensor.ones(*x.shape, dtype=dtypes.bool)
 
@@ -795,10 +799,12 @@ def _d2s(ctx, x, blocksize, mode="DCR"):
 
 
 @op("SpaceToDepth")
-def _s2d(ctx, x, blocksize):
+def _s2d(ctx, x, blocksize, mode="DCR"):
   n, c, h, w = x.shape
   b = blocksize
-  return x.reshape(n, c, h // b, b, w // b, b).permute(0, 3, 5, 1, 2, 4).reshape(n, c * b * b, h // b, w // b)
+  y = x.reshape(n, c, h // b, b, w // b, b)
+  y = y.permute(0, 3, 5, 1, 2, 4) if mode == "DCR" else y.permute(0, 1, 3, 5, 2, 4)
+  return y.reshape(n, c * b * b, h // b, w // b)
 
 
 @op("OneHot")
@@ -858,7 +864,7 @@ def _resize_matrix(L_in: int, L_out: int, scale: float, mode: str, ctm: str, nea
       adj = L_out / (scale * L_in)
       x = L_in / 2 * (1 - adj) + (o + 0.5) / scale - 0.5
     elif ctm == "pytorch_half_pixel": x = (o + 0.5) / scale - 0.5 if L_out > 1 else 0.0
-    elif ctm == "align_corners": x = 0.0 if L_out == 1 else o * (L_in - 1) / (L_out - 1)
+    elif ctm == "align_corners": x = 0.0 if L_out == 1 else o * (L_in - 1) / (L_in * scale - 1)
     elif ctm == "asymmetric": x = o / scale
     elif ctm == "tf_crop_and_resize":
       s, e = roi
@@ -944,7 +950,7 @@ def _resize(ctx, x, roi=None, scales=None, sizes=None, antialias=0, axes=None, c
   y = x if dtypes.is_float(dt) else x.cast(dtypes.float32)
   mask = None
   for a in range(nd):
-    if out[a] == x.shape[a] and scale[a] == 1.0 and ctm != "tf_crop_and_resize": continue
+    if out[a] == x.shape[a] and scale[a] == 1.0 and (ctm != "tf_crop_and_resize" or a not in ax): continue
     W, oor = _resize_matrix(x.shape[a], out[a], scale[a], mode, ctm, nearest_mode, cubic_coeff_a, exclude_outside,
                             roi_full.get(a) if roi_full else None, extrapolation_value, antialias)
     Wt = Tensor(W.T.astype(np.float64 if y.dtype == dtypes.float64 else np.float32)).cast(y.dtype)
@@ -1046,7 +1052,8 @@ def _splitseq(ctx, x, split=None, axis=0, keepdims=1):
     parts = x.split(1, dim=a)
     return [p.squeeze(a) for p in parts] if not keepdims else list(parts)
   sp = ctx.np(1)
-  if sp.ndim == 0: return list(x.split(int(sp), dim=a))
+  if sp.ndim == 0 or (sp.size == 1 and int(sp.reshape(-1)[0]) != x.shape[a]):
+    return list(x.split(int(sp.reshape(-1)[0]), dim=a))
   return list(x.split([int(v) for v in sp], dim=a))
 
 
@@ -1133,3 +1140,105 @@ def _scan(ctx, *args, body, num_scan_inputs, scan_input_axes=None, scan_input_di
     a = _ax(out_ax[j], s[0].ndim + 1)
     res.append(s[0].stack(*s[1:], dim=a) if len(s) > 1 else s[0].unsqueeze(a))
   return tuple(res)
+
+
+# ---------------------------------------------------------------- losses, newer normalizations, attention
+def _nll(x: Tensor, target: Tensor, weight: Tensor | None, ignore_index: int | None, reduction: str) -> Tensor:
+  t = target.cast(dtypes.int64)
+  keep = (t != ignore_index) if ignore_index is not None else Tensor.ones(*t.shape, dtype=dtypes.bool)
+  ts = keep.where(t, 0)
+  picked = x.gather(1, ts.unsqueeze(1)).squeeze(1)
+  w = keep.cast(x.dtype) if weight is None else keep.where(weight[ts], 0).cast(x.dtype)
+  loss = -picked * w
+  if reduction == "none": return loss
+  if reduction == "sum": return loss.sum()
+  return loss.sum() / w.sum()
+
+
+@op("NegativeLogLikelihoodLoss")
+def _nll_op(ctx, x, target, weight=None, ignore_index=None, reduction="mean"):
+  return _as(_nll(x, target, weight, ignore_index, reduction), x)
+
+
+@op("SoftmaxCrossEntropyLoss")
+def _sce(ctx, scores, labels, weights=None, ignore_index=None, reduction="mean"):
+  logp = scores.log_softmax(1)
+  return _as(_nll(logp, labels, weights, ignore_index, reduction), scores), logp
+
+
+@op("RMSNormalization")
+def _rmsnorm(ctx, x, scale, axis=-1, epsilon=1e-5, stash_type=1):
+  axes = tuple(range(_ax(axis, x.ndim), x.ndim))
+  xf = x.float() if x.dtype != dtypes.float64 else x
+  y = xf * ((xf * xf).mean(axis=axes, keepdim=True) + epsilon).rsqrt()
+  return _as(y, x) * scale
+
+
+@op("LpNormalization")
+def _lpnorm(ctx, x, axis=-1, p=2):
+  n = (x.abs().sum(axis, keepdim=True) if p == 1 else (x * x).sum(axis, keepdim=True).sqrt())
+  return (n == 0).where(0, x / n).cast(x.dtype)
+
+
+@op("Swish")
+def _swish(ctx, x, alpha=1.0): return x * (x * alpha).sigmoid()
+
+
+@op("CumProd")
+def _cumprod(ctx, x, axis, exclusive=0, reverse=0):
+  a = _ax(int(ctx.np(1).reshape(-1)[0]), x.ndim)
+  if reverse: x = x.flip(a)
+  if exclusive:
+    pad = [None] * x.ndim
+    pad[a] = (1, 0)
+    x = x.pad(pad, value=1)[(slice(None),) * a + (slice(0, x.shape[a]),)]
+  y = x.cumprod(a)
+  if reverse: y = y.flip(a)
+  return _as(y, x)
+
+
+@op("Attention")
+def _attention(ctx, q, k, v, attn_mask=None, past_key=None, past_value=None, nonpad_kv_seqlen=None, is_causal=0,
+               kv_num_heads=None, q_num_heads=None, qk_matmul_output_mode=0, scale=None, softcap=0.0,
+               softmax_precision=None):
+  three_d = q.ndim == 3
+  if three_d:
+    b, sq, _ = q.shape
+    q = q.reshape(b, sq, q_num_heads, -1).transpose(1, 2)
+    k = k.reshape(b, k.shape[1], kv_num_heads, -1).transpose(1, 2)
+    v = v.reshape(b, v.shape[1], kv_num_heads, -1).transpose(1, 2)
+  if past_key is not None: k = past_key.cat(k, dim=2)
+  if past_value is not None: v = past_value.cat(v, dim=2)
+  present_k, present_v = k, v
+  hq, hk = q.shape[1], k.shape[1]
+  if hq != hk:
+    k = k.repeat_interleave(hq // hk, dim=1)
+    v = v.repeat_interleave(hq // hk, dim=1)
+  dt = q.dtype
+  sc = (1.0 / math.sqrt(q.shape[-1])) if scale is None else scale
+  qk = (q.float() @ k.float().transpose(-1, -2)) * sc
+  sq_len, skv = qk.shape[-2], qk.shape[-1]
+  bias = Tensor.zeros(1, 1, sq_len, skv)
+  if attn_mask is not None:
+    m = attn_mask
+    if m.shape[-1] < skv:
+      pad = [None] * (m.ndim - 1) + [(0, skv - m.shape[-1])]
+      m = m.pad(pad, value=False if m.dtype == dtypes.bool else -math.inf)
+    bias = bias + (m.where(0.0, -math.inf) if m.dtype == dtypes.bool else m.float())
+  if is_causal:
+    causal = Tensor(np.tril(np.ones((sq_len, skv), bool), k=skv - sq_len if past_key is not None else 0))
+    bias = bias + causal.where(0.0, -math.inf)
+  if nonpad_kv_seqlen is not None:
+    lens = nonpad_kv_seqlen.reshape(-1, 1, 1, 1)
+    bias = bias + (Tensor.arange(skv).reshape(1, 1, 1, skv) < lens).where(0.0, -math.inf)
+  out0 = qk
+  qk = qk + bias
+  out1 = qk
+  if softcap: qk = softcap * (qk / softcap).tanh()
+  out2 = qk
+  p = qk.softmax(-1)
+  p = (p != p).where(0, p)  # fully masked rows give 0, not nan
+  y = (p @ v.float()).cast(dt)
+  if three_d: y = y.transpose(1, 2).reshape(y.shape[0], y.shape[2], -1)
+  qko = [out0, out1, out2, p][qk_matmul_output_mode].cast(dt)
+  return y, present_k, present_v, qko
