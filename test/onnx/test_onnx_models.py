@@ -89,3 +89,19 @@ def test_minilm_bert_encoder():
   runner = OnnxRunner(onnx.load_from_string(_export(net, (ids, mask), ["ids", "mask"])))
   out = runner({"ids": ids.numpy(), "mask": mask.numpy()})["out"].numpy()
   np.testing.assert_allclose(out, ref, atol=1e-4, rtol=0)
+
+
+def test_onnx_run_example(tmp_path, capsys):
+  """examples/onnx_run.py runs a small exported model and (with onnxruntime) reports a tiny difference."""
+  import importlib.util, pathlib
+  m = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
+                          torch.nn.Flatten(), torch.nn.Linear(8, 4))
+  path = tmp_path / "small.onnx"
+  path.write_bytes(_export(m, (torch.randn(1, 3, 16, 16),), ["x"]))
+  spec = importlib.util.spec_from_file_location("onnx_run", pathlib.Path(__file__).parents[2] / "examples" / "onnx_run.py")
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  assert mod.main([str(path), "--runs", "2"]) == 0
+  out = capsys.readouterr().out
+  assert "shape (1, 4)" in out and "time per run" in out
+  if "onnxruntime:" not in out and "not installed" not in out: raise AssertionError(out)
