@@ -7,6 +7,7 @@ from onnx.backend.base import Backend, BackendRep
 from fusegrad.tensor import Tensor
 from fusegrad.dtype import dtypes
 from fusegrad.onnx.runner import OnnxRunner
+from fusegrad.onnx.ops import EXOTIC
 
 
 def _to_numpy(v: Any) -> Any:
@@ -31,7 +32,13 @@ class FusegradRep(BackendRep):
       if not isinstance(inputs, (list, tuple)): inputs = [inputs]
       feed = dict(zip(self.input_names, inputs))
     outs = self.runner(feed)
-    return tuple(_to_numpy(v) for v in outs.values())
+    res = []
+    for vi, v in zip(self.runner.graph.output, outs.values()):
+      v = _to_numpy(v)
+      et = vi.type.tensor_type.elem_type if vi.type.HasField("tensor_type") else 0
+      if et in EXOTIC and isinstance(v, np.ndarray): v = v.astype(onnx.helper.tensor_dtype_to_np_dtype(et))
+      res.append(v)
+    return tuple(res)
 
 
 class FusegradBackend(Backend):

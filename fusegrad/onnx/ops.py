@@ -38,9 +38,36 @@ def onnx_dtype(t: int):
   return m[t]
 
 
+# ONNX types fusegrad has no dtype for (float8/float4/int4/int2 ...): held as float32 / int8 / uint8 Tensors whose
+# values are exactly representable in the ONNX type; Cast/QuantizeLinear round into them, outputs convert back
+EXOTIC = {17: np.float32, 18: np.float32, 19: np.float32, 20: np.float32, 23: np.float32, 24: np.float32,
+          21: np.uint8, 25: np.uint8, 22: np.int8, 26: np.int8}
+EXOTIC_NAMES = {"float8_e4m3fn": 17, "float8_e4m3fnuz": 18, "float8_e5m2": 19, "float8_e5m2fnuz": 20, "uint4": 21,
+                "int4": 22, "float4_e2m1fn": 23, "float8_e8m0fnu": 24, "uint2": 25, "int2": 26}
+
+
+def to_exotic(x: Tensor, to: int, saturate: int = 1, clip_ints: bool = False) -> Tensor:
+  """Round x into ONNX type `to` (eagerly, through ml_dtypes) and hold the result in its storage dtype."""
+  from onnx import helper
+  import ml_dtypes
+  npdt = helper.tensor_dtype_to_np_dtype(to)
+  a = x.cast(dtypes.float32).numpy() if x.dtype != dtypes.float64 else x.numpy()
+  if EXOTIC[to] is np.float32:
+    if saturate and to != 24:
+      m = float(ml_dtypes.finfo(npdt).max)
+      a = np.clip(a, -m, m)
+    return Tensor(a.astype(npdt).astype(np.float32))
+  v = np.rint(a)
+  if clip_ints: v = np.clip(v, int(ml_dtypes.iinfo(npdt).min), int(ml_dtypes.iinfo(npdt).max))
+  return Tensor(v.astype(npdt).astype(EXOTIC[to]))  # out-of-range casts follow ml_dtypes (the reference's choice)
+
+
 def to_tensor(arr: np.ndarray, elem_type: int | None = None, device: str | None = None) -> Tensor:
   """numpy array (any ONNX dtype, bfloat16 from ml_dtypes included) -> Tensor."""
   arr = np.asarray(arr)
+  if arr.dtype.name in EXOTIC_NAMES or elem_type in EXOTIC:
+    et = EXOTIC_NAMES.get(arr.dtype.name, elem_type)
+    return Tensor(np.ascontiguousarray(arr.astype(EXOTIC[et])), device=device)
   if arr.dtype.name == "bfloat16" or elem_type == 16:
     return Tensor(np.ascontiguousarray(arr.astype(np.float32)), device=device).cast(dtypes.bfloat16)
   if arr.dtype == object or arr.dtype.kind in "SU": raise NotImplementedError("string tensors are not supported")
@@ -204,13 +231,23 @@ def _clip(ctx, x, lo=None, hi=None, min=None, max=None):
 # ---------------------------------------------------------------- casts and constants
 @op("Cast")
 def _cast(ctx, x, to, saturate=1, round_mode="up"):
+  if to in EXOTIC:
+    ctx.runner.logical[ctx.node.output[0]] = to
+    return to_exotic(x, to, saturate)
   dt = onnx_dtype(to)
   if dtypes.is_float(x.dtype) and dtypes.is_int(dt) and not dtypes.is_unsigned(dt): return x.trunc().cast(dt)
   return x.cast(dt)
 
 
+@op("BitCast")
+def _bitcast(ctx, x, to): return x.bitcast(onnx_dtype(to))
+
+
 @op("CastLike")
-def _castlike(ctx, x, like, saturate=1, round_mode="up"): return x.cast(like.dtype)
+def _castlike(ctx, x, like, saturate=1, round_mode="up"):
+  et = ctx.runner.logical.get(ctx.node.input[1])
+  if et is not None: return _cast(ctx, x, et, saturate)
+  return x.cast(like.dtype)
 
 
 @op("Constant")
@@ -966,8 +1003,9 @@ def _resize(ctx, x, roi=None, scales=None, sizes=None, antialias=0, axes=None, c
 # ---------------------------------------------------------------- quantization
 @op("QuantizeLinear")
 def _quant(ctx, x, scale, zp=None, axis=1, block_size=0, saturate=1, output_dtype=0, precision=0):
-  dt = zp.dtype if zp is not None else (onnx_dtype(output_dtype) if output_dtype else dtypes.uint8)
-  if dt not in (dtypes.uint8, dtypes.int8, dtypes.uint16, dtypes.int16, dtypes.int32):
+  et = ctx.runner.logical.get(ctx.node.input[2]) if zp is not None else (output_dtype if output_dtype in EXOTIC else None)
+  dt = zp.dtype if zp is not None else (onnx_dtype(output_dtype) if output_dtype and et is None else dtypes.uint8)
+  if dt not in (dtypes.uint8, dtypes.int8, dtypes.uint16, dtypes.int16, dtypes.int32) and et is None:
     raise NotImplementedError(f"QuantizeLinear to {dt}")
   if block_size: raise NotImplementedError("blocked QuantizeLinear")
   if scale.ndim == 1 and x.ndim > 1 and scale.shape[0] > 1:
@@ -976,6 +1014,12 @@ def _quant(ctx, x, scale, zp=None, axis=1, block_size=0, saturate=1, output_dtyp
     shp[a] = -1
     scale = scale.reshape(shp)
     zp = zp.reshape(shp) if zp is not None else None
+  if et is not None:
+    ctx.runner.logical[ctx.node.output[0]] = et
+    y = x.float() / scale.float()
+    if EXOTIC[et] is not np.float32: y = y.round()
+    if zp is not None: y = y + zp.float()
+    return to_exotic(y, et, saturate, clip_ints=True)
   y = (x.float() / scale.float()).round()
   if zp is not None: y = y + zp.float()
   return y.clip(dtypes.min(dt), dtypes.max(dt)).cast(dt)

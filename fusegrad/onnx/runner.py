@@ -44,6 +44,13 @@ class OnnxRunner:
     self.npconsts: dict[str, np.ndarray] = {}
     self._load_initializers(self.graph, self.consts, self.npconsts)
     self.folded = False
+    self.logical: dict[str, int] = {}  # value name -> ONNX elem_type, for types held in a wider storage dtype
+    from fusegrad.onnx.ops import EXOTIC
+    for vi in list(self.graph.input) + list(self.graph.output):
+      if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type in EXOTIC:
+        self.logical[vi.name] = vi.type.tensor_type.elem_type
+    for init in self.graph.initializer:
+      if init.data_type in EXOTIC: self.logical[init.name] = init.data_type
 
   def _load_initializers(self, graph: Any, scope: dict, npscope: dict) -> None:
     from onnx import numpy_helper
