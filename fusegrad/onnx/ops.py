@@ -1085,7 +1085,7 @@ def _seqerase(ctx, seq, pos=None):
 
 @op("ConcatFromSequence")
 def _concatseq(ctx, seq, axis, new_axis=0):
-  if new_axis: return seq[0].stack(*seq[1:], dim=axis) if len(seq) > 1 else seq[0].unsqueeze(axis)
+  if new_axis: return Tensor.stack(*seq, dim=axis) if len(seq) > 1 else seq[0].unsqueeze(axis)
   return seq[0].cat(*seq[1:], dim=axis) if len(seq) > 1 else seq[0]
 
 
@@ -1148,7 +1148,7 @@ def _loop(ctx, M, cond, *v_init, body):
       scans[j].append(s)
     i += 1
   n_scan = len(ctx.node.output) - n_state
-  res = vals + [(s[0].stack(*s[1:]) if len(s) > 1 else s[0].unsqueeze(0)) for s in scans]
+  res = vals + [(Tensor.stack(*s) if len(s) > 1 else s[0].unsqueeze(0)) for s in scans]
   for _ in range(n_scan - len(scans)): res.append(Tensor.zeros(0))
   return tuple(res)
 
@@ -1182,7 +1182,7 @@ def _scan(ctx, *args, body, num_scan_inputs, scan_input_axes=None, scan_input_di
   for j, s in enumerate(outs_acc):
     if out_dir[j]: s = s[::-1]
     a = _ax(out_ax[j], s[0].ndim + 1)
-    res.append(s[0].stack(*s[1:], dim=a) if len(s) > 1 else s[0].unsqueeze(a))
+    res.append(Tensor.stack(*s, dim=a) if len(s) > 1 else s[0].unsqueeze(a))
   return tuple(res)
 
 
@@ -1286,3 +1286,82 @@ def _attention(ctx, q, k, v, attn_mask=None, past_key=None, past_value=None, non
   if three_d: y = y.transpose(1, 2).reshape(y.shape[0], y.shape[2], -1)
   qko = [out0, out1, out2, p][qk_matmul_output_mode].cast(dt)
   return y, present_k, present_v, qko
+
+
+# ---------------------------------------------------------------- recurrent layers (unrolled over the sequence)
+_ACT = {"sigmoid": Tensor.sigmoid, "tanh": Tensor.tanh, "relu": Tensor.relu}
+
+
+def _acts(names, n_per_dir: int, dirs: int, default: list[str]):
+  names = names or default * dirs
+  try: return [[_ACT[names[d * n_per_dir + i].lower()] for i in range(n_per_dir)] for d in range(dirs)]
+  except KeyError as e: raise NotImplementedError(f"recurrent activation {e}") from e
+
+
+def _recurrent(kind: str, ctx, X, W, R, B, seq_lens, init_h, init_c, P, activations, clip, direction, hidden_size,
+               layout, **kw):
+  if layout: X = X.transpose(0, 1)
+  if seq_lens is not None and len(set(ctx.ints(4))) > 1: raise NotImplementedError("varying sequence_lens")
+  T, N = X.shape[0], X.shape[1]
+  dirs = 2 if direction == "bidirectional" else 1
+  H = hidden_size or R.shape[-1]
+  if init_h is not None and layout: init_h = init_h.transpose(0, 1)
+  if init_c is not None and layout: init_c = init_c.transpose(0, 1)
+  ng = {"RNN": 1, "GRU": 3, "LSTM": 4}[kind]
+  acts = _acts(activations, {"RNN": 1, "GRU": 2, "LSTM": 3}[kind], dirs,
+               {"RNN": ["Tanh"], "GRU": ["Sigmoid", "Tanh"], "LSTM": ["Sigmoid", "Tanh", "Tanh"]}[kind])
+  lbr = kw.get("linear_before_reset", 0)
+
+  def cl(t): return t.clip(-clip, clip) if clip is not None else t
+  ys, hs, cs = [], [], []
+  for d in range(dirs):
+    w, r = W[d], R[d]
+    b = B[d] if B is not None else Tensor.zeros(2 * ng * H, dtype=X.dtype)
+    wb, rb = b[:ng * H], b[ng * H:]
+    h = init_h[d] if init_h is not None else Tensor.zeros(N, H, dtype=X.dtype)
+    c = init_c[d] if init_c is not None else Tensor.zeros(N, H, dtype=X.dtype)
+    xw = X.matmul(w.T) + wb  # (T, N, ng*H), all time steps at once
+    order = range(T - 1, -1, -1) if (direction == "reverse" or d == 1) else range(T)
+    outs = [None] * T
+    f = acts[d]
+    for t in order:
+      xt = xw[t]
+      if kind == "RNN": h = f[0](cl(xt + h.matmul(r.T) + rb))
+      elif kind == "GRU":
+        hr = h.matmul(r.T)
+        z = f[0](cl(xt[:, :H] + hr[:, :H] + rb[:H]))
+        rr = f[0](cl(xt[:, H:2 * H] + hr[:, H:2 * H] + rb[H:2 * H]))
+        if lbr: hh = f[1](cl(xt[:, 2 * H:] + rr * (hr[:, 2 * H:] + rb[2 * H:])))
+        else: hh = f[1](cl(xt[:, 2 * H:] + (rr * h).matmul(r[2 * H:].T) + rb[2 * H:]))
+        h = (1 - z) * hh + z * h
+      else:
+        g = xt + h.matmul(r.T) + rb
+        p = P[d] if P is not None else None
+        gi, go, gf, gc = g[:, :H], g[:, H:2 * H], g[:, 2 * H:3 * H], g[:, 3 * H:]
+        if p is not None: gi, gf = gi + p[:H] * c, gf + p[2 * H:] * c
+        i_, f_ = f[0](cl(gi)), f[0](cl(gf))
+        if kw.get("input_forget", 0): f_ = 1 - i_
+        c = f_ * c + i_ * f[1](cl(gc))
+        if p is not None: go = go + p[H:2 * H] * c
+        h = f[0](cl(go)) * f[2](c)
+      outs[t] = h
+    ys.append(Tensor.stack(*outs) if T > 1 else outs[0].unsqueeze(0))
+    hs.append(h)
+    cs.append(c)
+  Y = Tensor.stack(*ys, dim=1) if dirs > 1 else ys[0].unsqueeze(1)  # (T, dirs, N, H)
+  Yh = Tensor.stack(*hs) if dirs > 1 else hs[0].unsqueeze(0)
+  Yc = Tensor.stack(*cs) if dirs > 1 else cs[0].unsqueeze(0)
+  if layout: Y, Yh, Yc = Y.permute(2, 0, 1, 3), Yh.transpose(0, 1), Yc.transpose(0, 1)
+  return (Y, Yh, Yc) if kind == "LSTM" else (Y, Yh)
+
+
+def _rnn_op(kind):
+  def fn(ctx, X, W, R, B=None, seq_lens=None, init_h=None, init_c=None, P=None, activation_alpha=None,
+         activation_beta=None, activations=None, clip=None, direction="forward", hidden_size=None, layout=0, **kw):
+    if kind != "LSTM": init_c, P = None, None
+    return _recurrent(kind, ctx, X, W, R, B, seq_lens, init_h, init_c, P, activations, clip, direction, hidden_size,
+                      layout, **kw)
+  return fn
+
+
+OPS["RNN"], OPS["GRU"], OPS["LSTM"] = _rnn_op("RNN"), _rnn_op("GRU"), _rnn_op("LSTM")
