@@ -1244,7 +1244,7 @@ def _cumprod(ctx, x, axis, exclusive=0, reverse=0):
 @op("Attention")
 def _attention(ctx, q, k, v, attn_mask=None, past_key=None, past_value=None, nonpad_kv_seqlen=None, is_causal=0,
                kv_num_heads=None, q_num_heads=None, qk_matmul_output_mode=0, scale=None, softcap=0.0,
-               softmax_precision=None):
+               softmax_precision=None, left_window_size=-1, right_window_size=-1):
   three_d = q.ndim == 3
   if three_d:
     b, sq, _ = q.shape
@@ -1272,13 +1272,19 @@ def _attention(ctx, q, k, v, attn_mask=None, past_key=None, past_value=None, non
   if is_causal:
     causal = Tensor(np.tril(np.ones((sq_len, skv), bool), k=skv - sq_len if past_key is not None else 0))
     bias = bias + causal.where(0.0, -math.inf)
+  if left_window_size >= 0 or right_window_size >= 0:
+    off = past_key.shape[2] if past_key is not None else 0
+    qi, kj = np.arange(sq_len)[:, None] + off, np.arange(skv)[None, :]
+    ok = np.ones((sq_len, skv), bool)
+    if left_window_size >= 0: ok &= kj >= qi - left_window_size
+    if right_window_size >= 0: ok &= kj <= qi + right_window_size
+    bias = bias + Tensor(ok).where(0.0, -math.inf)
   if nonpad_kv_seqlen is not None:
     lens = nonpad_kv_seqlen.reshape(-1, 1, 1, 1)
     bias = bias + (Tensor.arange(skv).reshape(1, 1, 1, skv) < lens).where(0.0, -math.inf)
-  out0 = qk
-  qk = qk + bias
-  out1 = qk
+  out0, out1 = qk, qk + bias
   if softcap: qk = softcap * (qk / softcap).tanh()
+  qk = qk + bias
   out2 = qk
   p = qk.softmax(-1)
   p = (p != p).where(0, p)  # fully masked rows give 0, not nan
@@ -1365,3 +1371,167 @@ def _rnn_op(kind):
 
 
 OPS["RNN"], OPS["GRU"], OPS["LSTM"] = _rnn_op("RNN"), _rnn_op("GRU"), _rnn_op("LSTM")
+
+
+# ---------------------------------------------------------------- quantized linear algebra
+def _qdeq(x: Tensor, scale: Tensor, zp: Tensor | None, axis_shape: tuple | None = None) -> Tensor:
+  if axis_shape is not None and scale.numel() > 1:
+    scale = scale.reshape(axis_shape)
+    zp = zp.reshape(axis_shape) if zp is not None and zp.numel() > 1 else zp
+  xf = x.float()
+  return (xf - zp.float() if zp is not None else xf) * scale.float()
+
+
+def _qout(y: Tensor, scale: Tensor, zp: Tensor | None, dt) -> Tensor:
+  y = (y / scale.float()).round() + (zp.float() if zp is not None else 0)
+  return y.clip(dtypes.min(dt), dtypes.max(dt)).cast(dt)
+
+
+@op("QLinearMatMul")
+def _qlinmatmul(ctx, a, a_s, a_zp, b, b_s, b_zp, y_s, y_zp):
+  A = _qdeq(a, a_s, a_zp, (-1, 1) if a.ndim >= 2 else None)
+  B = _qdeq(b, b_s, b_zp, (1, -1) if b.ndim >= 2 else None)
+  return _qout(A @ B, y_s, y_zp, y_zp.dtype if y_zp is not None else dtypes.uint8)
+
+
+@op("ConvInteger")
+def _convint(ctx, x, w, x_zp=None, w_zp=None, **kw):
+  xf = x.float() - (x_zp.float() if x_zp is not None else 0)
+  wshape = (-1,) + (1,) * (w.ndim - 1)
+  wf = w.float() - (w_zp.float().reshape(wshape) if w_zp is not None and w_zp.numel() > 1 else
+                    w_zp.float() if w_zp is not None else 0)
+  return _conv(ctx, xf, wf, None, **kw).round().cast(dtypes.int32)
+
+
+@op("QLinearConv")
+def _qlinconv(ctx, x, x_s, x_zp, w, w_s, w_zp, y_s, y_zp, B=None, **kw):
+  X = _qdeq(x, x_s, x_zp)
+  W = _qdeq(w, w_s, w_zp, (-1,) + (1,) * (w.ndim - 1))
+  bias = B.float() * (x_s.float() * w_s.float()).reshape(-1) if B is not None else None
+  return _qout(_conv(ctx, X, W, bias, **kw), y_s, y_zp, y_zp.dtype if y_zp is not None else dtypes.uint8)
+
+
+# ---------------------------------------------------------------- misc
+@op("RotaryEmbedding")
+def _rotary(ctx, x, cos_cache, sin_cache, position_ids=None, interleaved=0, num_heads=0, rotary_embedding_dim=0):
+  shp = x.shape
+  if x.ndim == 4: x = x.transpose(1, 2)  # (B, H, S, D) -> (B, S, H, D)
+  else: x = x.reshape(shp[0], shp[1], num_heads, -1)
+  D = x.shape[-1]
+  rot = rotary_embedding_dim or D
+  if position_ids is not None: cos, sin = cos_cache[position_ids], sin_cache[position_ids]
+  else: cos, sin = cos_cache, sin_cache
+  cos, sin = cos[..., :rot // 2].unsqueeze(2), sin[..., :rot // 2].unsqueeze(2)
+  xr, xp = x[..., :rot], x[..., rot:]
+  if interleaved: x1, x2 = xr[..., 0::2], xr[..., 1::2]
+  else: x1, x2 = xr[..., :rot // 2], xr[..., rot // 2:]
+  re, im = cos * x1 - sin * x2, sin * x1 + cos * x2
+  out = Tensor.stack(re, im, dim=-1).reshape(*re.shape[:-1], rot) if interleaved else re.cat(im, dim=-1)
+  if rot < D: out = out.cat(xp, dim=-1)
+  out = out.cast(x.dtype)
+  return out.transpose(1, 2) if len(shp) == 4 else out.reshape(shp)
+
+
+@op("CenterCropPad")
+def _centercroppad(ctx, x, shape, axes=None):
+  tgt = ctx.ints(1)
+  ax = list(range(x.ndim)) if axes is None else [_ax(a, x.ndim) for a in axes]
+  for a, t in zip(ax, tgt):
+    n = x.shape[a]
+    if t < n:
+      s = (n - t) // 2
+      x = x[(slice(None),) * a + (slice(s, s + t),)]
+    elif t > n:
+      pad = [None] * x.ndim
+      pad[a] = ((t - n) // 2, t - n - (t - n) // 2)
+      x = x.pad(pad)
+  return x
+
+
+@op("SequenceMap")
+def _seqmap(ctx, seq, *others, body):
+  names = [v.name for v in body.input]
+  outs: list[list] = [[] for _ in body.output]
+  for i in range(len(seq)):
+    scope, npscope = dict(ctx.scope), dict(ctx.npscope)
+    ctx.runner._load_initializers(body, scope, npscope)
+    scope[names[0]] = seq[i]
+    for n, o in zip(names[1:], others): scope[n] = o[i] if isinstance(o, list) else o
+    for j, v in enumerate(ctx.runner.run_graph(body, scope, npscope).values()): outs[j].append(v)
+  return tuple(outs)
+
+
+def _window(kind):
+  def fn(ctx, size, output_datatype=1, periodic=1):
+    n = int(ctx.np(0).reshape(-1)[0])
+    d = n if periodic else n - 1
+    k = np.arange(n, dtype=np.float64)
+    c = 2 * np.pi * k / d if d else np.zeros(n)
+    w = {"hann": lambda: 0.5 - 0.5 * np.cos(c), "hamming": lambda: 25 / 46 - 21 / 46 * np.cos(c),
+         "blackman": lambda: 0.42 - 0.5 * np.cos(c) + 0.08 * np.cos(2 * c)}[kind]()
+    return Tensor(w.astype(np.float32)).cast(onnx_dtype(output_datatype))
+  return fn
+
+
+OPS["HannWindow"], OPS["HammingWindow"], OPS["BlackmanWindow"] = _window("hann"), _window("hamming"), _window("blackman")
+
+
+@op("Unique")
+def _unique(ctx, x, axis=None, sorted=1):
+  a = x.numpy()
+  if axis is None: vals, idx, inv, cnt = np.unique(a.reshape(-1), return_index=True, return_inverse=True, return_counts=True)
+  else: vals, idx, inv, cnt = np.unique(a, axis=axis, return_index=True, return_inverse=True, return_counts=True)
+  inv = inv.reshape(-1)
+  if not sorted:
+    order = np.argsort(idx, kind="stable")
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    vals = vals[order] if axis is None else np.take(vals, order, axis=axis)
+    idx, cnt, inv = idx[order], cnt[order], rank[inv]
+  return (to_tensor(vals), Tensor(idx.astype(np.int64)), Tensor(inv.astype(np.int64)), Tensor(cnt.astype(np.int64)))
+
+
+@op("Det")
+def _det(ctx, x):  # realizes: small matrices, exact against numpy's LU
+  return to_tensor(np.linalg.det(x.numpy()).astype(ctx.np(0).dtype))
+
+
+@op("MaxUnpool")
+def _maxunpool(ctx, x, idx, output_shape=None, kernel_shape=None, pads=None, strides=None):
+  nd = x.ndim - 2
+  s = strides or [1] * nd
+  p = pads or [0] * (2 * nd)
+  if output_shape is not None: out = ctx.ints(2)
+  else: out = list(x.shape[:2]) + [(x.shape[2 + i] - 1) * s[i] - p[i] - p[i + nd] + kernel_shape[i] for i in range(nd)]
+  flat = Tensor.zeros(math.prod(out), dtype=x.dtype)
+  return flat.scatter(0, idx.reshape(-1).cast(dtypes.int64), x.reshape(-1)).reshape(tuple(out))
+
+
+@op("NonMaxSuppression")
+def _nms(ctx, boxes, scores, max_out=None, iou_th=None, score_th=None, center_point_box=0):
+  b, s = boxes.numpy().astype(np.float64), scores.numpy().astype(np.float64)
+  mo = 0 if max_out is None else int(ctx.np(2).reshape(-1)[0])
+  it = 0.0 if iou_th is None else float(ctx.np(3).reshape(-1)[0])
+  st = None if score_th is None else float(ctx.np(4).reshape(-1)[0])
+  if center_point_box:
+    xc, yc, w, h = b[..., 0], b[..., 1], b[..., 2], b[..., 3]
+    b = np.stack([yc - h / 2, xc - w / 2, yc + h / 2, xc + w / 2], -1)
+  y1, x1 = np.minimum(b[..., 0], b[..., 2]), np.minimum(b[..., 1], b[..., 3])
+  y2, x2 = np.maximum(b[..., 0], b[..., 2]), np.maximum(b[..., 1], b[..., 3])
+  out = []
+  for bi in range(s.shape[0]):
+    for ci in range(s.shape[1]):
+      order = [i for i in np.argsort(-s[bi, ci], kind="stable") if st is None or s[bi, ci, i] > st]
+      keep: list[int] = []
+      for i in order:
+        if len(keep) >= mo: break
+        ok = True
+        for j in keep:
+          iw = max(0.0, min(x2[bi, i], x2[bi, j]) - max(x1[bi, i], x1[bi, j]))
+          ih = max(0.0, min(y2[bi, i], y2[bi, j]) - max(y1[bi, i], y1[bi, j]))
+          inter = iw * ih
+          union = (x2[bi, i] - x1[bi, i]) * (y2[bi, i] - y1[bi, i]) + (x2[bi, j] - x1[bi, j]) * (y2[bi, j] - y1[bi, j]) - inter
+          if union > 0 and inter / union > it: ok = False
+        if ok: keep.append(i)
+      out += [[bi, ci, k] for k in keep]
+  return Tensor(np.array(out, np.int64).reshape(-1, 3))
