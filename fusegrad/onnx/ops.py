@@ -70,7 +70,7 @@ def to_tensor(arr: np.ndarray, elem_type: int | None = None, device: str | None 
     return Tensor(np.ascontiguousarray(arr.astype(EXOTIC[et])), device=device)
   if arr.dtype.name == "bfloat16" or elem_type == 16:
     return Tensor(np.ascontiguousarray(arr.astype(np.float32)), device=device).cast(dtypes.bfloat16)
-  if arr.dtype == object or arr.dtype.kind in "SU": raise NotImplementedError("string tensors are not supported")
+  if arr.dtype == object or arr.dtype.kind in "SU": return arr.astype(object)  # strings stay numpy (ops.py, bottom)
   return Tensor(np.ascontiguousarray(arr), device=device)
 
 
@@ -110,7 +110,7 @@ def _mish(ctx, x, **kw): return _as(x * (x.exp() + 1).log().tanh(), x)
 
 
 @op("Identity")
-def _identity(ctx, x, **kw): return x
+def _identity(ctx, x, **kw): return x  # strings too
 
 
 @op("IsInf")
@@ -165,7 +165,7 @@ def _binop(f):
 OPS.update({
   "Add": _binop(lambda a, b: _as(a + b, a)), "Sub": _binop(lambda a, b: _as(a - b, a)),
   "Mul": _binop(lambda a, b: _as(a * b, a)),
-  "Equal": _binop(lambda a, b: a == b), "Less": _binop(lambda a, b: a < b), "Greater": _binop(lambda a, b: a > b),
+  "Equal": _binop(lambda a, b: Tensor(np.equal(_strs(a), _strs(b)).astype(bool)) if _is_str(a) else a == b), "Less": _binop(lambda a, b: a < b), "Greater": _binop(lambda a, b: a > b),
   "LessOrEqual": _binop(lambda a, b: a <= b), "GreaterOrEqual": _binop(lambda a, b: a >= b),
   "And": _binop(lambda a, b: a.bitwise_and(b)), "Or": _binop(lambda a, b: a.bitwise_or(b)),
   "Xor": _binop(lambda a, b: a.bitwise_xor(b)), "BitwiseAnd": _binop(lambda a, b: a.bitwise_and(b)),
@@ -1535,3 +1535,122 @@ def _nms(ctx, boxes, scores, max_out=None, iou_th=None, score_th=None, center_po
         if ok: keep.append(i)
       out += [[bi, ci, k] for k in keep]
   return Tensor(np.array(out, np.int64).reshape(-1, 3))
+
+
+# ---------------------------------------------------------------- GridSample (2-D)
+def _reflect(x: Tensor, lo: float, hi: float) -> Tensor:
+  rng = hi - lo
+  if rng <= 0: return x * 0 + lo
+  d = (x - lo).abs()
+  flips = (d / rng).floor()
+  extra = d - flips * rng
+  return (flips % 2 == 0).where(lo + extra, hi - extra)
+
+
+def _cubic_w(t: Tensor, a: float = -0.75) -> list[Tensor]:
+  def near(u): return ((a + 2) * u - (a + 3)) * u * u + 1
+  def far(u): return ((a * u - 5 * a) * u + 8 * a) * u - 4 * a
+  return [far(t + 1), near(t), near(1 - t), far(2 - t)]
+
+
+@op("GridSample")
+def _gridsample(ctx, x, grid, align_corners=0, mode="linear", padding_mode="zeros"):
+  if x.ndim != 4: raise NotImplementedError(f"GridSample on {x.ndim - 2}-D images")
+  mode = {"bilinear": "linear", "bicubic": "cubic"}.get(mode, mode)
+  N, C, H, W = x.shape
+  Ho, Wo = grid.shape[1], grid.shape[2]
+  g = grid.float()
+  gx, gy = g[..., 0].reshape(N, -1), g[..., 1].reshape(N, -1)
+
+  def denorm(v, size):
+    return (v + 1) / 2 * (size - 1) if align_corners else ((v + 1) * size - 1) / 2
+  px, py = denorm(gx, W), denorm(gy, H)
+  if padding_mode == "reflection":
+    px = _reflect(px, 0, W - 1) if align_corners else _reflect(px, -0.5, W - 0.5)
+    py = _reflect(py, 0, H - 1) if align_corners else _reflect(py, -0.5, H - 0.5)
+  elif padding_mode == "border": px, py = px.clip(0, W - 1), py.clip(0, H - 1)
+  xf = x.float().reshape(N, C, H * W)
+
+  def fetch(iy: Tensor, ix: Tensor) -> Tensor:
+    valid = (ix >= 0) & (ix <= W - 1) & (iy >= 0) & (iy <= H - 1)
+    cx, cy = ix.clip(0, W - 1), iy.clip(0, H - 1)
+    idx = (cy * W + cx).cast(dtypes.int64).unsqueeze(1).expand(N, C, ix.shape[1])
+    v = xf.gather(2, idx)
+    return valid.unsqueeze(1).where(v, 0.0) if padding_mode == "zeros" else v
+  if mode == "nearest": out = fetch(py.round(), px.round())
+  elif mode == "linear":
+    x0, y0 = px.floor(), py.floor()
+    wx, wy = (px - x0).unsqueeze(1), (py - y0).unsqueeze(1)
+    out = (fetch(y0, x0) * (1 - wx) * (1 - wy) + fetch(y0, x0 + 1) * wx * (1 - wy)
+           + fetch(y0 + 1, x0) * (1 - wx) * wy + fetch(y0 + 1, x0 + 1) * wx * wy)
+  elif mode == "cubic":
+    x0, y0 = px.floor(), py.floor()
+    wxs, wys = _cubic_w((px - x0).unsqueeze(1)), _cubic_w((py - y0).unsqueeze(1))
+    out = None
+    for i in range(4):
+      for j in range(4):
+        term = fetch(y0 + (i - 1), x0 + (j - 1)) * wys[i] * wxs[j]
+        out = term if out is None else out + term
+  else: raise NotImplementedError(f"GridSample mode={mode}")
+  return out.reshape(N, C, Ho, Wo).cast(x.dtype)
+
+
+# ---------------------------------------------------------------- strings (numpy object arrays, not Tensors)
+def _is_str(v: Any) -> bool: return isinstance(v, np.ndarray) and v.dtype.kind in "OSU"
+
+
+def _strs(v: Any) -> np.ndarray: return np.asarray(v, dtype=object)
+
+
+@op("StringConcat")
+def _strconcat(ctx, a, b): return np.asarray(np.frompyfunc(lambda p, q: p + q, 2, 1)(_strs(a), _strs(b)), dtype=object)
+
+
+@op("RegexFullMatch")
+def _regex(ctx, x, pattern=""):
+  import re
+  rx = re.compile(pattern)
+  return Tensor(np.vectorize(lambda s: rx.fullmatch(s) is not None, otypes=[bool])(_strs(x)).reshape(np.shape(x)))
+
+
+@op("StringSplit")
+def _strsplit(ctx, x, delimiter=None, maxsplit=None):
+  xs = _strs(x)
+  parts = [(s.split(delimiter or None, -1 if maxsplit is None else maxsplit)) for s in xs.reshape(-1)]
+  n = max([len(p) for p in parts], default=0)
+  y = np.full((len(parts), n), "", dtype=object)
+  for i, p in enumerate(parts): y[i, :len(p)] = p
+  return y.reshape(*xs.shape, n), Tensor(np.array([len(p) for p in parts], np.int64).reshape(xs.shape))
+
+
+@op("StringNormalizer")
+def _strnorm(ctx, x, case_change_action="NONE", is_case_sensitive=0, locale=None, stopwords=None):
+  xs = _strs(x)
+  flat = list(xs.reshape(-1))
+  stop = set(stopwords or [])
+  if is_case_sensitive: flat = [s for s in flat if s not in stop]
+  else:
+    low = {w.lower() for w in stop}
+    flat = [s for s in flat if s.lower() not in low]
+  if case_change_action == "LOWER": flat = [s.lower() for s in flat]
+  elif case_change_action == "UPPER": flat = [s.upper() for s in flat]
+  if not flat: flat = [""]
+  out = np.array(flat, dtype=object)
+  return out.reshape(1, -1) if xs.ndim == 2 else out
+
+
+@op("LabelEncoder")
+def _labelenc(ctx, x, default_float=-0.0, default_int64=-1, default_string="_Unused", default_tensor=None,
+              keys_floats=None, keys_int64s=None, keys_strings=None, keys_tensor=None, values_floats=None,
+              values_int64s=None, values_strings=None, values_tensor=None):
+  keys = next(k for k in (keys_floats, keys_int64s, keys_strings, keys_tensor) if k is not None)
+  vals = next(v for v in (values_floats, values_int64s, values_strings, values_tensor) if v is not None)
+  keys, vals = list(np.asarray(keys).reshape(-1)), np.asarray(vals).reshape(-1)
+  if values_tensor is not None: default = np.asarray(default_tensor).reshape(-1)[0] if default_tensor is not None else 0
+  else: default = default_float if values_floats is not None else default_int64 if values_int64s is not None else \
+      default_string
+  table = dict(zip(keys, vals))
+  xa = x if isinstance(x, np.ndarray) else x.numpy()
+  out = np.array([table.get(k, default) for k in xa.reshape(-1)], dtype=vals.dtype if vals.dtype.kind != "U" else object)
+  out = out.reshape(xa.shape)
+  return out if out.dtype == object else to_tensor(out)

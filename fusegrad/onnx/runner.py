@@ -57,7 +57,7 @@ class OnnxRunner:
     for init in graph.initializer:
       arr = numpy_helper.to_array(init)
       npscope[init.name] = arr
-      scope[init.name] = to_tensor(arr, init.data_type, self.device)
+      scope[init.name] = to_tensor(arr, init.data_type, self.device)  # string initializers stay numpy
     for sp in graph.sparse_initializer:
       raise UnsupportedOp("sparse_initializer", sp.values.name, self.opset)
 
@@ -79,6 +79,7 @@ class OnnxRunner:
     if v is None or isinstance(v, Tensor): return v
     if isinstance(v, list): return [self._input_value(x, None) for x in v]
     arr = np.asarray(v)
+    if arr.dtype.kind in "OSU": return arr.astype(object)
     dt = vinfo.type.tensor_type.elem_type if vinfo is not None and vinfo.type.HasField("tensor_type") else None
     return to_tensor(arr, dt, self.device)
 
