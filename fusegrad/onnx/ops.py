@@ -67,11 +67,11 @@ def to_tensor(arr: np.ndarray, elem_type: int | None = None, device: str | None 
   arr = np.asarray(arr)
   if arr.dtype.name in EXOTIC_NAMES or elem_type in EXOTIC:
     et = EXOTIC_NAMES.get(arr.dtype.name, elem_type)
-    return Tensor(np.ascontiguousarray(arr.astype(EXOTIC[et])), device=device)
+    return Tensor(np.array(arr.astype(EXOTIC[et]), order="C"), device=device)
   if arr.dtype.name == "bfloat16" or elem_type == 16:
-    return Tensor(np.ascontiguousarray(arr.astype(np.float32)), device=device).cast(dtypes.bfloat16)
+    return Tensor(np.array(arr.astype(np.float32), order="C"), device=device).cast(dtypes.bfloat16)
   if arr.dtype == object or arr.dtype.kind in "SU": return arr.astype(object)  # strings stay numpy (ops.py, bottom)
-  return Tensor(np.ascontiguousarray(arr), device=device)
+  return Tensor(np.array(arr, order="C"), device=device)
 
 
 def attr_value(a: Any) -> Any:
