@@ -195,7 +195,13 @@ def _mod(ctx, a, b, fmod=0):
 
 @op("BitShift")
 def _bitshift(ctx, a, b, direction="LEFT"):
-  return _as(a.lshift(b) if direction == "LEFT" else a.rshift(b), a)
+  bits = a.dtype.itemsize * 8
+  b = _as(b, a)
+  out_of_range = (b < 0) | (b >= bits) if not dtypes.is_unsigned(a.dtype) else (b >= bits)
+  safe = out_of_range.where(0, b)
+  if direction == "LEFT": return out_of_range.where(0, _as(a.lshift(safe), a))
+  fill = (a < 0).where(-1, 0) if not dtypes.is_unsigned(a.dtype) else 0
+  return out_of_range.where(_as(Tensor(fill) if isinstance(fill, int) else fill, a), _as(a.rshift(safe), a))
 
 
 def _variadic(f):
@@ -1654,3 +1660,50 @@ def _labelenc(ctx, x, default_float=-0.0, default_int64=-1, default_string="_Unu
   out = np.array([table.get(k, default) for k in xa.reshape(-1)], dtype=vals.dtype if vals.dtype.kind != "U" else object)
   out = out.reshape(xa.shape)
   return out if out.dtype == object else to_tensor(out)
+
+
+@op("AffineGrid")
+def _affinegrid(ctx, theta, size, align_corners=0):
+  sz = ctx.ints(1)
+  N, spatial = sz[0], sz[2:]
+  axes = []
+  for n in spatial:
+    if align_corners: axes.append(np.linspace(-1, 1, n) if n > 1 else np.zeros(1))
+    else: axes.append((2 * np.arange(n) + 1) / n - 1)
+  if len(spatial) == 2:
+    gx, gy = np.meshgrid(axes[1], axes[0])
+    base = np.stack([gx, gy, np.ones_like(gx)], -1).reshape(-1, 3)
+  elif len(spatial) == 3:
+    gz, gy, gx = np.meshgrid(axes[0], axes[1], axes[2], indexing="ij")
+    base = np.stack([gx, gy, gz, np.ones_like(gx)], -1).reshape(-1, 4)
+  else: raise NotImplementedError(f"AffineGrid with {len(spatial)} spatial dims")
+  b = Tensor(base.astype(np.float32)).cast(theta.dtype)
+  out = b.unsqueeze(0).matmul(theta.transpose(1, 2))  # (N, P, dims)
+  return out.reshape(N, *spatial, len(spatial))
+
+
+@op("DFT")
+def _dft(ctx, x, dft_length=None, axis_in=None, axis=None, inverse=0, onesided=0):
+  if ctx.opset >= 20: ax = -2 if axis_in is None else int(ctx.np(2).reshape(-1)[0])
+  else: ax = 1 if axis is None else axis
+  ax = _ax(ax, x.ndim)
+  xr = x[..., 0]
+  xi = x[..., 1] if x.shape[-1] == 2 else None
+  xr = xr.transpose(ax, -1)
+  xi = xi.transpose(ax, -1) if xi is not None else None
+  n_in = xr.shape[-1]
+  N = n_in if dft_length is None else int(ctx.np(1).reshape(-1)[0])
+  def fit(t):
+    if t is None: return None
+    if N < n_in: return t[..., :N]
+    return t.pad([None] * (t.ndim - 1) + [(0, N - n_in)]) if N > n_in else t
+  xr, xi = fit(xr), fit(xi)
+  K = N // 2 + 1 if onesided else N
+  ang = 2 * np.pi * np.outer(np.arange(N), np.arange(K)) / N
+  sign = 1.0 if inverse else -1.0
+  C = Tensor(np.cos(ang).astype(np.float32)).cast(xr.dtype)
+  S = Tensor((sign * np.sin(ang)).astype(np.float32)).cast(xr.dtype)
+  re, im = xr @ C, xr @ S
+  if xi is not None: re, im = re - xi @ S, im + xi @ C
+  if inverse: re, im = re / N, im / N
+  return Tensor.stack(re.transpose(ax, -1), im.transpose(ax, -1), dim=-1)
