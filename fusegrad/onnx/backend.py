@@ -67,7 +67,8 @@ class FusegradBackend(Backend):
     return FusegradRep(OnnxRunner(model)).run(feed)
 
   @classmethod
-  def supports_device(cls, device: str) -> bool: return device == "CPU"  # the onnx suite's device; fusegrad picks its own
+  def supports_device(cls, device: str) -> bool:
+    return device == "CPU"  # the onnx suite's device name; fusegrad runs on its own default device
 
 
 prepare = FusegradBackend.prepare

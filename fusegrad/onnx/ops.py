@@ -165,7 +165,8 @@ def _binop(f):
 OPS.update({
   "Add": _binop(lambda a, b: _as(a + b, a)), "Sub": _binop(lambda a, b: _as(a - b, a)),
   "Mul": _binop(lambda a, b: _as(a * b, a)),
-  "Equal": _binop(lambda a, b: Tensor(np.equal(_strs(a), _strs(b)).astype(bool)) if _is_str(a) else a == b), "Less": _binop(lambda a, b: a < b), "Greater": _binop(lambda a, b: a > b),
+  "Equal": _binop(lambda a, b: Tensor(np.equal(_strs(a), _strs(b)).astype(bool)) if _is_str(a) else a == b),
+  "Less": _binop(lambda a, b: a < b), "Greater": _binop(lambda a, b: a > b),
   "LessOrEqual": _binop(lambda a, b: a <= b), "GreaterOrEqual": _binop(lambda a, b: a >= b),
   "And": _binop(lambda a, b: a.bitwise_and(b)), "Or": _binop(lambda a, b: a.bitwise_or(b)),
   "Xor": _binop(lambda a, b: a.bitwise_xor(b)), "BitwiseAnd": _binop(lambda a, b: a.bitwise_and(b)),
@@ -430,7 +431,7 @@ def _avgpool(ctx, x, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, dilati
   ones = Tensor.ones(1, 1, *x.shape[2:], dtype=x.dtype)
   if count_include_pad: cnt = _pad_sp(ones, pp, value=1.0)
   else: cnt = ones
-  cnt = _pad_sp(cnt, [(0 if count_include_pad else a, e if count_include_pad else b + e) for (a, b), e in zip(pp, extra)])
+  cnt = _pad_sp(cnt, [(0, e) if count_include_pad else (a, b + e) for (a, b), e in zip(pp, extra)])
   cnt = cnt.avg_pool2d(tuple(k), stride=tuple(s), dilation=tuple(d)) * kk
   return _as(tot / cnt, x)
 
@@ -459,7 +460,8 @@ def _glp(ctx, x, p=2): return x.abs().pow(p).sum(axis=tuple(range(2, x.ndim)), k
 def _bn(ctx, x, scale, bias, mean, var, epsilon=1e-5, momentum=0.9, training_mode=0, **kw):
   if training_mode: raise NotImplementedError("BatchNormalization training_mode=1")
   shp = (1, -1) + (1,) * (x.ndim - 2)
-  return _as((x - mean.reshape(shp)) * (scale.reshape(shp) * (var.reshape(shp) + epsilon).rsqrt()) + bias.reshape(shp), x)
+  inv = scale.reshape(shp) * (var.reshape(shp) + epsilon).rsqrt()
+  return _as((x - mean.reshape(shp)) * inv + bias.reshape(shp), x)
 
 
 @op("InstanceNormalization")
@@ -565,14 +567,14 @@ def _reduce(f):
 
 def _rmax(x, ax, k):
   if x.numel() == 0:
-    shp = [1 if i in ax else s for i, s in enumerate(x.shape)] if k else [s for i, s in enumerate(x.shape) if i not in ax]
+    shp = [1 if i in ax else s for i, s in enumerate(x.shape) if k or i not in ax]
     return Tensor.full(tuple(shp), -math.inf if dtypes.is_float(x.dtype) else dtypes.min(x.dtype), dtype=x.dtype)
   return x.max(ax, keepdim=k)
 
 
 def _rmin(x, ax, k):
   if x.numel() == 0:
-    shp = [1 if i in ax else s for i, s in enumerate(x.shape)] if k else [s for i, s in enumerate(x.shape) if i not in ax]
+    shp = [1 if i in ax else s for i, s in enumerate(x.shape) if k or i not in ax]
     return Tensor.full(tuple(shp), math.inf if dtypes.is_float(x.dtype) else dtypes.max(x.dtype), dtype=x.dtype)
   return x.min(ax, keepdim=k)
 
@@ -585,7 +587,8 @@ OPS.update({
   "ReduceL1": _reduce(lambda x, a, k: _as(x.abs().sum(a, keepdim=k), x)),
   "ReduceL2": _reduce(lambda x, a, k: _as((x * x).sum(a, keepdim=k).sqrt(), x)),
   "ReduceLogSum": _reduce(lambda x, a, k: x.sum(a, keepdim=k).log()),
-  "ReduceLogSumExp": _reduce(lambda x, a, k: _as(x.logsumexp(a, keepdim=k) if x.numel() else x.sum(a, keepdim=k).log(), x)),
+  "ReduceLogSumExp": _reduce(lambda x, a, k: _as(x.logsumexp(a, keepdim=k) if x.numel() else
+                                                 x.sum(a, keepdim=k).log(), x)),
   "ReduceSumSquare": _reduce(lambda x, a, k: _as((x * x).sum(a, keepdim=k), x)),
 })
 for _n in ("ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceLogSum",
@@ -934,7 +937,8 @@ def _resize_matrix(L_in: int, L_out: int, scale: float, mode: str, ctm: str, nea
         t = abs(j - c) * scale
         if mode == "linear": w = max(0.0, 1 - t)
         else:
-          w = ((a + 2) * t - (a + 3)) * t * t + 1 if t <= 1 else ((a * t - 5 * a) * t + 8 * a) * t - 4 * a if t < 2 else 0
+          if t <= 1: w = ((a + 2) * t - (a + 3)) * t * t + 1
+          else: w = ((a * t - 5 * a) * t + 8 * a) * t - 4 * a if t < 2 else 0
         if 0 <= j < L_in: ws[j] = ws.get(j, 0.0) + w
       tot = sum(ws.values())
       for j, w in ws.items(): W[o, j] += w / tot if tot else 0
@@ -1009,7 +1013,8 @@ def _resize(ctx, x, roi=None, scales=None, sizes=None, antialias=0, axes=None, c
 # ---------------------------------------------------------------- quantization
 @op("QuantizeLinear")
 def _quant(ctx, x, scale, zp=None, axis=1, block_size=0, saturate=1, output_dtype=0, precision=0):
-  et = ctx.runner.logical.get(ctx.node.input[2]) if zp is not None else (output_dtype if output_dtype in EXOTIC else None)
+  if zp is not None: et = ctx.runner.logical.get(ctx.node.input[2])
+  else: et = output_dtype if output_dtype in EXOTIC else None
   dt = zp.dtype if zp is not None else (onnx_dtype(output_dtype) if output_dtype and et is None else dtypes.uint8)
   if dt not in (dtypes.uint8, dtypes.int8, dtypes.uint16, dtypes.int16, dtypes.int32) and et is None:
     raise NotImplementedError(f"QuantizeLinear to {dt}")
@@ -1479,14 +1484,14 @@ def _window(kind):
   return fn
 
 
-OPS["HannWindow"], OPS["HammingWindow"], OPS["BlackmanWindow"] = _window("hann"), _window("hamming"), _window("blackman")
+OPS.update(HannWindow=_window("hann"), HammingWindow=_window("hamming"), BlackmanWindow=_window("blackman"))
 
 
 @op("Unique")
 def _unique(ctx, x, axis=None, sorted=1):
   a = x.numpy()
-  if axis is None: vals, idx, inv, cnt = np.unique(a.reshape(-1), return_index=True, return_inverse=True, return_counts=True)
-  else: vals, idx, inv, cnt = np.unique(a, axis=axis, return_index=True, return_inverse=True, return_counts=True)
+  src = a.reshape(-1) if axis is None else a
+  vals, idx, inv, cnt = np.unique(src, axis=axis, return_index=True, return_inverse=True, return_counts=True)
   inv = inv.reshape(-1)
   if not sorted:
     order = np.argsort(idx, kind="stable")
@@ -1536,7 +1541,8 @@ def _nms(ctx, boxes, scores, max_out=None, iou_th=None, score_th=None, center_po
           iw = max(0.0, min(x2[bi, i], x2[bi, j]) - max(x1[bi, i], x1[bi, j]))
           ih = max(0.0, min(y2[bi, i], y2[bi, j]) - max(y1[bi, i], y1[bi, j]))
           inter = iw * ih
-          union = (x2[bi, i] - x1[bi, i]) * (y2[bi, i] - y1[bi, i]) + (x2[bi, j] - x1[bi, j]) * (y2[bi, j] - y1[bi, j]) - inter
+          area_i = (x2[bi, i] - x1[bi, i]) * (y2[bi, i] - y1[bi, i])
+          union = area_i + (x2[bi, j] - x1[bi, j]) * (y2[bi, j] - y1[bi, j]) - inter
           if union > 0 and inter / union > it: ok = False
         if ok: keep.append(i)
       out += [[bi, ci, k] for k in keep]
@@ -1657,7 +1663,8 @@ def _labelenc(ctx, x, default_float=-0.0, default_int64=-1, default_string="_Unu
       default_string
   table = dict(zip(keys, vals))
   xa = x if isinstance(x, np.ndarray) else x.numpy()
-  out = np.array([table.get(k, default) for k in xa.reshape(-1)], dtype=vals.dtype if vals.dtype.kind != "U" else object)
+  odt = vals.dtype if vals.dtype.kind != "U" else object
+  out = np.array([table.get(k, default) for k in xa.reshape(-1)], dtype=odt)
   out = out.reshape(xa.shape)
   return out if out.dtype == object else to_tensor(out)
 

@@ -95,7 +95,8 @@ class OnnxRunner:
     fn = OPS.get(node.op_type) if domain in ("ai.onnx", "ai.onnx.ml") else None
     if fn is None: raise UnsupportedOp(node.op_type, node.name, opset, domain)
     for i in node.input:
-      if i and i not in scope: raise ValueError(f"ONNX: node {node.name!r} ({node.op_type}) reads undefined value {i!r}")
+      if i and i not in scope:
+        raise ValueError(f"ONNX: node {node.name!r} ({node.op_type}) reads undefined value {i!r}")
     args = [scope[i] if i else None for i in node.input]
     attrs = {a.name: attr_value(a) for a in node.attribute}
     ctx = Ctx(self, node, opset, scope, npscope)
@@ -122,7 +123,8 @@ class OnnxRunner:
         if isinstance(val, Tensor) and name in npscope: self.npconsts[name], self.consts[name] = npscope[name], val
 
 
-NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
+NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
+                    "Bernoulli"}
 
 
 def run_onnx(model: Any, inputs: dict[str, Any]) -> dict[str, Any]:

@@ -37,7 +37,8 @@ def _read_safetensors(blob: bytes) -> dict:
   for name, info in header.items():
     if name == "__metadata__" or info["dtype"] != "F32": continue  # the int64 position_ids buffer is not needed
     a, b = info["data_offsets"]
-    out[name] = torch.from_numpy(np.frombuffer(blob[8 + n + a:8 + n + b], dtype=np.float32).reshape(info["shape"]).copy())
+    arr = np.frombuffer(blob[8 + n + a:8 + n + b], dtype=np.float32).reshape(info["shape"])
+    out[name] = torch.from_numpy(arr.copy())
   return out
 
 
@@ -98,7 +99,8 @@ def test_onnx_run_example(tmp_path, capsys):
                           torch.nn.Flatten(), torch.nn.Linear(8, 4))
   path = tmp_path / "small.onnx"
   path.write_bytes(_export(m, (torch.randn(1, 3, 16, 16),), ["x"]))
-  spec = importlib.util.spec_from_file_location("onnx_run", pathlib.Path(__file__).parents[2] / "examples" / "onnx_run.py")
+  script = pathlib.Path(__file__).parents[2] / "examples" / "onnx_run.py"
+  spec = importlib.util.spec_from_file_location("onnx_run", script)
   mod = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(mod)
   assert mod.main([str(path), "--runs", "2"]) == 0
