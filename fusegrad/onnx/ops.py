@@ -276,11 +276,16 @@ def _constofshape(ctx, shape, value=None):
 
 @op("Shape")
 def _shape(ctx, x, start=0, end=None):
-  return Tensor(np.array(x.shape[start:end], dtype=np.int64))
+  arr = np.array(x.shape[start:end], dtype=np.int64)
+  ctx.npscope[ctx.node.output[0]] = arr  # static: later shape arithmetic folds without reading a Tensor
+  return Tensor(arr)
 
 
 @op("Size")
-def _size(ctx, x): return Tensor(np.array(x.numel(), dtype=np.int64))
+def _size(ctx, x):
+  arr = np.array(x.numel(), dtype=np.int64)
+  ctx.npscope[ctx.node.output[0]] = arr
+  return Tensor(arr)
 
 
 @op("Range")

@@ -10,6 +10,16 @@ import numpy as np
 from fusegrad.tensor import Tensor
 from fusegrad.onnx.ops import OPS, attr_value, UnsupportedOp, to_tensor, onnx_dtype
 
+def read_constant(t: Tensor) -> np.ndarray:
+  """Read a Tensor computed only from constants and static shapes. Inside a TinyJit capture the value is the same on
+  every replay (TinyJit checks input shapes), so the read runs outside the capture instead of raising."""
+  from fusegrad.engine import jit
+  saved = list(jit.capturing)
+  jit.capturing.clear()
+  try: return t.numpy()
+  finally: jit.capturing[:] = saved
+
+
 FOLD_LIMIT = 4096  # constant-only results up to this many elements are kept as numpy (cheap shape arithmetic)
 
 
@@ -86,6 +96,8 @@ class OnnxRunner:
   def run_graph(self, graph: Any, scope: dict, npscope: dict, fold: bool = False) -> dict[str, Any]:
     """Run the nodes of `graph` in order on `scope` (names -> values); return the graph outputs by name."""
     for node in graph.node:
+      if node.output and all(o == "" or o in self.consts for o in node.output):
+        continue  # folded on the first run: its outputs are already in scope
       self.run_node(node, scope, npscope, fold)
     return {o.name: scope[o.name] for o in graph.output}
 
@@ -110,13 +122,12 @@ class OnnxRunner:
     for name, val in zip(node.output, res):
       if not name: continue
       scope[name] = val
-      if isinstance(val, Tensor) and all_const and val.numel() <= FOLD_LIMIT and node.op_type not in ("Shape", "Size"):
-        arr = val.numpy()
+      if name in npscope: continue  # the op filled it in (Shape, Size)
+      if isinstance(val, Tensor) and all_const and val.numel() <= FOLD_LIMIT:
+        arr = read_constant(val)
         npscope[name] = arr
         if fold and scope is not None and node.input and all(i == "" or i in self.npconsts for i in node.input):
           self.npconsts[name], self.consts[name] = arr, val
-      elif isinstance(val, Tensor) and node.op_type in ("Shape", "Size"):
-        npscope[name] = np.array(val.tolist(), dtype=np.int64)
     # Constant nodes with no inputs fold on the first run
     if fold and not node.input and node.op_type not in NONDETERMINISTIC:
       for name, val in zip(node.output, res):

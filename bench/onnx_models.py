@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """ONNX models through fusegrad.onnx against PyTorch (eager) and, if installed, onnxruntime: median ms per run.
 
-    python bench/onnx.py                  # EfficientNet-Lite0 (1x3x224x224) and the MiniLM encoder (2x16 tokens)
-    python bench/onnx.py --runs 10
+    python bench/onnx_models.py                  # EfficientNet-Lite0 (1x3x224x224) and the MiniLM encoder (2x16 tokens)
+    python bench/onnx_models.py --runs 10
 
 fusegrad runs the exported model with OnnxRunner under TinyJit (kernels compiled and captured on the first calls);
-the time covers one call with a realized input and the output realized. torch and onnxruntime use their defaults.
+the time covers one call with a realized input and the output realized. torch runs eagerly with 2 threads,
+onnxruntime with its defaults.
 See docs/onnx.md for the numbers measured on the project's CI-sized machine.
 """
 from __future__ import annotations
@@ -54,6 +55,7 @@ def main() -> None:
   ap = argparse.ArgumentParser()
   ap.add_argument("--runs", type=int, default=5)
   args = ap.parse_args()
+  torch.set_num_threads(2)  # like bench/matmul.py: the CI-sized machine has 2 cores
   try: import onnxruntime as ort
   except ImportError: ort = None
   print(f"{'model':32s} {'fusegrad ms':>12s} {'torch ms':>10s} {'onnxruntime ms':>15s} {'max |diff| vs torch':>20s}")
