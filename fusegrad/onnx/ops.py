@@ -1060,7 +1060,7 @@ def _dynquant(ctx, x):
   lo, hi = x.min().minimum(0), x.max().maximum(0)
   scale = (hi - lo) / 255
   zp = (-lo / scale).round().clip(0, 255)
-  y = ((x / scale).round() + zp).clip(0, 255).cast(dtypes.uint8)
+  y = (x / scale + zp).round().clip(0, 255).cast(dtypes.uint8)  # the reference rounds after adding zp
   return y, scale, zp.cast(dtypes.uint8)
 
 
@@ -1719,3 +1719,36 @@ def _dft(ctx, x, dft_length=None, axis_in=None, axis=None, inverse=0, onesided=0
   if xi is not None: re, im = re - xi @ S, im + xi @ C
   if inverse: re, im = re / N, im / N
   return Tensor.stack(re.transpose(ax, -1), im.transpose(ax, -1), dim=-1)
+
+
+@op("Col2Im")
+def _col2im(ctx, x, image_shape, block_shape, dilations=None, pads=None, strides=None):
+  img, blk = ctx.ints(1), ctx.ints(2)
+  nd = len(img)
+  d, s = dilations or [1] * nd, strides or [1] * nd
+  p = pads or [0] * (2 * nd)
+  padded = [img[i] + p[i] + p[i + nd] for i in range(nd)]
+  outs = [(padded[i] - d[i] * (blk[i] - 1) - 1) // s[i] + 1 for i in range(nd)]
+  K, L = math.prod(blk), math.prod(outs)
+  # a 0/1 matrix sends every (kernel offset, block position) column entry to its pixel of the padded image
+  M = np.zeros((K * L, math.prod(padded)), np.float32)
+  for k, koff in enumerate(np.ndindex(*blk)):
+    for l, loc in enumerate(np.ndindex(*outs)):
+      pix = [loc[i] * s[i] + koff[i] * d[i] for i in range(nd)]
+      M[k * L + l, np.ravel_multi_index(pix, padded)] = 1.0
+  N = x.shape[0]
+  C = x.shape[1] // K
+  y = x.reshape(N, C, K * L).matmul(Tensor(M).cast(x.dtype)).reshape(N, C, *padded)
+  return y[(slice(None), slice(None)) + tuple(slice(p[i], p[i] + img[i]) for i in range(nd))]
+
+
+@op("TensorScatter")
+def _tensorscatter(ctx, past, update, write_indices=None, axis=-2, mode="linear"):
+  a = _ax(axis, past.ndim)
+  T, S = past.shape[a], update.shape[a]
+  if write_indices is not None: start = write_indices.cast(dtypes.int64)
+  else: start = Tensor.zeros(past.shape[0], dtype=dtypes.int64)
+  pos = start.reshape(-1, *([1] * (past.ndim - 1))) + Tensor.arange(S).cast(dtypes.int64).reshape(
+    *([1] * a), S, *([1] * (past.ndim - a - 1)))
+  if mode == "circular": pos = pos % T
+  return past.scatter(a, pos.expand(*update.shape), update)
