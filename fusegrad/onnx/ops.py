@@ -1286,8 +1286,16 @@ def _attention(ctx, q, k, v, attn_mask=None, past_key=None, past_value=None, non
       m = m.pad(pad, value=False if m.dtype == dtypes.bool else -math.inf)
     bias = bias + (m.where(0.0, -math.inf) if m.dtype == dtypes.bool else m.float())
   if is_causal:
-    causal = Tensor(np.tril(np.ones((sq_len, skv), bool), k=skv - sq_len if past_key is not None else 0))
-    bias = bias + causal.where(0.0, -math.inf)
+    # queries sit after the past (or, with nonpad_kv_seqlen, at the end of each batch's valid keys)
+    past_len = past_key.shape[2] if past_key is not None else 0
+    if nonpad_kv_seqlen is not None:
+      off = nonpad_kv_seqlen.reshape(-1, 1, 1, 1).cast(dtypes.int64) - sq_len
+      qi = Tensor.arange(sq_len).reshape(1, 1, -1, 1).cast(dtypes.int64) + off
+      kj = Tensor.arange(skv).reshape(1, 1, 1, -1).cast(dtypes.int64)
+      bias = bias + (kj <= qi).where(0.0, -math.inf)
+    else:
+      causal = Tensor(np.tril(np.ones((sq_len, skv), bool), k=past_len))
+      bias = bias + causal.where(0.0, -math.inf)
   if left_window_size >= 0 or right_window_size >= 0:
     off = past_key.shape[2] if past_key is not None else 0
     qi, kj = np.arange(sq_len)[:, None] + off, np.arange(skv)[None, :]
