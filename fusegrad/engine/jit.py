@@ -13,11 +13,12 @@ State updated in place (assign: optimizer parameters, BatchNorm running stats, t
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Generic, TypeVar
+from typing import Any, Callable, Generic, Iterator, TypeVar
 
 from fusegrad import storage
 from fusegrad.device import Buffer
@@ -44,6 +45,16 @@ class _CaptureStack(threading.local):
 
 
 capturing = _CaptureStack()
+
+
+@contextlib.contextmanager
+def not_capturing() -> Iterator[None]:
+    """Run a block outside this thread's captures: for reading a value that is the same on every call (a shape
+    computed from constants); what the block runs is not recorded."""
+    saved, saved_assigns = capturing.stack, capturing.assigns
+    capturing.stack, capturing.assigns = [], []
+    try: yield
+    finally: capturing.stack, capturing.assigns = saved, saved_assigns
 
 
 def note_assign(t: Any) -> None:

@@ -2,6 +2,7 @@
 
 `fusegrad.onnx.backend` implements `onnx.backend.base.Backend` for the onnx package's conformance tests.
 """
+
 from fusegrad.onnx.runner import OnnxRunner, run_onnx
 from fusegrad.onnx.ops import UnsupportedOp, OPS
 
