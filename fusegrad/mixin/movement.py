@@ -43,9 +43,12 @@ class MovementMixin:
         assert out is not None
         return out
 
-    @staticmethod
-    def stack(*args: "Tensor", dim: int = 0) -> "Tensor":
-        ts = list(args[0]) if len(args) == 1 and isinstance(args[0], (list, tuple)) else list(args)
+    def stack(self: Any = None, *args: "Tensor", dim: int = 0) -> "Tensor":
+        """Join tensors of one shape along a new axis `dim`: `a.stack(b, c)`, `Tensor.stack(a, b, c)` or
+        `Tensor.stack([a, b, c])` (a method, as in tinygrad: `a.stack(b)` includes a)."""
+        if self is None: ts = []
+        elif isinstance(self, (list, tuple)): ts = list(self) + list(args)
+        else: ts = [self] + list(args)
         if not ts: raise RuntimeError("stack expects a non-empty list of tensors")
         if any(t.shape != ts[0].shape for t in ts):
             raise RuntimeError(f"stack expects each tensor to be equal size, got {[t.shape for t in ts]}")

@@ -68,6 +68,12 @@ def test_stack_list_0d_python():
         Tensor.stack(Tensor.zeros(2), Tensor.zeros(3))
 
 
+def test_stack_as_method_includes_self():
+    # a.stack(b, c) stacks a too (it was a staticmethod that silently left a out)
+    check_op([(2,), (2,), (2,)], lambda a, b, c: torch.stack([a, b, c]), lambda a, b, c: a.stack(b, c))
+    check_op([(2,), (2,)], lambda a, b: torch.stack([a, b], 1), lambda a, b: a.stack(b, dim=1))
+
+
 # ----- split / chunk -----
 
 def pieces_match(x, tpieces, fpieces, device="CPU"):
