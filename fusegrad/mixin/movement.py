@@ -217,7 +217,8 @@ class MovementMixin:
         if not dtypes.is_int(index.dtype): raise RuntimeError(f"gather(): Expected dtype int64 for index, got {index.dtype}")
         for d, (i, s) in enumerate(zip(index.shape, self.shape)):
             if d != ax and i > s: raise RuntimeError(f"Size does not match at dimension {d} expected index {index.shape} to be no larger than self {self.shape} apart from dimension {ax}")
-        idx = (index < 0).where(index + self.shape[ax], index)
+        _check_oob(index, self.shape[ax], ax)
+        idx = _wrap_negative(index, self.shape[ax])
         return self._wrap(UOp(Ops.GATHER, self.dtype, (self.uop, idx.uop), ax), self)
 
     def _index_tensor(self: "Tensor", ax: int, idx: "Tensor") -> "Tensor":
@@ -274,13 +275,21 @@ class MovementMixin:
         order = axes + [a for a in range(x.ndim) if a not in axes]
         xp = x.permute(order) if order != list(range(x.ndim)) else x
         sizes = [x.shape[a] for a in axes]
-        flat = None
+        # each index is checked against its own axis before the merge: flattened, [0, 5] into a (3, 4) would read row 1
+        # with a 64-bit index the flat math stays 64-bit, so no index is truncated to 32 bits
+        idt = dtypes.int64 if any(t.dtype.itemsize > 4 or t.dtype == dtypes.uint32 for _, t in tens) else dtypes.int32
+        flat, bad = None, None
         for (a, t), n in zip(tens, sizes):
-            ti = t.cast(dtypes.int32) if t.dtype != dtypes.int32 else t
-            ti = (ti < 0).where(ti + n, ti)
-            ti = ti._broadcast_to(bshape)
+            _check_oob(t, n, a)
+            ti = t.cast(idt) if t.dtype != idt else t
+            out_of_range = (ti < -n) | (ti >= n)
+            ti = _wrap_negative(ti, n)._broadcast_to(bshape)
+            out_of_range = out_of_range._broadcast_to(bshape)
             flat = ti if flat is None else flat * n + ti
-        assert flat is not None
+            bad = out_of_range if bad is None else bad | out_of_range
+        assert flat is not None and bad is not None
+        # any axis out of range: a flat index past the end, which gathers 0 (and which _setitem_advanced drops)
+        flat = bad.where(prod(sizes), flat)
         xm = xp.reshape((prod(sizes),) + xp.shape[len(axes):])
         out = xm._index_tensor(0, flat)                       # bshape + rest
         if adjacent and axes[0] != 0:
@@ -346,12 +355,17 @@ class MovementMixin:
     def _setitem_advanced(self: "Tensor", indices: Any, v: Any) -> None:
         """Assignment through any index, advanced (tensor/list) indices included: a scatter of the flat positions."""
         Tensor = _T()
-        pos = Tensor.arange(self.numel(), device=self.device).reshape(self.shape)
-        sel = pos[indices]                                   # flat positions of the selected elements
+        numel = self.numel()
+        # positions count from 1 so that an out-of-range index (which reads 0) becomes -1: moved to numel, past the
+        # end, where scatter drops the write instead of landing on element 0
+        pdt = dtypes.int64 if numel >= 2**31 - 1 else dtypes.int32
+        pos = Tensor.arange(1, numel + 1, device=self.device, dtype=pdt).reshape(self.shape)
+        sel = pos[indices] - 1                               # flat positions of the selected elements
+        sel = (sel < 0).where(numel, sel)
         vals = v if isinstance(v, Tensor) else Tensor(v, device=self.device, dtype=self.dtype)
         vals = vals.cast(self.dtype)._broadcast_to(sel.shape) if vals.shape != sel.shape else vals.cast(self.dtype)
         flat = self.flatten()
-        new = flat.scatter(0, sel.flatten().cast(dtypes.int32), vals.flatten())
+        new = flat.scatter(0, sel.flatten(), vals.flatten())
         self.assign(new.reshape(self.shape))
 
     def assign(self: "Tensor", x: Any) -> "Tensor":
@@ -399,7 +413,8 @@ class MovementMixin:
         srct = src if isinstance(src, Tensor) else Tensor.full(index.shape, src, dtype=self.dtype, device=self.device)
         srct = srct.shrink([(0, s) for s in index.shape]) if srct.shape != index.shape else srct
         n = self.shape[ax]
-        idx = (index < 0).where(index + n, index).cast(dtypes.int32)
+        _check_oob(index, n, ax)
+        idx = _wrap_negative(index, n)      # full width: out-of-range indices hit no position, so writes are dropped
         # hit[..., i, j] (i over index positions along ax, j over self positions along ax)
         it, st = idx.unsqueeze(-1), srct.cast(self.dtype).unsqueeze(-1)
         jt = Tensor.arange(n, device=self.device)
@@ -431,7 +446,8 @@ class MovementMixin:
         Tensor = _T()
         ax = self._axis(dim)
         n = self.shape[ax]
-        idx = (index < 0).where(index + n, index).cast(dtypes.int32)
+        _check_oob(index, n, ax)
+        idx = _wrap_negative(index, n)
         it = idx.unsqueeze(-1)
         it_m = it.transpose(ax, -2) if ax != self.ndim - 1 else it
         st = src.shrink([(0, s) for s in index.shape]).cast(self.dtype).unsqueeze(-1)
@@ -554,6 +570,22 @@ def _is_basic(indices: Any) -> bool:
 def _is_sym_int_index(i: Any) -> bool:
     from fusegrad.ir.ops import UOp
     return isinstance(i, UOp)
+
+
+def _wrap_negative(index: "Tensor", n: Any) -> "Tensor":
+    """Count a negative index from the end only when it is valid (-n <= i < 0): anything below -n stays out of range
+    instead of wrapping onto another element."""
+    return ((index < 0) & (index >= -n)).where(index + n, index)
+
+
+def _check_oob(index: "Tensor", n: Any, ax: int) -> None:
+    """CHECK_OOB=1 (a debug flag): realize the index and check it on the host, raising like torch does. Without the
+    flag an out-of-range index reads 0 and its writes are dropped (docs/tensor/indexing.md)."""
+    from fusegrad.helpers import CHECK_OOB
+    if not CHECK_OOB or not isinstance(n, int) or index.numel() == 0: return
+    vals = index.numpy().reshape(-1)
+    bad = (vals < -n) | (vals >= n)
+    if bad.any(): raise IndexError(f"index {int(vals[bad][0])} is out of bounds for dimension {ax} with size {n}")
 
 
 def _pad_lead(t: "Tensor", pads: list[tuple[int, int]], lead: tuple[int, ...], value: Any = 0) -> "Tensor":

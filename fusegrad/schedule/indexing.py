@@ -293,8 +293,12 @@ class Indexer:
         """x at idx with idx[axis] replaced by the *value* of the index tensor there (a data-dependent load)."""
         src, ind, ax = x.src[0], x.src[1], x.arg
         assert src.shape is not None
-        v = self.index(ind, idx, valid).cast(dtypes.int32)
-        in_range = simplify(UOp.const(dtypes.int32, -1).lt(v).logical_and(v.lt(src.shape[ax])))
+        raw = self.index(ind, idx, valid)
+        # range-check at the index's own width: narrowed first, 2**32 + 1 would read element 1
+        n = src.shape[ax]
+        hi = raw.lt(UOp.const(raw.dtype, n) if isinstance(n, int) else n.cast(raw.dtype) if n.dtype != raw.dtype else n)
+        in_range = simplify(hi if dtypes.is_unsigned(raw.dtype) else UOp.const(raw.dtype, -1).lt(raw).logical_and(hi))
+        v = raw.cast(dtypes.int32) if raw.dtype != dtypes.int32 else raw
         new = list(idx)
         new[ax] = v
         inner = self.index(src, tuple(new), simplify(valid.logical_and(in_range)))
