@@ -126,3 +126,16 @@ def test_check_oob_setitem():
     with Context(CHECK_OOB=1):
         with pytest.raises(IndexError, match="index 50 is out of bounds"):
             y[Tensor([50])] = 9
+
+
+def test_variable_bound_past_int32_raises():
+    from fusegrad import Variable
+    v = Variable("big_v", 0, 2**40, dtypes.int64)
+    with pytest.raises(ValueError, match="32-bit"): v.bind(2**33 + 5)   # read back as 5 (CPU) or 0 (int32 variable)
+    assert (Tensor.zeros(1, dtype=dtypes.int64) + v.bind(2**31 - 1)).tolist() == [2**31 - 1]
+
+
+def test_index_sizes_past_int32_raise():
+    # index math is 32-bit: a buffer past 2**31 elements is refused before anything is allocated
+    with pytest.raises(RuntimeError, match="32-bit"):
+        (Tensor.zeros(2**31 + 8, dtype=dtypes.uint8) + 1).realize()
