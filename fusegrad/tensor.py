@@ -89,6 +89,16 @@ def _flatten_list(data: Any) -> tuple[list[Any], tuple[int, ...]]:
     return [v for p in parts for v in p[0]], (len(data),) + shape
 
 
+def _int_width(values: list[Any], hi: int = 2**63) -> DType | None:
+    """int64 for Python ints that don't fit the default int (they wrapped: [2**40] became [0]), None otherwise. Ints
+    that fit no 64-bit integer raise OverflowError (torch refuses them too) instead of wrapping ([2**64 + 5] -> [5])."""
+    big = [v for v in values if v.__class__ is int and not -2**31 <= v < 2**31]
+    if not big: return None
+    for v in big:
+        if not -2**63 <= v < hi: raise OverflowError(f"Overflow when unpacking long long: {v} doesn't fit in 64 bits")
+    return dtypes.int64 if all(v.__class__ in (int, bool) for v in values) else None
+
+
 def _pack(values: list[Any], dtype: DType) -> bytes:
     if dtype == dtypes.bfloat16:
         from fusegrad.dtype import float_to_bf16_bits
@@ -141,7 +151,7 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
         elif isinstance(data, UOp):
             self.uop = data
         elif data is None or isinstance(data, (int, float, bool)):
-            d = dt or dtypes.from_py(0.0 if data is None else data)
+            d = dt or _int_width([data]) or dtypes.from_py(0.0 if data is None else data)
             self.uop = build.const(0.0 if data is None else data, d, dev)
         elif isinstance(data, (bytes, pathlib.PurePath)):
             # a path: the file's bytes, read now (tinygrad maps the file as a DISK device; fusegrad has none)
@@ -149,7 +159,8 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
             self.uop = self._from_bytes(raw, dt or dtypes.uint8, (len(raw) // (dt or dtypes.uint8).itemsize,), dev)
         elif isinstance(data, (list, tuple)):
             flat, shape = _flatten_list(data)
-            d = dt or (dtypes.from_py(flat) if flat else dtypes.default_float)
+            d = dt or _int_width(flat) or (dtypes.from_py(flat) if flat else dtypes.default_float)
+            if dt is not None and dtypes.is_int(dt): _int_width(flat, 2**64 if dt == dtypes.uint64 else 2**63)
             for v in flat:
                 if not isinstance(v, (int, float, bool)) and not hasattr(v, "item"):
                     raise TypeError(f"can't make a Tensor from a list containing {type(v).__name__}")
@@ -465,8 +476,10 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
 
     def clone(self, device: str | None = None) -> "Tensor":
         _single_device(device, "clone")
+        # a clone is a new tensor with an identity of its own: two clones of equal constants (hash-consed to one node)
+        # made trainable must not share a gradient
         return self.to(device) if device is not None and Device.canonicalize(device) != self.device \
-            else Tensor._wrap(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)), self)
+            else Tensor._wrap(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,), next(_unique_ids)), self)
 
     # ----- creation -----
     @staticmethod
@@ -610,8 +623,11 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
         s = cls._shape_arg(shape)
         dev = _canonical_device(device)
         bits = cls._random_bits(prod(s), dev)
-        out = (bits >> 8).cast(dtypes.float32) * (2.0 ** -24)
         dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
+        # as many random bits as the dtype's significand holds, so every sample is exact in it: 24 bits rounded to
+        # half or bfloat16 gave exactly 1.0 for values just under 1 (rand's range is [0, 1))
+        digits = {dtypes.float16: 11, dtypes.bfloat16: 8}.get(dt, 24)
+        out = (bits >> (32 - digits)).cast(dtypes.float32) * (2.0 ** -digits)
         # realized now, together with the counter update: the draw happens at the call, like torch
         ret = out.reshape(s).cast(dt).contiguous()
         Tensor.realize(ret, Tensor._rng_states[dev])
@@ -1102,6 +1118,8 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
     def _reduce(self, op: Ops, axis: int | Sequence[int] | None, keepdim: bool) -> "Tensor":
         axes = tuple(range(self.ndim)) if axis is None else \
             tuple(self._axis(a) for a in ((axis,) if isinstance(axis, int) else axis))
+        from fusegrad.mixin.reduce import _no_repeated_axes
+        _no_repeated_axes(axes)
         if self.ndim == 0: axes = ()
         if op is Ops.MAX and axis is None and self.numel() == 0:
             raise RuntimeError(f"max/min of an empty tensor (shape {self.shape}) needs an explicit axis")

@@ -323,7 +323,8 @@ class NNMixin:
         nll = -lsm.gather(-1, yc.unsqueeze(-1)).squeeze(-1)
         smooth = -lsm.mean(-1)
         loss = keep.where((1 - label_smoothing) * nll + label_smoothing * smooth, 0)
-        if reduction == "mean": return loss.sum() / keep.sum().maximum(1)
+        # nothing counted (an empty batch, or every target ignored) is 0/0 = nan, as in torch, not a silent 0
+        if reduction == "mean": return loss.sum() / keep.sum().cast(loss.dtype)
         return _reduction(loss, reduction)
 
     def cross_entropy(self: "Tensor", Y: "Tensor", reduction: str = "mean", label_smoothing: float = 0.0) -> "Tensor":

@@ -19,7 +19,9 @@ class ReduceMixin:
 
     def _axes(self: "Tensor", axis: Any) -> tuple[int, ...]:
         if axis is None: return tuple(range(self.ndim))
-        return tuple(self._axis(a) for a in ((axis,) if isinstance(axis, int) else axis))
+        axes = tuple(self._axis(a) for a in ((axis,) if isinstance(axis, int) else axis))
+        _no_repeated_axes(axes)
+        return axes
 
     def prod(self: "Tensor", axis: Any = None, keepdim: bool = False, dtype: DTypeLike | None = None) -> "Tensor":
         from fusegrad.dtype import sum_acc_dtype
@@ -46,6 +48,10 @@ class ReduceMixin:
 
     def var(self: "Tensor", axis: Any = None, keepdim: bool = False, correction: int = 1) -> "Tensor":
         x = self._float_or_self()
+        if x.dtype in (dtypes.float16, dtypes.bfloat16):
+            # 16-bit floats: the whole computation in float32, like torch's accumulation. In half the count itself
+            # (70000 > 65504) became inf and the variance 0
+            return x.cast(dtypes.float32).var(axis, keepdim, correction).cast(x.dtype)
         axes = self._axes(axis)
         from fusegrad.ir.shape import sprod
         n = sprod([self.shape[a] for a in axes])
@@ -202,3 +208,9 @@ def _window_max(w: "Tensor") -> "Tensor":
     pos = Tensor.arange(n, device=w.device)
     last = hit.where(pos, -1).max(-1, keepdim=True)
     return (pos == last).where(w, 0).sum(-1, dtype=w.dtype)
+
+
+def _no_repeated_axes(axes: tuple[int, ...]) -> None:
+    """Reducing over the same axis twice is an error in torch; silently reducing it once gave a wrong sum."""
+    for i, a in enumerate(axes):
+        if a in axes[:i]: raise RuntimeError(f"dim {a} appears multiple times in the list of dims")
