@@ -99,6 +99,36 @@ def _int_width(values: list[Any], hi: int = 2**63) -> DType | None:
     return dtypes.int64 if all(v.__class__ in (int, bool) for v in values) else None
 
 
+def _shift(a: "Tensor", b: "Tensor", op: Ops) -> "Tensor":
+    """a << b, a >> b with one rule on every backend (C, OpenCL, LLVM and WGSL each do something else, or nothing
+    defined, for amounts outside [0, bits)): such a left shift gives 0, such a right shift 0, or -1 for negative signed
+    a (all bits shifted out, as torch CPU gives). Only amounts in range reach the device."""
+    bits = a.dtype.itemsize * 8
+    signed = not dtypes.is_unsigned(a.dtype)
+    in_range = (b < bits) if dtypes.is_unsigned(b.dtype) else (b >= 0) & (b < bits)
+    if op is Ops.SHR and signed:   # shifting by bits - 1 fills with the sign bit: 0 or -1
+        return a._alu(op, in_range.where(b, bits - 1))
+    return in_range.where(a._alu(op, in_range.where(b, 0)), 0)
+
+
+def _float_to_int(x: "Tensor", dt: DType) -> "Tensor":
+    """float -> int with one rule on every backend (torch CPU's on x86; C leaves out-of-range conversions undefined):
+    truncate toward zero; NaN, +-inf and values outside int32 / int64 give that type's minimum; narrower types go
+    through int32 and uint64 through int64, then keep the low bits; uint32 keeps [-2**31, 2**32) modulo 2**32 and
+    gives 0 for anything else (docs/tensor/dtypes.md)."""
+    if x.dtype.itemsize < 4: x = x.cast(dtypes.float32)   # the bounds +-2**31 are inf in half
+    if dt.scalar() == dtypes.uint32:   # without int64 (WebGPU has none): [0, 2**32) direct, [-2**31, 0) through int32
+        pos = (x >= 0) & (x < 2**32)
+        direct = pos.where(x, 0)._apply(lambda u: build.cast(u, dt))
+        neg = ((x >= -2**31) & (x < 0)).where(x, 0)._apply(lambda u: build.cast(u, dtypes.int32))
+        return pos.where(direct, neg._apply(lambda u: build.cast(u, dt)))
+    wide = dtypes.int64 if dt.itemsize == 8 else dtypes.int32
+    lo = -2 ** (wide.itemsize * 8 - 1)
+    ok = (x >= lo) & (x < -lo)                             # False for NaN
+    safe = ok.where(x, lo)._apply(lambda u: build.cast(u, wide))
+    return safe if wide == dt else safe._apply(lambda u: build.cast(u, dt))
+
+
 def _pack(values: list[Any], dtype: DType) -> bytes:
     if dtype == dtypes.bfloat16:
         from fusegrad.dtype import float_to_bf16_bits
@@ -921,7 +951,9 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
     # ----- elementwise -----
     def cast(self, dtype: DTypeLike) -> "Tensor":
         dt = to_dtype(dtype)
-        return self if self.dtype == dt else self._apply(lambda u: build.cast(u, dt))
+        if self.dtype == dt: return self
+        if dtypes.is_float(self.dtype) and dtypes.is_int(dt) and dt.scalar() in dtypes.ints: return _float_to_int(self, dt)
+        return self._apply(lambda u: build.cast(u, dt))
 
     def bitcast(self, dtype: DTypeLike) -> "Tensor":
         """Reinterpret the bits. Same itemsize: elementwise; otherwise the last axis grows or shrinks (little endian)."""
@@ -1030,7 +1062,11 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
     def tanh(self) -> "Tensor":
         return 2.0 * (2.0 * self._float_or_self()).sigmoid() - 1.0
 
-    def abs(self) -> "Tensor": return self.relu() + (-self).relu() if not dtypes.is_unsigned(self.dtype) else self
+    def abs(self) -> "Tensor":
+        if dtypes.is_unsigned(self.dtype) or dtypes.is_bool(self.dtype): return self
+        # ints: the negation wraps at the minimum, so abs(INT32_MIN) is INT32_MIN as in torch (relu sums gave 0)
+        if dtypes.is_int(self.dtype): return (self < 0).where(-self, self)
+        return self.relu() + (-self).relu()
 
     def maximum(self, x: "Tensor | ConstType") -> "Tensor":
         a, b = self._broadcasted(x)
@@ -1074,6 +1110,7 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
     def _bitwise(self, x: "Tensor | ConstType", op: Ops, reverse: bool = False) -> "Tensor":
         a, b = self._broadcasted(x, reverse)
         if dtypes.is_float(a.dtype): raise RuntimeError(f"bitwise op {op.name} needs int or bool tensors, got {a.dtype}")
+        if op in (Ops.SHL, Ops.SHR) and dtypes.is_int(a.dtype): return _shift(a, b, op)
         return a._alu(op, b)
 
     def __and__(self, x: "Tensor | ConstType") -> "Tensor": return self._bitwise(x, Ops.AND)

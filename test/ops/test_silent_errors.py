@@ -83,3 +83,31 @@ def test_var_of_many_16bit_values(dt, tdt):
     assert x.var().item() == t.var().item() == 0.25                 # was 0.0: the count 69999 is inf in half
     assert x.std().item() == t.std().item()
     assert x.var().dtype == dt
+
+
+# ----- one rule for what C leaves undefined, as torch CPU gives it (every backend: test/runtime/test_backend_edges.py)
+EDGE_FLOATS = [float("nan"), float("inf"), -float("inf"), 3e9, -3e9, 2.7, -2.7, 2147483647.0, -2147483648.0, 1e20]
+EDGE_INTS = [1, -1, 5, -2**31, 7]
+EDGE_SHIFTS = [40, 33, -1, 32, 31]
+
+
+@pytest.mark.parametrize("dt, tdt", [(dtypes.int32, torch.int32), (dtypes.int64, torch.int64), (dtypes.int16, torch.int16),
+                                     (dtypes.int8, torch.int8), (dtypes.uint8, torch.uint8)])
+@pytest.mark.parametrize("device", ["CPU", "PYTHON"])
+def test_float_to_int_matches_torch(device, dt, tdt):
+    # torch CPU (x86): NaN, inf and out-of-range give the minimum of int32/int64; narrower types go through int32
+    want = torch.tensor(EDGE_FLOATS).to(tdt).tolist()
+    assert Tensor(EDGE_FLOATS, device=device).cast(dt).tolist() == want
+
+
+@pytest.mark.parametrize("device", ["CPU", "PYTHON"])
+def test_shifts_and_abs_match_torch(device):
+    x, s = Tensor(EDGE_INTS, dtype=dtypes.int32, device=device), Tensor(EDGE_SHIFTS, dtype=dtypes.int32, device=device)
+    tx, ts = torch.tensor(EDGE_INTS, dtype=torch.int32), torch.tensor(EDGE_SHIFTS, dtype=torch.int32)
+    assert (x << 40).tolist() == (tx << 40).tolist()                  # CPU gave 256 for 1 << 40
+    assert (x >> 40).tolist() == (tx >> 40).tolist()
+    assert (x << s).tolist() == (tx << ts).tolist()
+    assert (x >> s).tolist() == (tx >> ts).tolist()
+    assert (x << 31).tolist() == (tx << 31).tolist()
+    assert x.abs().tolist() == tx.abs().tolist()                      # abs(INT32_MIN) gave 0
+    assert (-x).tolist() == (-tx).tolist()

@@ -50,3 +50,32 @@ def check_matmul_and_grad(device: str, n: int, k: int, m: int, seed: int = 0) ->
     np.testing.assert_allclose(out.numpy(), a @ w, rtol=1e-4, atol=1e-4)
     out.relu().sum().backward()
     np.testing.assert_allclose(wt.grad.numpy(), a.T @ (a @ w > 0).astype(np.float32), rtol=1e-4, atol=1e-4)
+
+
+def defined_edge_exprs(device: str, target: str) -> list[Tensor]:
+    """Values C and friends leave undefined, with one documented rule (docs/tensor/dtypes.md): float -> int of NaN,
+    inf and out-of-range values, shifts by amounts outside [0, bits), abs and negation of the int minimum."""
+    from fusegrad.device import is_dtype_supported
+    f = Tensor(EDGE_FLOATS, device=device)
+    x = Tensor(EDGE_INTS, dtype=dtypes.int32, device=device)
+    s = Tensor(EDGE_SHIFTS, dtype=dtypes.int32, device=device)
+    u = Tensor([1, 2**32 - 1, 5, 2**31, 7], dtype=dtypes.uint32, device=device)
+    out = [f.cast(dtypes.int32), f.cast(dtypes.int16), f.cast(dtypes.int8), f.cast(dtypes.uint8), f.cast(dtypes.uint16),
+           f.cast(dtypes.uint32), x << 40, x >> 40, x << s, x >> s, x << 31, x >> -1, u << s.cast(dtypes.uint32),
+           u >> 32, x.abs(), -x]
+    # the dtypes the device under test (`target`) has, so both sides build the same list
+    if is_dtype_supported(dtypes.int64, target): out += [f.cast(dtypes.int64), f.cast(dtypes.uint64)]
+    if is_dtype_supported(dtypes.half, target): out += [f.cast(dtypes.half).cast(dtypes.int32)]
+    return out
+
+
+EDGE_FLOATS = [float("nan"), float("inf"), -float("inf"), 3e9, -3e9, 2.7, -2.7, 2147483647.0, -2147483648.0, 1e20]
+EDGE_INTS = [1, -1, 5, -2**31, 7]
+EDGE_SHIFTS = [40, 33, -1, 32, 31]
+
+
+def check_defined_edges_match_python(device: str) -> None:
+    """Every backend gives exactly what the PYTHON backend gives for `defined_edge_exprs`."""
+    got, want = defined_edge_exprs(device, device), defined_edge_exprs("PYTHON", device)
+    for i, (g, w) in enumerate(zip(got, want)):
+        np.testing.assert_array_equal(g.numpy(), w.numpy(), err_msg=f"edge expr {i} on {device}")
