@@ -5,6 +5,7 @@ Nothing here imports another fusegrad module, so every stage may use it.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import hashlib
 import math
@@ -31,20 +32,30 @@ def getenv(key: str, default: Any = 0) -> Any:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# ContextVar / Context: process-wide flags that start from the environment and can be changed for a `with` block.
+# ContextVar / Context: flags that start from the environment and can be changed (per thread) for a `with` block.
 
 class ContextVar:
-    """A named flag whose value comes from the environment at import and can be overridden with `Context`."""
+    """A named flag whose value comes from the environment at import and can be overridden with `Context`.
+
+    Overrides are per thread (a `contextvars.ContextVar` underneath): `with Context(DEV="PYTHON"):` or
+    `X.value = v` in one thread doesn't change what other threads see; a new thread starts from the environment's
+    value."""
     _cache: dict[str, "ContextVar"] = {}
-    value: Any
     key: str
 
     def __init__(self, key: str, default: Any):
         if key in ContextVar._cache:
             raise RuntimeError(f"ContextVar {key!r} is defined twice")
         self.key, self.default = key, default
-        self.value = getenv(key, default)
+        self._env = getenv(key, default)
+        self._var: contextvars.ContextVar[Any] = contextvars.ContextVar(f"fusegrad.{key}")
         ContextVar._cache[key] = self
+
+    @property
+    def value(self) -> Any: return self._var.get(self._env)
+
+    @value.setter
+    def value(self, v: Any) -> None: self._var.set(v)
 
     def __bool__(self) -> bool: return bool(self.value)
     def __eq__(self, other: object) -> bool: return bool(self.value == other)

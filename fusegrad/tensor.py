@@ -7,6 +7,7 @@ import contextlib
 import math
 import pathlib
 import struct
+import threading
 import weakref
 from typing import Any, Callable, ClassVar, Sequence
 
@@ -159,7 +160,17 @@ def _broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(out)
 
 
-class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
+class _TensorMeta(type):
+    """`Tensor.training` is the TRAINING flag seen as a bool: one value, per thread (TRAINING is a per-thread
+    ContextVar), so `with Tensor.train():` in one thread doesn't turn on dropout in another."""
+    @property
+    def training(cls) -> bool: return bool(TRAINING.value)
+
+    @training.setter
+    def training(cls, v: bool) -> None: TRAINING.value = int(bool(v))
+
+
+class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin, metaclass=_TensorMeta):
     """A lazy n-dimensional array with autograd.
 
     >>> (Tensor([1.0, 2.0]) * 3).tolist()
@@ -167,7 +178,6 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
     """
     __slots__ = ("uop", "grad", "requires_grad", "_derived", "_used", "is_param", "_weak", "_no_graph", "_view", "_views",
                  "__weakref__")
-    training: ClassVar[bool] = False
     no_grad: ClassVar[bool] = False
     _seed: ClassVar[int] = 0
     _rng_states: ClassVar[dict[str, "Tensor"]] = {}
@@ -1278,12 +1288,14 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin):
     # train/test mode: tinygrad's old and new spellings
     class train(contextlib.ContextDecorator):
         """`with Tensor.train():` or `@Tensor.train()` sets Tensor.training (and the TRAINING flag) for the block."""
-        def __init__(self, mode: bool = True): self.mode = mode
+        def __init__(self, mode: bool = True): self.mode, self.prev = mode, threading.local()
         def __enter__(self) -> None:
-            self.prev, self.prev_flag = Tensor.training, TRAINING.value
-            Tensor.training, TRAINING.value = self.mode, int(self.mode)
+            # the previous value per thread: one decorated function may run in several threads at once
+            stack = self.prev.__dict__.setdefault("stack", [])
+            stack.append(TRAINING.value)
+            Tensor.training = self.mode
         def __exit__(self, *exc: Any) -> None:
-            Tensor.training, TRAINING.value = self.prev, self.prev_flag
+            TRAINING.value = self.prev.stack.pop()
 
     class test(train):
         def __init__(self) -> None: super().__init__(False)

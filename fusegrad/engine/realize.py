@@ -101,6 +101,7 @@ def _prepare_runners(new: list[tuple[UOp, str]]) -> None:
     (CPUCompiler.compile_batch: one compiler run for many kernels) go to a thread pool in groups as codegen produces
     them, so the compiler runs on the other cores while codegen continues here; the rest compile in the pool one by
     one."""
+    import contextvars
     from concurrent.futures import ThreadPoolExecutor
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     size = max(1, min(16, -(-len(new) // (2 * cores))))  # at least two groups per core, at most 16 kernels a group
@@ -111,15 +112,19 @@ def _prepare_runners(new: list[tuple[UOp, str]]) -> None:
         libs = dev.compiler.compile_batch([(spec.name, spec.src) for _, spec in group])
         for (key, spec), lib in zip(group, libs): _programs[key] = dev.runtime(spec, lib)
 
+    def submit(fn: Any, *args: Any) -> Any:
+        # flags (Context) are per thread: each task runs in a copy of this thread's, so it sees the caller's overrides
+        return pool.submit(contextvars.copy_context().run, fn, *args)
+
     with ThreadPoolExecutor(max_workers=min(len(new), cores + 1)) as pool:
         for key in new:
             dev = Device[key[1]]
             if not hasattr(dev.compiler, "compile_batch") or VIZ.value or PROFILE.value:
-                futs.append(pool.submit(get_runner, *key))
+                futs.append(submit(get_runner, *key))
                 continue
             (group := pending.setdefault(key[1], [])).append((key, _get_spec(*key)))
-            if len(group) >= size: futs.append(pool.submit(build, dev, pending.pop(key[1])))
-        futs += [pool.submit(build, Device[d], group) for d, group in pending.items()]
+            if len(group) >= size: futs.append(submit(build, dev, pending.pop(key[1])))
+        futs += [submit(build, Device[d], group) for d, group in pending.items()]
         for f in futs: f.result()
 
 
