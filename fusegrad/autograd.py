@@ -97,10 +97,11 @@ def _gather_grad(ret: UOp, ctx: UOp) -> tuple[UOp | None, None]:
     shp = idx.shape + (1,)
     big = idx.shape + (n,)
     # compared at the index's own width (a 64-bit 2**32 + 1 must not match position 1)
-    idt = idx.dtype if idx.dtype in (dtypes.int32, dtypes.int64) else dtypes.int64
+    idt = idx.dtype if idx.dtype in (dtypes.int32, dtypes.int64) else dtypes.int32 if idx.dtype.itemsize < 4 else \
+        dtypes.int64
+    iota = UOp(Ops.IOTA, idt, (UOp(Ops.DEVICE, arg=x.device),), n)
     onehot = build.alu(Ops.CMPNE, build.alu(Ops.CMPNE, build.expand(build.reshape(build.cast(idx, idt), shp), big),
-                                            build.expand(build.reshape(UOp(Ops.IOTA, idt, (UOp(Ops.DEVICE, arg=x.device),), n),
-                                                                       (1,) * nd + (n,)), big)),
+                                            build.expand(build.reshape(iota, (1,) * nd + (n,)), big)),
                        build.const(True, dtypes.bool, x.device, big))
     contrib = build.alu(Ops.WHERE, onehot, build.expand(build.reshape(ctx, shp), big), build.const(0, ctx.dtype, x.device, big))
     summed = build.reshape(build.reduce_axis(contrib, Ops.ADD, [ax]), tuple(1 if d == ax else s for d, s in enumerate(idx.shape)) + (n,))

@@ -103,7 +103,7 @@ CACHELEVEL = ContextVar("CACHELEVEL", 2)
 SPLIT_REDUCE = ContextVar("SPLIT_REDUCE", 32768)  # shortest reduce split into two kernels (schedule/split.py); 0: off
 MERGE_RANGES = ContextVar("MERGE_RANGES", 1)   # 0: keep every loop of a kernel as its shape gives it (codegen/merge.py)
 VIZ = ContextVar("VIZ", 0)
-CHECK_OOB = ContextVar("CHECK_OOB", 0)  # realize tensor indices and raise IndexError for out-of-range ones (a debug aid)
+CHECK_OOB = ContextVar("CHECK_OOB", 0)  # debug aid: realize tensor indices, raise IndexError for out-of-range ones
 PROFILE = ContextVar("PROFILE", 0)  # write the timeline as Chrome trace-event JSON (fusegrad/viz)
 CAPTURE_PROCESS_REPLAY = ContextVar("CAPTURE_PROCESS_REPLAY", 0)  # record every compiled kernel (fusegrad/replay)
 

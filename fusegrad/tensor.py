@@ -962,7 +962,7 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin, metaclass=_TensorMe
     def cast(self, dtype: DTypeLike) -> "Tensor":
         dt = to_dtype(dtype)
         if self.dtype == dt: return self
-        if dtypes.is_float(self.dtype) and dtypes.is_int(dt) and dt.scalar() in dtypes.ints: return _float_to_int(self, dt)
+        if dtypes.is_float(self.dtype) and dt.scalar() in dtypes.ints: return _float_to_int(self, dt)
         return self._apply(lambda u: build.cast(u, dt))
 
     def bitcast(self, dtype: DTypeLike) -> "Tensor":

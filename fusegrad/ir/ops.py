@@ -234,8 +234,8 @@ class UOp(metaclass=UOpMetaClass):
         if not lo <= val <= hi: raise ValueError(f"Variable {name!r} bound to {val}, outside its range [{lo}, {hi}]")
         # kernels take variables as 32-bit int arguments: a wider value would be truncated (it read back as 0)
         if not -2**31 <= val < 2**31:
-            raise ValueError(f"Variable {name!r} bound to {val}: kernels pass variables as 32-bit ints, so a bound value "
-                             "must lie in [-2**31, 2**31)")
+            raise ValueError(f"Variable {name!r} bound to {val}: kernels pass variables as 32-bit ints, so a bound "
+                             "value must lie in [-2**31, 2**31)")
         return UOp(Ops.BIND, self.dtype, (self, UOp.const(self.dtype, val)))
 
     def unbind(self) -> tuple["UOp", int]:

@@ -91,8 +91,8 @@ EDGE_INTS = [1, -1, 5, -2**31, 7]
 EDGE_SHIFTS = [40, 33, -1, 32, 31]
 
 
-@pytest.mark.parametrize("dt, tdt", [(dtypes.int32, torch.int32), (dtypes.int64, torch.int64), (dtypes.int16, torch.int16),
-                                     (dtypes.int8, torch.int8), (dtypes.uint8, torch.uint8)])
+@pytest.mark.parametrize("dt, tdt", [(dtypes.int32, torch.int32), (dtypes.int64, torch.int64),
+                                     (dtypes.int16, torch.int16), (dtypes.int8, torch.int8), (dtypes.uint8, torch.uint8)])
 @pytest.mark.parametrize("device", ["CPU", "PYTHON"])
 def test_float_to_int_matches_torch(device, dt, tdt):
     # torch CPU (x86): NaN, inf and out-of-range give the minimum of int32/int64; narrower types go through int32
