@@ -3,7 +3,8 @@ it is a file), the errors a malformed file raises, and moving raw bytes in and o
 """
 from __future__ import annotations
 
-import mmap
+import functools
+import mmap as _mmap
 import os
 import pathlib
 import tempfile
@@ -27,11 +28,14 @@ class UnsafePickleError(FormatError):
 class Source:
     """The bytes of a file (memory-mapped, read-only) or of an in-memory buffer, with a name for error messages.
 
-    A mapped file must not be truncated in place while it is in use (reading past its new end would crash the process);
-    replacing it, as safe_save does, is safe: the mapping keeps the old file."""
+    A mapped file is checked against its current size on every read, so one truncated in place while in use raises
+    FormatError instead of crashing the process (the check and the copy are not atomic: for files another process may
+    truncate, pass mmap=False, which reads the whole file into memory once). Replacing a file, as safe_save does, is
+    always safe: the mapping keeps the old file."""
 
-    def __init__(self, fn: Any):
-        self._mm: mmap.mmap | None = None
+    def __init__(self, fn: Any, mmap: bool = True):
+        self._mm: Any = None
+        self._f: Any = None
         self.path: str | None = None
         if isinstance(fn, Tensor):
             self.name = "<tensor>"
@@ -41,12 +45,18 @@ class Source:
         elif isinstance(fn, (str, pathlib.Path)):
             self.name = self.path = str(fn)
             try:
-                with open(fn, "rb") as f:
+                f = open(fn, "rb")  # noqa: SIM115 - kept open: each read checks the file's current size
+                try:
                     size = os.fstat(f.fileno()).st_size
-                    if size: self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                    if not mmap: self.buf = memoryview(f.read())
+                    elif size:
+                        self._mm, self._f = _mmap.mmap(f.fileno(), 0, access=_mmap.ACCESS_READ), f
+                        self.buf = memoryview(self._mm)
+                    else: self.buf = memoryview(b"")
+                finally:
+                    if self._f is None: f.close()
             except OSError as e:  # keep the kind (FileNotFoundError, IsADirectoryError, ...) and name the file
                 raise type(e)(e.errno, f"{fn}: {e.strerror or e}") from e
-            self.buf = memoryview(self._mm) if self._mm is not None else memoryview(b"")
         else:
             raise TypeError(f"expected a file name, Path, bytes or uint8 Tensor, got {type(fn).__name__}")
 
@@ -57,10 +67,34 @@ class Source:
         if not 0 <= start <= end <= self.buf.nbytes:
             raise FormatError(f"{self.name}: {what} at bytes [{start}, {end}) is outside the file "
                               f"({self.buf.nbytes} bytes): the file is truncated or corrupt")
+        if self._f is not None and end > (now := os.fstat(self._f.fileno()).st_size):
+            raise FormatError(f"{self.name}: {what} at bytes [{start}, {end}) is past the file's end: it was truncated "
+                              f"to {now} bytes after it was opened (load with mmap=False to read a private copy)")
         return self.buf[start:end]
 
     def error(self, msg: str) -> FormatError:
         return FormatError(f"{self.name}: {msg}")
+
+
+def loader(fn: Callable) -> Callable:
+    """Every failure of the wrapped file reader is a FormatError (or an OSError for I/O) naming the file."""
+    @functools.wraps(fn)
+    def wrapper(src: Any, *args: Any, **kwargs: Any) -> Any:
+        if not isinstance(src, (str, pathlib.Path, bytes, bytearray, memoryview, Tensor)):
+            raise TypeError(f"expected a file name, Path, bytes or uint8 Tensor, got {type(src).__name__}")
+        try:
+            return fn(src, *args, **kwargs)
+        except (FormatError, OSError):
+            raise
+        except RecursionError:
+            raise FormatError(f"{_name(src)}: the file nests too deeply") from None
+        except Exception as e:  # noqa: BLE001 - anything else a malformed file can provoke
+            raise FormatError(f"{_name(src)}: malformed file: {type(e).__name__}: {str(e)[:300]}") from None
+    return wrapper
+
+
+def _name(src: Any) -> str:
+    return str(src) if isinstance(src, (str, pathlib.Path)) else f"<{type(src).__name__}>"
 
 
 def tensor_bytes(t: Tensor) -> bytes:

@@ -15,7 +15,7 @@ from typing import Any
 
 from fusegrad.dtype import DType, dtypes
 from fusegrad.helpers import prod
-from fusegrad.nn._io import FormatError, LazyStateDict, Source, tensor_from_bytes
+from fusegrad.nn._io import FormatError, LazyStateDict, Source, loader, tensor_from_bytes
 from fusegrad.tensor import Tensor
 
 # ggml type id -> (name, elements per block, bytes per block)
@@ -111,6 +111,7 @@ def ggml_data_to_tensor(t: Tensor, n: int, ggml_type: int) -> Tensor:
 # ---------------------------------------------------------------------------------------------------------------------
 # the container
 
+_MAX_ARRAY_DEPTH = 32
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 
 
@@ -142,19 +143,23 @@ class _Cursor:
         except UnicodeDecodeError:
             raise self.src.error(f"{what} is not valid UTF-8") from None
 
-    def value(self, vtype: int, what: str) -> Any:
+    def value(self, vtype: int, what: str, depth: int = 0) -> Any:
         if vtype in _SCALARS: return self.unpack(_SCALARS[vtype], what)
         if vtype == 8: return self.string(what)
         if vtype == 9:
+            if depth >= _MAX_ARRAY_DEPTH:
+                raise self.src.error(f"{what}: arrays nest more than {_MAX_ARRAY_DEPTH} deep at byte {self.pos}")
             etype = self.unpack("<I", f"element type of {what}")
-            return [self.value(etype, what) for _ in range(self.count(f"length of {what}"))]
+            return [self.value(etype, what, depth + 1) for _ in range(self.count(f"length of {what}"))]
         raise self.src.error(f"{what} has unknown value type {vtype}")
 
 
-def gguf_load(fn: Tensor | str | pathlib.Path) -> tuple[dict[str, Any], LazyStateDict]:
+@loader
+def gguf_load(fn: Tensor | str | pathlib.Path, mmap: bool = True) -> tuple[dict[str, Any], LazyStateDict]:
     """Read a .gguf file: (metadata key -> value, tensor name -> Tensor). Tensors are read and dequantized on first use;
-    shapes are in PyTorch order (GGUF's dims reversed)."""
-    src = Source(fn)
+    shapes are in PyTorch order (GGUF's dims reversed). mmap=False reads the whole file into memory now (see
+    safe_load)."""
+    src = Source(fn, mmap=mmap)
     if len(src) < 4 or bytes(src.buf[:4]) != b"GGUF": raise src.error("not a GGUF file (missing the 'GGUF' magic)")
     if len(src) < 8: raise src.error("truncated GGUF header")
     version = struct.unpack("<I", src.buf[4:8])[0]

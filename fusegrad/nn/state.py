@@ -21,6 +21,7 @@ from fusegrad.dtype import DType, dtypes
 from fusegrad.helpers import prod
 from fusegrad.nn._io import (
     FormatError,
+    loader,
     LazyStateDict,
     Source,
     UnsafePickleError,
@@ -154,20 +155,43 @@ def _safetensors_header(src: Source) -> tuple[int, dict[str, Any]]:
         header = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as e:
         raise src.error(f"safetensors header is not valid JSON: {e}") from None
+    except RecursionError:
+        raise src.error(f"safetensors header JSON nests too deeply (at byte {8 + _too_deep_at(raw)})") from None
     if not isinstance(header, dict): raise src.error("safetensors header must be a JSON object")
     return n, header
 
 
-def safe_load_metadata(fn: Tensor | str | pathlib.Path) -> tuple[memoryview, int, dict[str, Any]]:
+def _too_deep_at(raw: bytes, limit: int = 200) -> int:
+    """The offset in a JSON text where bracket nesting first passes `limit` (brackets in strings don't count)."""
+    depth, in_str, esc = 0, False, False
+    for i, c in enumerate(raw):
+        if in_str:
+            if esc: esc = False
+            elif c == 0x5C: esc = True
+            elif c == 0x22: in_str = False
+        elif c == 0x22: in_str = True
+        elif c in b"[{":
+            depth += 1
+            if depth > limit: return i
+        elif c in b"]}": depth -= 1
+    return 0
+
+
+@loader
+def safe_load_metadata(fn: Tensor | str | pathlib.Path, mmap: bool = True) -> tuple[memoryview, int, dict[str, Any]]:
     """(the file's bytes as a read-only memoryview, the header length, the parsed JSON header incl. "__metadata__")."""
-    src = Source(fn)
+    src = Source(fn, mmap=mmap)
     n, header = _safetensors_header(src)
     return src.buf, n, header
 
 
-def safe_load(fn: Tensor | str | pathlib.Path) -> LazyStateDict:
-    """Open a .safetensors file: returns name -> Tensor, each copied out of the memory-mapped file when first used."""
-    src = Source(fn)
+@loader
+def safe_load(fn: Tensor | str | pathlib.Path, mmap: bool = True) -> LazyStateDict:
+    """Open a .safetensors file: returns name -> Tensor, each copied out of the memory-mapped file when first used.
+
+    Each read checks the file's current size (a file truncated after opening raises FormatError); mmap=False reads the
+    whole file into memory now instead, for files that another process may change."""
+    src = Source(fn, mmap=mmap)
     n, header = _safetensors_header(src)
     data_start, data_len = 8 + n, len(src) - 8 - n
     entries: dict[str, tuple[tuple[int, ...], Callable[[], Tensor]]] = {}
@@ -175,12 +199,12 @@ def safe_load(fn: Tensor | str | pathlib.Path) -> LazyStateDict:
         if k == "__metadata__": continue
         if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= set(info):
             raise src.error(f"safetensors entry {k!r} needs dtype, shape and data_offsets, got {info!r}")
-        if info["dtype"] not in SAFETENSORS_DTYPES:
+        if type(info["dtype"]) is not str or info["dtype"] not in SAFETENSORS_DTYPES:
             raise src.error(f"tensor {k!r} has unsupported dtype {info['dtype']!r} (supported: {sorted(SAFETENSORS_DTYPES)})")
         dt, shape, offs = SAFETENSORS_DTYPES[info["dtype"]], info["shape"], info["data_offsets"]
-        if not isinstance(shape, list) or not all(isinstance(s, int) and s >= 0 for s in shape):
+        if not isinstance(shape, list) or not all(type(s) is int and s >= 0 for s in shape):
             raise src.error(f"tensor {k!r} has an invalid shape {shape!r}")
-        if not (isinstance(offs, list) and len(offs) == 2 and all(isinstance(o, int) for o in offs)
+        if not (isinstance(offs, list) and len(offs) == 2 and all(type(o) is int for o in offs)
                 and 0 <= offs[0] <= offs[1]):
             raise src.error(f"tensor {k!r} has invalid data_offsets {offs!r}")
         if offs[1] - offs[0] != prod(shape) * dt.itemsize:
