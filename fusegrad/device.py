@@ -198,6 +198,12 @@ class CompileError(Exception):
     pass
 
 
+def diskcache_del(table: str, key: str) -> None:
+    """Evict an entry (one that passed its checksum but turned out unusable); missing is fine."""
+    try: os.unlink(os.path.join(cache_dir(), table, key))
+    except OSError: pass
+
+
 def diskcache_get(table: str, key: str) -> bytes | None:
     if CACHELEVEL < 1: return None
     path = os.path.join(cache_dir(), table, key)
@@ -214,13 +220,16 @@ def diskcache_get(table: str, key: str) -> bytes | None:
 
 def diskcache_put(table: str, key: str, payload: bytes) -> None:
     if CACHELEVEL < 1: return
-    d = os.path.join(cache_dir(), table)
+    d, tmp = os.path.join(cache_dir(), table), None
     try:
         os.makedirs(d, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-")
         with os.fdopen(fd, "wb") as f: f.write(hash_bytes(payload).encode() + payload)
         os.replace(tmp, os.path.join(d, key))  # atomic: readers see the old file or the whole new one
     except OSError as e:
+        if tmp is not None:  # a failed write (full disk, ...) leaves no .tmp- file behind
+            try: os.unlink(tmp)
+            except OSError: pass
         if DEBUG >= 1: print(f"could not write compile cache {d}: {e}")
 
 

@@ -15,28 +15,42 @@ import os
 import platform
 import re
 import shutil
+import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
 from typing import Any
 
-from fusegrad.device import Allocator, Compiled, CompileError, Compiler, diskcache_get, diskcache_put
-from fusegrad.helpers import hash_bytes
+from fusegrad.device import Allocator, Compiled, CompileError, Compiler, diskcache_del, diskcache_get, diskcache_put
+from fusegrad.helpers import DEBUG, hash_bytes
 from fusegrad.renderer import ProgramSpec
 from fusegrad.renderer.cstyle import ClangRenderer
 
 _CANDIDATES = ("cc", "gcc", "clang")
 
 
+class CompileTimeoutError(CompileError):
+    """The C compiler ran past COMPILE_TIMEOUT seconds and was killed."""
+
+
+_warned: set[str] = set()
+
+
 def find_compiler(raise_error: bool = True) -> str | None:
-    """The C compiler to use: $CC, else the first of cc/gcc/clang on PATH."""
+    """The C compiler to use: $CC, else the first of cc/gcc/clang on PATH. Without raise_error (choosing the default
+    device), a CC that can't be used is reported once on stderr and None is returned."""
     tried = []
-    if (cc := os.getenv("CC")):
-        if shutil.which(cc.split()[0]): return cc
-        if raise_error:  # an explicit choice that doesn't exist is an error, not a silent fallback
-            raise RuntimeError(f"CC={cc!r} is set but not found on PATH; unset CC to use cc/gcc/clang, or install it. "
-                               "DEV=PYTHON works without a compiler (slowly).")
+    if (cc := os.getenv("CC")) is not None and cc != "":
+        why = "is blank" if not cc.strip() else None if shutil.which(cc.split()[0]) else "is not found on PATH"
+        if why is None: return cc
+        msg = (f"CC={cc!r} is set but {why}; unset CC to use cc/gcc/clang, or install it. "
+               "DEV=PYTHON works without a compiler (slowly).")
+        if raise_error: raise RuntimeError(msg)  # an explicit choice that doesn't work is an error
+        if msg not in _warned:
+            _warned.add(msg)
+            print(f"fusegrad: {msg} The default device is PYTHON.", file=sys.stderr)
         return None
     for c in _CANDIDATES:
         tried.append(c)
@@ -82,19 +96,37 @@ class CPUCompiler(Compiler):
         super().__init__(self.table)
 
     def compile(self, src: str) -> bytes:
+        kernels = ", ".join(_KERNEL_FN.findall(src)[:8]) or "?"
+        timeout = float(os.getenv("COMPILE_TIMEOUT", "600"))
         with tempfile.TemporaryDirectory() as d:
             out = os.path.join(d, "k.so")
-            proc = subprocess.run([*self.cc.split(), *self.flags, "-x", "c", "-", "-o", out, "-lm"], input=src,
-                                  capture_output=True, text=True)
+            # own process group: on a timeout the whole compiler (driver, cc1, as, ld) is killed, not just the driver
+            proc = subprocess.Popen([*self.cc.split(), *self.flags, "-x", "c", "-", "-o", out, "-lm"], text=True,
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    start_new_session=True)
+            try: _, stderr = proc.communicate(src, timeout=timeout)
+            except subprocess.TimeoutExpired:
+                try: os.killpg(proc.pid, signal.SIGKILL)
+                except OSError: pass
+                proc.communicate()
+                raise CompileTimeoutError(f"C compiler {self.cc!r} did not finish compiling kernel {kernels} within "
+                                   f"COMPILE_TIMEOUT={timeout:g} s; killed it. Raise COMPILE_TIMEOUT or check CC.") from None
             if proc.returncode != 0:
-                raise CompileError(f"C compile failed ({self.cc}):\n{proc.stderr}\n--- source ---\n{src}")
-            with open(out, "rb") as f: return f.read()
+                raise CompileError(f"C compile failed ({self.cc}):\n{stderr}\n--- source ---\n{src}")
+            try:
+                with open(out, "rb") as f: return f.read()
+            except OSError:
+                raise CompileError(f"C compiler {self.cc!r} exited 0 but wrote no output for kernel {kernels}; its "
+                                   f"stderr:\n{stderr or '(empty)'}") from None
 
     def _lookup(self, src: str) -> bytes | None:
         """The cached binary of a source, or None. A reference into a batch object counts only while that object is
         loaded or in the disk cache (its bytes are then kept for CPUProgram)."""
         if (lib := diskcache_get(self.table, hash_bytes(src))) is None or not lib.startswith(BATCH_REF): return lib
-        bkey = lib[len(BATCH_REF):].split(b":")[0].decode()
+        try: bkey, _sym = lib[len(BATCH_REF):].decode().split(":")
+        except ValueError:  # a malformed reference (UnicodeDecodeError is a ValueError too): evict, compile again
+            diskcache_del(self.table, hash_bytes(src))
+            return None
         with _batch_lock:
             if bkey in _batch_libs or bkey in _batch_objs: return lib
         if (obj := diskcache_get(self.table, bkey)) is None: return None  # evicted or corrupt: compile again
@@ -123,6 +155,7 @@ class CPUCompiler(Compiler):
             syms[i] = f"{name}__fg{i}"
         unit = "\n".join(parts)
         try: obj = self.compile(unit)
+        except CompileTimeoutError: raise   # one by one would time out once per kernel
         except CompileError:  # compile them one by one, so the error names the kernel that fails
             return [lib if lib is not None else self.compile_cached(src) for lib, (_, src) in zip(libs, kernels)]
         bkey = f"batch_{hash_bytes(unit)}"
@@ -133,6 +166,8 @@ class CPUCompiler(Compiler):
             diskcache_put(self.table, hash_bytes(kernels[i][1]), ref)
         return [lib for lib in libs if lib is not None]
 
+
+_KERNEL_FN = re.compile(r"^(?:void|int) (\w+)\(", re.MULTILINE)
 
 # a compile-cache entry that points into a batch object: BATCH_REF + b"<batch key>:<symbol>"
 BATCH_REF = b"FUSEGRAD-BATCH-REF:"
@@ -191,19 +226,37 @@ class CPUProgram:
 
     def __init__(self, spec: ProgramSpec, lib: bytes):
         self.name, self.spec = spec.name, spec
-        sym = spec.name
-        if lib.startswith(BATCH_REF):  # a kernel inside a batch object (CPUCompiler.compile_batch)
-            bkey, sym = lib[len(BATCH_REF):].decode().split(":")
-            self.lib = _batch_lib(bkey)
-        else: self.lib = _load_shared_object(lib)
-        try: self.fxn = getattr(self.lib, sym)
-        except AttributeError as e: raise CompileError(f"kernel {spec.name} missing from its compiled object") from e
+        try: self.lib, self.fxn = self._load(lib, spec.name)
+        except (OSError, ValueError, UnicodeDecodeError, CompileError) as e:
+            # a cache entry can pass its checksum and still be unusable (written by another build, a bad batch
+            # reference, ...): evict it and compile afresh, so the cache repairs itself instead of failing every run
+            if _noexec(e): raise _noexec_error(e) from None
+            if DEBUG >= 1: print(f"unusable compiled kernel {spec.name} ({e}); evicting and recompiling")
+            comp = _compiler()
+            diskcache_del(comp.table, hash_bytes(spec.src))
+            if lib.startswith(BATCH_REF):
+                diskcache_del(comp.table, lib[len(BATCH_REF):].split(b":")[0].decode(errors="replace"))
+            lib = comp.compile(spec.src)
+            try: self.lib, self.fxn = self._load(lib, spec.name)
+            except OSError as e2:
+                raise (_noexec_error(e2) if _noexec(e2) else CompileError(f"kernel {spec.name}: {e2}")) from None
+            diskcache_put(comp.table, hash_bytes(spec.src), lib)
         self.fxn.argtypes = [ctypes.c_void_p] * spec.nbufs + [ctypes.c_int] * len(spec.vars) + \
             ([ctypes.c_int, ctypes.c_int] if spec.thread_size else [])
         self.fxn.restype = None
         n = spec.thread_size
         t = min(cpu_threads(), n) if n else 1
         self.chunks = [(n * i // t, n * (i + 1) // t) for i in range(t)] if n else []
+
+    @staticmethod
+    def _load(lib: bytes, name: str) -> tuple[ctypes.CDLL, Any]:
+        sym = name
+        if lib.startswith(BATCH_REF):  # a kernel inside a batch object (CPUCompiler.compile_batch)
+            bkey, sym = lib[len(BATCH_REF):].decode().split(":")
+            so = _batch_lib(bkey)
+        else: so = _load_shared_object(lib)
+        try: return so, getattr(so, sym)
+        except AttributeError as e: raise CompileError(f"kernel {name} missing from its compiled object") from e
 
     def __call__(self, *bufs: Any, vals: tuple[int, ...] = (), wait: bool = False) -> float | None:
         st = time.perf_counter()
@@ -214,6 +267,20 @@ class CPUProgram:
             self.fxn(*bufs, *vals, *self.chunks[0])
             for f in futs: f.result()
         return time.perf_counter() - st if wait else None
+
+
+@functools.cache
+def _compiler() -> CPUCompiler: return CPUCompiler()
+
+
+def _noexec(e: BaseException) -> bool:
+    return "failed to map segment" in str(e) or "operation not permitted" in str(e).lower()
+
+
+def _noexec_error(e: BaseException) -> CompileError:
+    return CompileError(f"could not load a compiled kernel from {tempfile.gettempdir()}: {e}. That directory is "
+                        "probably on a filesystem mounted noexec: set TMPDIR to a directory where programs may run "
+                        "(e.g. TMPDIR=$HOME/.cache/tmp), or use DEV=PYTHON.")
 
 
 def _load_shared_object(lib: bytes) -> ctypes.CDLL:
