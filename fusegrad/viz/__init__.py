@@ -15,21 +15,20 @@ from __future__ import annotations
 import atexit
 import os
 import sys
-import tempfile
 from typing import Any
 
 from fusegrad.helpers import PROFILE, VIZ
 from fusegrad.viz.recorder import RECORDER, sync_hooks
-from fusegrad.viz.serialize import build_data, load, save, write_profile
+from fusegrad.viz.serialize import build_data, load, private_dir, save, write_profile
 from fusegrad.viz.server import make_server, serve_in_thread, url
 
 __all__ = ["build_data", "save", "load", "write_profile", "serve", "serve_in_thread", "clear", "default_save_path",
            "default_profile_path"]
 
 
-def default_save_path() -> str: return os.path.join(tempfile.gettempdir(), "fusegrad_viz.json")
-def default_profile_path() -> str: return os.getenv("PROFILE_PATH") or os.path.join(tempfile.gettempdir(),
-                                                                                   "fusegrad_profile.json")
+def default_save_path() -> str: return os.path.join(private_dir(), "fusegrad_viz.json")
+def default_profile_path() -> str:
+    return os.getenv("PROFILE_PATH") or os.path.join(private_dir(), "fusegrad_profile.json")
 
 
 def clear() -> None:

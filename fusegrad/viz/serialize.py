@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
+import tempfile
 from collections import Counter
 from typing import Any
 
@@ -115,12 +117,36 @@ def build_data(rec: Recorder = RECORDER) -> dict[str, Any]:
             "timeline": [event_json(e) for e in list(rec.events)]}
 
 
+def write_json(path: str, obj: Any) -> str:
+    """Write JSON through a fresh temporary file (mkstemp: O_EXCL, mode 0600) in the target's directory, renamed into
+    place: a file or symlink planted at a predictable name is never opened or followed."""
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".fusegrad-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f: json.dump(obj, f, separators=(",", ":"))
+        os.replace(tmp, path)   # rename replaces a symlink at `path` itself, never its target
+    except BaseException:
+        try: os.unlink(tmp)
+        except OSError: pass
+        raise
+    return path
+
+
+def private_dir() -> str:
+    """A per-user directory under the temp dir for the default VIZ/PROFILE files: created 0700, and refused unless it
+    is a real directory owned by this user that nobody else can write (another user may have planted it)."""
+    d = os.path.join(tempfile.gettempdir(), f"fusegrad-{os.getuid() if hasattr(os, 'getuid') else 'user'}")
+    try: os.mkdir(d, 0o700)
+    except FileExistsError: pass
+    st = os.lstat(d)
+    if not stat.S_ISDIR(st.st_mode) or (hasattr(os, "getuid") and st.st_uid != os.getuid()) or st.st_mode & 0o022:
+        raise PermissionError(f"{d} is not a private directory of this user (a symlink, another user's, or writable "
+                              "by others): remove it, or set VIZ_SAVE / PROFILE_PATH")
+    return d
+
+
 def save(path: str, data: dict[str, Any] | None = None) -> str:
     """Write the VIZ data to `path` (what `VIZ_SAVE=path` does at exit); returns the path."""
-    data = build_data() if data is None else data
-    with open(path + ".tmp", "w") as f: json.dump(data, f, separators=(",", ":"))
-    os.replace(path + ".tmp", path)
-    return path
+    return write_json(path, build_data() if data is None else data)
 
 
 def load(path: str) -> dict[str, Any]:
@@ -152,6 +178,4 @@ def chrome_trace(rec: Recorder = RECORDER) -> dict[str, Any]:
 
 
 def write_profile(path: str, rec: Recorder = RECORDER) -> str:
-    with open(path + ".tmp", "w") as f: json.dump(chrome_trace(rec), f)
-    os.replace(path + ".tmp", path)
-    return path
+    return write_json(path, chrome_trace(rec))

@@ -17,6 +17,12 @@ _TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=
           ".svg": "image/svg+xml"}
 
 
+def _local_host(host: str) -> bool:
+    """Whether a Host header names this machine's loopback: localhost, 127.0.0.1 or [::1], with any port."""
+    name = host.rsplit(":", 1)[0] if host.count(":") == 1 or host.startswith("[") and "]:" in host else host
+    return name.lower() in ("localhost", "127.0.0.1", "[::1]")
+
+
 def _handler(data: dict[str, Any]) -> type[BaseHTTPRequestHandler]:
     index = json.dumps(data["index"]).encode()
 
@@ -34,6 +40,9 @@ def _handler(data: dict[str, Any]) -> type[BaseHTTPRequestHandler]:
         def _json(self, obj: Any) -> None: self._send(200, json.dumps(obj).encode(), "application/json")
 
         def do_GET(self) -> None:
+            # DNS rebinding: a page from evil.example whose name now resolves to 127.0.0.1 sends Host: evil.example
+            if not _local_host(self.headers.get("Host", "")):
+                return self._send(403, b"VIZ only answers requests addressed to localhost or 127.0.0.1", "text/plain")
             path = self.path.split("?")[0]
             parts = [p for p in path.split("/") if p]
             if not parts: return self._asset("index.html")
@@ -42,7 +51,10 @@ def _handler(data: dict[str, Any]) -> type[BaseHTTPRequestHandler]:
                 if parts[1:] == ["index"]: return self._send(200, index, "application/json")
                 if parts[1:] == ["timeline"]: return self._json(data["timeline"])
                 if parts[1:] == ["all"]: return self._json(data)
-                if len(parts) == 3 and parts[1] in ("pass", "kernel") and parts[2].isdigit():
+                if len(parts) == 3 and parts[1] in ("pass", "kernel"):
+                    if not (parts[2].isascii() and parts[2].isdigit()):
+                        return self._send(400, f"bad {parts[1]} id {parts[2][:40]!r}: expected an integer".encode(),
+                                          "text/plain")
                     table = data["passes" if parts[1] == "pass" else "kernels"]
                     if int(parts[2]) < len(table): return self._json(table[int(parts[2])])
             self._send(404, f"not found: {path}".encode(), "text/plain")
