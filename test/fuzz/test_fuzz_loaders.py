@@ -18,7 +18,7 @@ from fusegrad.nn.state import FormatError, gguf_load, safe_load, safe_save, torc
 
 from .conftest import examples
 
-N = examples(120)
+N = examples(300)
 PER_CASE_S = 5.0
 MAX_RSS_GROWTH = 1 << 30
 COUNTS: dict[str, list] = {}
