@@ -121,7 +121,8 @@ def _ordered_dict(*args: Any) -> OrderedDict:
     """collections.OrderedDict(), or OrderedDict(list of (key, value) pairs) with plain keys."""
     if len(args) > 1: raise ValueError("OrderedDict takes at most one argument")
     if args:
-        if not isinstance(args[0], (list, tuple)) or not all(isinstance(p, (list, tuple)) and len(p) == 2 for p in args[0]):
+        pairs = args[0]
+        if not isinstance(pairs, (list, tuple)) or not all(isinstance(p, (list, tuple)) and len(p) == 2 for p in pairs):
             raise ValueError(f"OrderedDict({_r(args[0])}): expected a list of (key, value) pairs")
         _check_keys(p[0] for p in args[0])
     return OrderedDict(*args)
@@ -254,8 +255,8 @@ class _Materializer:
         else:
             # the real byte count, now: whatever the pickle claimed about the storage earlier
             if (last := _last_index(p.offset, p.size, p.stride)) >= min(st.numel, data.nbytes // isz):
-                raise src.error(f"a tensor of size {p.size}, stride {p.stride} at offset {p.offset} reaches element {last} "
-                                f"of storage {st.key}, which holds {min(st.numel, data.nbytes // isz)}")
+                raise src.error(f"a tensor of size {p.size}, stride {p.stride} at offset {p.offset} reaches element "
+                                f"{last} of storage {st.key}, which holds {min(st.numel, data.nbytes // isz)}")
             # stride-0 dims stay broadcast (expand), size-1 dims need no stride: copy only the distinct elements
             size = tuple(1 if st_ == 0 else s for s, st_ in zip(p.size, p.stride))
             stride = tuple(0 if s == 1 else st_ for s, st_ in zip(size, p.stride))

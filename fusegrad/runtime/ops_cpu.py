@@ -110,7 +110,8 @@ class CPUCompiler(Compiler):
                 except OSError: pass
                 proc.communicate()
                 raise CompileTimeoutError(f"C compiler {self.cc!r} did not finish compiling kernel {kernels} within "
-                                   f"COMPILE_TIMEOUT={timeout:g} s; killed it. Raise COMPILE_TIMEOUT or check CC.") from None
+                                          f"COMPILE_TIMEOUT={timeout:g} s; killed it. Raise COMPILE_TIMEOUT or check "
+                                          "CC.") from None
             if proc.returncode != 0:
                 raise CompileError(f"C compile failed ({self.cc}):\n{stderr}\n--- source ---\n{src}")
             try:

@@ -98,8 +98,8 @@ def test_fuzz_safetensors_mutated(data):
 
 json_leaf = st.one_of(st.integers(-2**64, 2**64), st.floats(allow_nan=False), st.text(max_size=8), st.booleans(),
                       st.none())
-json_val = st.recursive(json_leaf, lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=6), c, max_size=4),
-                        max_leaves=12)
+json_val = st.recursive(json_leaf, lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=6), c,
+                                                                                         max_size=4), max_leaves=12)
 entry = st.fixed_dictionaries({
     "dtype": st.sampled_from(["F32", "F16", "BF16", "I64", "U8", "BOOL", "F64", "X", "f32"]) | json_val,
     "shape": st.lists(st.integers(-2, 2**40), max_size=5) | json_val,

@@ -181,6 +181,7 @@ def test_deep_nesting_is_a_format_error(tmp_path):
 def test_compressed_pickle_too(tmp_path):
     out = io.BytesIO()
     with zipfile.ZipFile(out, "w") as z:
-        z.writestr("archive/data.pkl", PROTO + b"N" + b"0" * ((80 << 20) - 1) + STOP, compress_type=zipfile.ZIP_DEFLATED)
+        z.writestr("archive/data.pkl", PROTO + b"N" + b"0" * ((80 << 20) - 1) + STOP,
+                   compress_type=zipfile.ZIP_DEFLATED)
     assert len(zlib.compress(b"0" * 1000)) < 100
     with pytest.raises(FormatError, match="inflate"): torch_load(write(tmp_path, out.getvalue()))
