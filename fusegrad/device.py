@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import json
 import os
 import pkgutil
 import tempfile
@@ -215,7 +216,25 @@ def diskcache_get(table: str, key: str) -> bytes | None:
     if digest.decode(errors="replace") != hash_bytes(payload):
         if DEBUG >= 1: print(f"corrupt cache entry {path}, recompiling")
         return None
+    if (check := CACHE_VALIDATORS.get(table)) is not None and not check(payload):
+        # the checksum matched but the entry can't be used (written by another version, ...): evict, so it is redone
+        if DEBUG >= 1: print(f"unusable cache entry {path}, evicting")
+        diskcache_del(table, key)
+        return None
     return payload
+
+
+def _valid_program(payload: bytes) -> bool:
+    """A "program" cache entry (the engine's rendered ProgramSpec) is a JSON object with these fields."""
+    try: d = json.loads(payload)
+    except ValueError: return False
+    want = {"name": str, "src": str, "nbufs": int, "ops": int, "mem": int, "global_size": list, "local_size": list,
+            "display_name": str, "thread_size": int}
+    return isinstance(d, dict) and all(isinstance(d.get(k), t) for k, t in want.items())
+
+
+# table -> a check that a checksummed entry is usable; an entry that fails it is evicted and reads as missing
+CACHE_VALIDATORS: dict[str, Callable[[bytes], bool]] = {"program": _valid_program}
 
 
 def diskcache_put(table: str, key: str, payload: bytes) -> None:

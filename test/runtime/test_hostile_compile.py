@@ -60,7 +60,14 @@ def test_unusable_cache_entries_are_repaired(tmp_path):
     env = {"XDG_CACHE_HOME": str(tmp_path)}
     assert run_child(env).stdout.strip() == "[4.0, 7.0]"
     entries = [os.path.join(r, f) for r, _, fs in os.walk(tmp_path) for f in fs if "cpu_" in r]
-    assert entries
+    programs = [os.path.join(r, f) for r, _, fs in os.walk(tmp_path) for f in fs if r.endswith("program")]
+    assert entries and programs
+    for bad in (b"{not json", b'{"name": "x"}', b'[1, 2]'):   # the engine's rendered-program cache
+        for e in programs:
+            with open(e, "wb") as f: f.write(hash_bytes(bad).encode() + bad)
+        for _ in range(2):
+            r = run_child(env)
+            assert r.stdout.strip() == "[4.0, 7.0]", r.stderr[-3000:]
     for bad in (b"not an ELF file", b"FUSEGRAD-BATCH-REF:x:y:z", b"FUSEGRAD-BATCH-REF:\xff"):
         for e in entries:   # checksums that match, contents that can't be loaded
             with open(e, "wb") as f: f.write(hash_bytes(bad).encode() + bad)
