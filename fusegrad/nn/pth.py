@@ -10,7 +10,7 @@ Hostile files: the unpickler is the pure-Python one (its memo is a dict, so a hu
 is only allowed on OrderedDicts (it can't retarget a storage or touch a module-level object), dict/set keys must be
 plain values (hashing a shared-tuple DAG would take exponential time), objects shared in the pickle stay shared,
 every view is checked against its storage's real byte count when it is read, stride-0 (expanded) dimensions stay
-expanded views, compressed zip entries are size-checked before inflating, and the bytes copied for strided views are
+expanded views, compressed zip entries are size-checked before inflating, and the bytes copied out of storages are
 bounded by the file's size.
 """
 from __future__ import annotations
@@ -39,7 +39,7 @@ _LEGACY_PROTOCOL = 1001
 
 
 _MAX_INFLATE = 64 << 20     # compressed zip entries may inflate to max(this, 8 x the archive's size) bytes in all
-_MAX_COPY = 64 << 20        # bytes copied for strided views: at most 2 x the storages' bytes + this
+_MAX_COPY = 64 << 20        # bytes copied out of storages into tensors: at most 2 x the storages' bytes + this
 _short = reprlib.Repr()
 _short.maxlevel, _short.maxstring, _short.maxother = 3, 60, 60
 
@@ -261,14 +261,13 @@ class _Materializer:
             size = tuple(1 if st_ == 0 else s for s, st_ in zip(p.size, p.stride))
             stride = tuple(0 if s == 1 else st_ for s, st_ in zip(size, p.stride))
             n = prod(size)
+            if n * isz > self.budget:   # distinct views of one storage could otherwise copy it over and over
+                raise src.error(f"the tensor views copy more than twice the storages' bytes plus {_MAX_COPY >> 20} MiB: "
+                                "overlapping views this large are not supported")
+            self.budget -= n * isz
             if all(st_ == c for s, st_, c in zip(size, stride, _contiguous_strides(size)) if s != 1):
                 raw: Any = data[p.offset * isz:(p.offset + n) * isz]
-            else:
-                if n * isz > self.budget:
-                    raise src.error(f"strided tensor views copy more than {2 * _MAX_COPY >> 20} MiB beyond twice the "
-                                    "storages' size: overlapping views this large are not supported")
-                self.budget -= n * isz
-                raw = _strided_bytes(data, isz, p.offset, size, stride)
+            else: raw = _strided_bytes(data, isz, p.offset, size, stride)
             out = tensor_from_bytes(raw, st.dtype, size)
             if size != p.size: out = out.expand(p.size)
         self.views[key] = out
