@@ -16,6 +16,7 @@ bounded by the file's size.
 from __future__ import annotations
 
 import io
+import mmap
 import pathlib
 import pickle
 import reprlib
@@ -353,8 +354,13 @@ class _Reader:
         return len(data)
 
     def readline(self) -> bytes:
-        end = self.pos
-        while end < self.buf.nbytes and self.buf[end] != 10: end += 1
+        obj = self.buf.obj
+        if isinstance(obj, (bytes, mmap.mmap)) and len(obj) == self.buf.nbytes:   # the whole file: search in C
+            end = obj.find(b"\n", self.pos)
+            end = self.buf.nbytes - 1 if end < 0 else end
+        else:
+            end = self.pos
+            while end < self.buf.nbytes and self.buf[end] != 10: end += 1
         return self.read(end + 1 - self.pos)
 
 

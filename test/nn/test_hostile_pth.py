@@ -197,3 +197,10 @@ def test_compressed_pickle_too(tmp_path):
                    compress_type=zipfile.ZIP_DEFLATED)
     assert len(zlib.compress(b"0" * 1000)) < 100
     with pytest.raises(FormatError, match="inflate"): torch_load(write(tmp_path, out.getvalue()))
+
+
+def test_long_text_line_in_legacy_pickle_is_fast():
+    """A protocol-0 INT opcode whose line runs 40 MB: the line is found in C, not byte by byte in Python."""
+    t0 = time.perf_counter()
+    with pytest.raises(FormatError, match="<bytes>"): torch_load(b"\x80\x02I" + b"1" * (40 << 20))
+    assert time.perf_counter() - t0 < 4
