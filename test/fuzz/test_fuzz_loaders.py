@@ -10,15 +10,15 @@ import time
 import zipfile
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from fusegrad import Tensor
 from fusegrad.nn.state import FormatError, gguf_load, safe_load, safe_save, torch_load
 
-from .conftest import examples
+from .conftest import fuzz_settings
 
-N = examples(300)
+FUZZ = fuzz_settings(300)
 PER_CASE_S = 5.0
 MAX_RSS_GROWTH = 1 << 30
 COUNTS: dict[str, list] = {}
@@ -90,7 +90,7 @@ def safetensors_bytes() -> bytes:
 SAFE = safetensors_bytes()
 
 
-@settings(max_examples=N)
+@FUZZ
 @given(mutated(SAFE))
 def test_fuzz_safetensors_mutated(data):
     exercise("safetensors mutated", safe_load, data)
@@ -106,7 +106,7 @@ entry = st.fixed_dictionaries({
     "data_offsets": st.lists(st.integers(-8, 2**64), min_size=0, max_size=3) | json_val})
 
 
-@settings(max_examples=N)
+@FUZZ
 @given(st.dictionaries(st.text(max_size=8), entry | json_val, max_size=5), st.binary(max_size=256),
        st.integers(-16, 16))
 def test_fuzz_safetensors_generated_headers(header, body, skew):
@@ -142,20 +142,20 @@ def rezip(entries: dict[str, bytes]) -> bytes:
     return out.getvalue()
 
 
-@settings(max_examples=N)
+@FUZZ
 @given(mutated(ZIP))
 def test_fuzz_pth_zip_mutated(data):
     exercise("pth zip mutated", torch_load, data)
 
 
-@settings(max_examples=N)
+@FUZZ
 @given(mutated(ZIP_ENTRIES[PKL_NAME]))
 def test_fuzz_pth_pickle_mutated(pkl):
     """Mutations of the pickle itself inside a well-formed zip: the restricted unpickler's inputs."""
     exercise("pth pickle mutated", torch_load, rezip({**ZIP_ENTRIES, PKL_NAME: pkl}))
 
 
-@settings(max_examples=N)
+@FUZZ
 @given(mutated(LEGACY))
 def test_fuzz_pth_legacy_mutated(data):
     exercise("pth legacy mutated", torch_load, data)
@@ -193,7 +193,7 @@ def test_gguf_seed_is_valid():
     assert kv["n"] == 7 and ts["f32"].shape == (2, 4) and ts["q8"].numpy()[1] == 1.0
 
 
-@settings(max_examples=N)
+@FUZZ
 @given(mutated(GGUF))
 def test_fuzz_gguf_mutated(data):
     exercise("gguf mutated", gguf_load, data)
