@@ -6,6 +6,9 @@ out-of-range values (so no float -> int casts at all), shifts by >= the bit widt
 on ints). Reductions are cast back to the input dtype, as torch's sum(dtype=...) keeps it (fusegrad sums uint8 in a
 wider dtype by design). Every mismatch this fuzzer finds is to become a unit test next to the code it fixes.
 
+Found so far (test_known_mismatches.py): on WEBGPU (lavapipe) the driver rewrites (x + y) - y to x, so nan/inf
+inputs (and large finite ones) give different answers; WEBGPU is therefore compared only on graphs with finite inputs.
+
 A long run: FUZZ_EXAMPLES=2000 FUZZ_RANDOM=1 python -m pytest -n 0 -p no:cacheprovider test/fuzz/test_fuzz_ops.py -s"""
 import math
 
@@ -36,8 +39,12 @@ def available(d: str) -> bool:
 
 DEVICES = [d for d in BACKENDS if available(d)]
 DT = {"float32": (dtypes.float32, torch.float32), "float16": (dtypes.float16, torch.float16),
-      "int32": (dtypes.int32, torch.int32), "uint8": (dtypes.uint8, torch.uint8), "bool": (dtypes.bool, torch.bool)}
-FLOATS = ("float32", "float16")
+      "int32": (dtypes.int32, torch.int32), "uint8": (dtypes.uint8, torch.uint8), "bool": (dtypes.bool, torch.bool),
+      "float64": (dtypes.float64, torch.float64), "int64": (dtypes.int64, torch.int64), "int8": (dtypes.int8, torch.int8),
+      "int16": (dtypes.int16, torch.int16)}
+FLOATS = ("float32", "float16", "float64")
+NP = {"float32": np.float32, "float16": np.float16, "float64": np.float64, "int32": np.int32, "int64": np.int64,
+      "int8": np.int8, "int16": np.int16, "uint8": np.uint8, "bool": np.bool_}
 SPECIAL = [float("nan"), float("inf"), float("-inf"), -0.0, 0.0, 1.0, -1.0, 0.5, 1e-3, 1000.0]
 UNARY_F = ["neg", "exp", "sqrt", "log", "reciprocal", "relu", "sigmoid", "sin"]
 BINARY = ["add", "sub", "mul", "maximum", "minimum", "lt", "eq", "where"]
@@ -67,8 +74,7 @@ def run(prog, fg_device: str | None):
 
     def mk(v, d):
         a = np.array(v, dtype=np.float64 if d in FLOATS else bool if d == "bool" else np.int64).reshape(shape)
-        a = a.astype({"float32": np.float32, "float16": np.float16, "int32": np.int32, "uint8": np.uint8,
-                      "bool": np.bool_}[d])
+        a = a.astype(NP[d])
         return Tensor(a, device=fg_device) if isfg else torch.from_numpy(a.copy())
     x, y, cur = mk(xs[0], dt), mk(xs[1], dt), dt
     used = {dt}
@@ -103,7 +109,9 @@ def run(prog, fg_device: str | None):
             if x.ndim and x.shape[-1] > 1: x = x[..., 1::2] if r.integers(2) else x[..., :-1]
         elif kind == "cast":
             to = list(DT)[r.integers(len(DT))]
-            if cur in FLOATS and to not in FLOATS and to != "bool": continue   # known: float -> int (nan/inf/range)
+            if cur in FLOATS and to not in FLOATS and to != "bool":
+                # known: float -> int of nan/inf/out-of-range values; cast only finite values in every int's range
+                x = (x.abs() < 100).where(x, 0) if isfg else torch.where(x.abs() < 100, x, torch.zeros_like(x))
             x = x.cast(DT[to][0]) if isfg else x.to(DT[to][1])
             cur = to
             used.add(to)
@@ -140,7 +148,9 @@ def test_fuzz_op_graphs(prog):
     py = run(prog, "PYTHON")
     assert py is not None
     assert same(py[0], ref, dt), f"PYTHON != torch\n{prog}\nPYTHON {py[0]}\ntorch {ref}"
+    finite = all(not isinstance(v, float) or math.isfinite(v) for xs in prog[2] for v in xs)
     for dev in DEVICES:
+        if dev == "WEBGPU" and not finite: continue   # KNOWN: the Vulkan driver reassociates float math, see below
         got = run(prog, dev)   # None: the program uses a dtype this backend lacks
         if got is None: continue
         RAN[dev] = RAN.get(dev, 0) + 1
