@@ -24,7 +24,7 @@ import struct
 import zipfile
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 from fusegrad.dtype import DType, dtypes
 from fusegrad.helpers import prod
@@ -52,7 +52,7 @@ def _r(x: Any) -> str:
 
 class _StorageType:
     """Stands in for torch.FloatStorage etc. inside a pickle: only carries the element dtype (read-only)."""
-    __slots__ = ("name", "dtype")
+    __slots__ = ("dtype", "name")
 
     def __init__(self, name: str):
         object.__setattr__(self, "name", name)
@@ -63,7 +63,7 @@ class _StorageType:
 
 class _Storage:
     """A flat run of `numel` elements; its bytes are filled in after the pickle is read."""
-    __slots__ = ("key", "dtype", "numel", "data")
+    __slots__ = ("data", "dtype", "key", "numel")
 
     def __init__(self, key: str, dtype: DType, numel: int):
         self.key, self.dtype, self.numel = key, dtype, numel
@@ -72,7 +72,7 @@ class _Storage:
 
 class _PendingTensor:
     """A tensor view of a storage, made into a Tensor once the storage bytes are known."""
-    __slots__ = ("storage", "offset", "size", "stride")
+    __slots__ = ("offset", "size", "storage", "stride")
 
     def __init__(self, storage: _Storage, offset: int, size: tuple[int, ...], stride: tuple[int, ...]):
         self.storage, self.offset, self.size, self.stride = storage, offset, size, stride
@@ -143,7 +143,7 @@ class RestrictedUnpickler(pickle._Unpickler):  # type: ignore[name-defined,misc]
 
     It is the pure-Python unpickler with a few opcodes tightened (see the module docstring): nothing in a pickle can
     change state outside the objects this load creates."""
-    dispatch = dict(pickle._Unpickler.dispatch)  # type: ignore[attr-defined]
+    dispatch: ClassVar[dict] = dict(pickle._Unpickler.dispatch)  # type: ignore[attr-defined]
 
     def __init__(self, file: Any, name: str, legacy: bool = False):
         super().__init__(file, encoding="utf-8")

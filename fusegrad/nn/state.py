@@ -21,11 +21,11 @@ from fusegrad.dtype import DType, dtypes
 from fusegrad.helpers import prod
 from fusegrad.nn._io import (
     FormatError,
-    loader,
     LazyStateDict,
     Source,
     UnsafePickleError,
     atomic_write,
+    loader,
     tensor_bytes,
     tensor_from_bytes,
 )

@@ -101,7 +101,7 @@ def run(prog, fg_device: str | None):
             m = int(r.integers(5))
             if m == 0 and x.ndim > 1: x = x.permute(*r.permutation(x.ndim).tolist())
             elif m == 1: x = x.reshape(-1)
-            elif m == 2 and x.ndim: x = x.flip(int(r.integers(x.ndim))) if isfg else x.flip(int(r.integers(x.ndim)))
+            elif m == 2 and x.ndim: x = x.flip(int(r.integers(x.ndim)))
             elif m == 3: x = x.expand(2, *x.shape)
             elif m == 4 and x.ndim:
                 x = x.pad(((0, 0),) * (x.ndim - 1) + ((1, 0),)) if isfg else torch.nn.functional.pad(x, (1, 0))
