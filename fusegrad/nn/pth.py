@@ -393,15 +393,16 @@ def _load_legacy(src: Source) -> tuple[Any, dict[str, _Storage]]:
     return obj, up.storages
 
 
-def torch_load(fn: Tensor | str | pathlib.Path) -> Any:
+def torch_load(fn: Tensor | str | pathlib.Path, mmap: bool = True) -> Any:
     """Read a PyTorch checkpoint (`torch.save` output) without torch: returns what was saved, usually a state dict of
     name -> Tensor (nested dicts/lists of tensors and plain values work too).
 
     Both the zip format and the legacy format (`_use_new_zipfile_serialization=False`) are read. Only tensors,
     parameters, OrderedDicts and plain Python values are allowed in the pickle; anything else raises
     `UnsafePickleError` without being executed. Malformed or truncated files raise `FormatError` naming the file.
+    mmap=False reads the file into memory first (for files another process may truncate while they load).
     """
-    src = Source(fn)
+    src = Source(fn, mmap=mmap)
     head = bytes(src.buf[:512])
     loader: Callable[[Source], tuple[Any, dict[str, _Storage]]]
     if head[:4] == b"PK\x03\x04": loader = _load_zip

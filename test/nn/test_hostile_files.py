@@ -64,3 +64,18 @@ sys.exit(3)
     r = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=120,
                        cwd=os.getcwd())
     assert r.returncode == 0 and "truncated to 4096 bytes" in r.stdout, (r.returncode, r.stdout, r.stderr[-2000:])
+
+
+def test_every_loader_takes_mmap_false(tmp_path):
+    fn = tmp_path / "w.safetensors"
+    safe_save({"a": Tensor([1.0, 2.0])}, fn)
+    assert safe_load(fn, mmap=False)["a"].tolist() == [1.0, 2.0]
+    assert safe_load_metadata(fn, mmap=False)[1] > 0
+    g = tmp_path / "deep.gguf"
+    g.write_bytes(gguf_nested_arrays(1))
+    assert gguf_load(g, mmap=False)[0]["k"] == [[]]
+    torch = pytest.importorskip("torch")
+    p = tmp_path / "legacy.pth"
+    torch.save({"a": torch.arange(3.0)}, p, _use_new_zipfile_serialization=False)
+    from fusegrad.nn.state import torch_load
+    assert torch_load(p, mmap=False)["a"].tolist() == [0.0, 1.0, 2.0]
