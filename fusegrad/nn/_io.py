@@ -97,6 +97,16 @@ def _name(src: Any) -> str:
     return str(src) if isinstance(src, (str, pathlib.Path)) else f"<{type(src).__name__}>"
 
 
+MAX_DIM = 1 << 48   # no real tensor has a dimension this long; an empty one claiming it would break index math
+
+
+def check_shape(src: Source, name: str, shape: Any) -> None:
+    """A FormatError unless every dimension is below MAX_DIM (a shape with a 0 holds no bytes, so the file size doesn't
+    bound its other dimensions)."""
+    if any(d >= MAX_DIM for d in shape):
+        raise src.error(f"tensor {name!r} has shape {tuple(shape)}: dimensions must be below 2**48")
+
+
 def tensor_bytes(t: Tensor) -> bytes:
     """The raw little-endian bytes of a tensor, row-major."""
     if not t.numel(): return b""

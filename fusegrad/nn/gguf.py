@@ -15,7 +15,7 @@ from typing import Any
 
 from fusegrad.dtype import DType, dtypes
 from fusegrad.helpers import prod
-from fusegrad.nn._io import FormatError, LazyStateDict, Source, loader, tensor_from_bytes
+from fusegrad.nn._io import FormatError, LazyStateDict, Source, check_shape, loader, tensor_from_bytes
 from fusegrad.tensor import Tensor
 
 # ggml type id -> (name, elements per block, bytes per block)
@@ -192,6 +192,7 @@ def gguf_load(fn: Tensor | str | pathlib.Path, mmap: bool = True) -> tuple[dict[
         start, end = data_start + offset, data_start + offset + n // block * bpb
         if end > len(src): raise src.error(f"tensor {name!r} ends at byte {end} but the file has {len(src)}: truncated")
         shape = tuple(reversed(dims))
+        check_shape(src, name, shape)
         entries[name] = (shape, functools.partial(_read_tensor, src, name, gtype, shape, start, end))
     return kv, LazyStateDict(src.name, entries, kv)
 

@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 
 from fusegrad.dtype import DType, dtypes
 from fusegrad.helpers import prod
-from fusegrad.nn._io import FormatError, Source, UnsafePickleError, tensor_from_bytes
+from fusegrad.nn._io import MAX_DIM, FormatError, Source, UnsafePickleError, tensor_from_bytes
 from fusegrad.tensor import Tensor
 
 _STORAGE_DTYPES: dict[str, DType] = {
@@ -95,6 +95,8 @@ def _rebuild_tensor_v2(storage: Any, storage_offset: Any, size: Any, stride: Any
     if type(storage_offset) is not int or storage_offset < 0:
         raise ValueError(f"_rebuild_tensor_v2: bad storage offset {_r(storage_offset)}")
     shape, strides = _int_tuple(size, "size"), _int_tuple(stride, "stride")
+    if any(d >= MAX_DIM for d in shape):
+        raise ValueError(f"_rebuild_tensor_v2: size {shape} has a dimension >= 2**48")
     if len(shape) != len(strides): raise ValueError(f"_rebuild_tensor_v2: size {shape} and stride {strides} differ in rank")
     if prod(shape) and _last_index(storage_offset, shape, strides) >= storage.numel:
         raise ValueError(f"_rebuild_tensor_v2: a tensor of size {shape}, stride {strides} at offset {storage_offset} "

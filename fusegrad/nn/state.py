@@ -25,6 +25,7 @@ from fusegrad.nn._io import (
     Source,
     UnsafePickleError,
     atomic_write,
+    check_shape,
     loader,
     tensor_bytes,
     tensor_from_bytes,
@@ -204,6 +205,7 @@ def safe_load(fn: Tensor | str | pathlib.Path, mmap: bool = True) -> LazyStateDi
         dt, shape, offs = SAFETENSORS_DTYPES[info["dtype"]], info["shape"], info["data_offsets"]
         if not isinstance(shape, list) or not all(type(s) is int and s >= 0 for s in shape):
             raise src.error(f"tensor {k!r} has an invalid shape {shape!r}")
+        check_shape(src, k, shape)
         if not (isinstance(offs, list) and len(offs) == 2 and all(type(o) is int for o in offs)
                 and 0 <= offs[0] <= offs[1]):
             raise src.error(f"tensor {k!r} has invalid data_offsets {offs!r}")

@@ -79,3 +79,17 @@ def test_every_loader_takes_mmap_false(tmp_path):
     torch.save({"a": torch.arange(3.0)}, p, _use_new_zipfile_serialization=False)
     from fusegrad.nn.state import torch_load
     assert torch_load(p, mmap=False)["a"].tolist() == [0.0, 1.0, 2.0]
+
+
+def test_empty_tensor_with_absurd_dimension_is_format_error(tmp_path):
+    """Found by the GGUF fuzzer: dims (0, 0xFFFF000000000004) hold no bytes, load, and break numpy on read."""
+    huge = 0xFFFF000000000004
+    name = b"t"
+    g = tmp_path / "dims.gguf"
+    g.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 1, 0) + struct.pack("<Q", len(name)) + name
+                  + struct.pack("<I", 2) + struct.pack("<2Q", huge, 0) + struct.pack("<IQ", 0, 0) + b"\0" * 32)
+    with pytest.raises(FormatError, match=r"dims\.gguf.*2\*\*48"): gguf_load(g)
+    s = tmp_path / "dims.safetensors"
+    s.write_bytes(safetensors_with_header(json.dumps({"t": {"dtype": "F32", "shape": [0, 2**60],
+                                                            "data_offsets": [0, 0]}}).encode()))
+    with pytest.raises(FormatError, match=r"dims\.safetensors.*2\*\*48"): safe_load(s)

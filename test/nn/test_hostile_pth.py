@@ -204,3 +204,13 @@ def test_long_text_line_in_legacy_pickle_is_fast():
     t0 = time.perf_counter()
     with pytest.raises(FormatError, match="<bytes>"): torch_load(b"\x80\x02I" + b"1" * (40 << 20))
     assert time.perf_counter() - t0 < 4
+
+
+def test_empty_tensor_with_absurd_dimension(tmp_path):
+    """Size (0, 2**60): no bytes, so the storage can't bound it; refused like the GGUF case the fuzzer found."""
+    long1 = b"\x8a\x08" + (2**60).to_bytes(8, "little")      # LONG1: an 8-byte int
+    body = glob("torch._utils", "_rebuild_tensor_v2") + tup(
+        storage("0", 1), i(0), tup(i(0), long1), tup(i(1), i(1)), FALSE,
+        glob("collections", "OrderedDict") + EMPTY_TUPLE + REDUCE) + REDUCE
+    fn = write(tmp_path, checkpoint(state_dict(w=body), {"0": b"\0" * 4}))
+    with pytest.raises(FormatError, match=r"2\*\*48"): torch_load(fn)
