@@ -2,15 +2,10 @@
 failure once the backend is fixed, so the fuzzer's exclusion can then be dropped."""
 import pytest
 
-from fusegrad import Device, Tensor
+from fusegrad import Tensor
 
 
-def opens(d: str) -> bool:
-    try:
-        Device[d]
-        return True
-    except Exception:  # noqa: BLE001 - a backend this machine lacks
-        return False
+from .test_fuzz_ops import available as opens
 
 
 @pytest.mark.skipif(not opens("WEBGPU"), reason="no WEBGPU backend here")

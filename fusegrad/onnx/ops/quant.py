@@ -12,6 +12,15 @@ from fusegrad.tensor import Tensor
 
 
 # ---------------------------------------------------------------- quantization
+def _per_axis(x, scale, zp, axis):
+    """A 1-d scale (and zero point) with one entry per element of `axis`, shaped to broadcast against x."""
+    if not (scale.ndim == 1 and x.ndim > 1 and scale.shape[0] > 1):
+        return scale, zp
+    shp = [1] * x.ndim
+    shp[_ax(axis, x.ndim)] = -1
+    return scale.reshape(shp), (zp.reshape(shp) if zp is not None else None)
+
+
 @op("QuantizeLinear")
 def _quant(ctx, x, scale, zp=None, axis=1, block_size=0, saturate=1, output_dtype=0, precision=0):
     if zp is not None:
@@ -23,12 +32,7 @@ def _quant(ctx, x, scale, zp=None, axis=1, block_size=0, saturate=1, output_dtyp
         raise NotImplementedError(f"QuantizeLinear to {dt}")
     if block_size:
         raise NotImplementedError("blocked QuantizeLinear")
-    if scale.ndim == 1 and x.ndim > 1 and scale.shape[0] > 1:
-        a = _ax(axis, x.ndim)
-        shp = [1] * x.ndim
-        shp[a] = -1
-        scale = scale.reshape(shp)
-        zp = zp.reshape(shp) if zp is not None else None
+    scale, zp = _per_axis(x, scale, zp, axis)
     if et is not None:
         ctx.runner.logical[ctx.node.output[0]] = et
         y = x.float() / scale.float()
@@ -47,12 +51,7 @@ def _quant(ctx, x, scale, zp=None, axis=1, block_size=0, saturate=1, output_dtyp
 def _dequant(ctx, x, scale, zp=None, axis=1, block_size=0, output_dtype=0):
     if block_size:
         raise NotImplementedError("blocked DequantizeLinear")
-    if scale.ndim == 1 and x.ndim > 1 and scale.shape[0] > 1:
-        a = _ax(axis, x.ndim)
-        shp = [1] * x.ndim
-        shp[a] = -1
-        scale = scale.reshape(shp)
-        zp = zp.reshape(shp) if zp is not None else None
+    scale, zp = _per_axis(x, scale, zp, axis)
     xf = x.cast(dtypes.float32) if x.dtype != dtypes.int32 else x.cast(dtypes.float64)
     if zp is not None:
         xf = xf - zp.cast(xf.dtype)
