@@ -4,8 +4,8 @@ registry, so "which memory does this graph read, and is a cached result still va
 
 A BUFFER node names a piece of memory and stands for its *current* contents. The result cache (`realized`) maps a lazy
 node to the node of the buffer holding its value; every entry remembers the buffers its value was computed from, and
-`written(buffer)` (called for every in-place write: an ASSIGN run by the engine, a TinyJit replay) drops the entries that
-read or hold that buffer, so no later graph is ever served a value computed from older contents.
+`written(buffer)` (called after every in-place write: a realize that ran an ASSIGN, a TinyJit replay) drops the
+entries that read or hold that buffer, so no later graph is ever served a value computed from older contents.
 """
 from __future__ import annotations
 

@@ -249,7 +249,8 @@ class TinyJit(Generic[ReturnType]):
             from fusegrad.tensor import Tensor
             from fusegrad.views import _assign_owner
             # writes still pending from before (the first call's, the caller's) are not part of the capture
-            pending = [t for r in list(_assign_owner.values()) if (t := r()) is not None and t.uop.op.name == "ASSIGN"]
+            from fusegrad.ir.ops import Ops
+            pending = [t for r in list(_assign_owner.values()) if (t := r()) is not None and t.uop.op is Ops.ASSIGN]
             if pending: Tensor.realize(*pending)
             in_bufs = self._prepare_inputs(tensors)
             copies = {id(t): w for t, w in zip(tensors, self._whole) if w is not t}

@@ -48,9 +48,13 @@ def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, U
     from fusegrad.storage import buffer_uop, buffer_view, buffers, executed, realized, target_buffer
     # graphs may contain nodes computed by an earlier realize: read their buffers instead of recomputing
     sink = UOp(Ops.SINK, src=tuple(targets))
-    memo = substitute_memo(sink, {n: realized[n] for n in sink.toposort() if n in realized})
+    nodes = sink.toposort()
+    memo = substitute_memo(sink, {n: realized[n] for n in nodes if n in realized})
     sink = memo[sink]
-    if stale := [n for n in sink.toposort(gate=lambda u: u.op is not Ops.BUFFER) if n.op is Ops.ASSIGN and n in executed]:
+    # an assign that ran and isn't cached any more (its memory was written again) must not run twice; the second walk
+    # (below the cached nodes only) happens only when there is such a candidate
+    if any(n.op is Ops.ASSIGN and n in executed and n not in realized for n in nodes) and \
+       (stale := [n for n in sink.toposort(gate=lambda u: u.op is not Ops.BUFFER) if n.op is Ops.ASSIGN and n in executed]):
         raise RuntimeError(f"a graph reads the result of an assign (ASSIGN #{stale[0].arg}) whose memory a later in-place "
                            "write has changed since: its old value is gone. Realize (or .clone()) a value before "
                            "writing to the memory it depends on")
