@@ -92,7 +92,8 @@ def memory_of(buf: Buffer) -> int:
 
 def buffers_read(u: UOp) -> list[Buffer]:
     """The buffers a lazy graph reads (stops at BUFFER nodes)."""
-    return [buffers[n] for n in u.toposort(gate=lambda x: x.op is not Ops.BUFFER) if n.op is Ops.BUFFER and n in buffers]
+    nodes = u.toposort(gate=lambda x: x.op is not Ops.BUFFER)
+    return [buffers[n] for n in nodes if n.op is Ops.BUFFER and n in buffers]
 
 
 # ASSIGN nodes that ran: one must never run twice (a graph that still holds one after its entry was dropped reads

@@ -54,10 +54,11 @@ def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, U
     # an assign that ran and isn't cached any more (its memory was written again) must not run twice; the second walk
     # (below the cached nodes only) happens only when there is such a candidate
     if any(n.op is Ops.ASSIGN and n in executed and n not in realized for n in nodes) and \
-       (stale := [n for n in sink.toposort(gate=lambda u: u.op is not Ops.BUFFER) if n.op is Ops.ASSIGN and n in executed]):
-        raise RuntimeError(f"a graph reads the result of an assign (ASSIGN #{stale[0].arg}) whose memory a later in-place "
-                           "write has changed since: its old value is gone. Realize (or .clone()) a value before "
-                           "writing to the memory it depends on")
+       (stale := [n for n in sink.toposort(gate=lambda u: u.op is not Ops.BUFFER)
+                  if n.op is Ops.ASSIGN and n in executed]):
+        raise RuntimeError(f"a graph reads the result of an assign (ASSIGN #{stale[0].arg}) whose memory a later "
+                           "in-place write has changed since: its old value is gone. Realize (or .clone()) a value "
+                           "before writing to the memory it depends on")
     bound = dict(zip(targets, sink.src))   # with bound variables, for the result views handed back to tensors
     sink, unbound, var_vals = strip_binds(sink)
     topo = list(sink.toposort(gate=lambda u: u.op is not Ops.BUFFER))
