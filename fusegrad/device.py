@@ -76,6 +76,19 @@ class _Device:
 Device = _Device()
 
 
+def single_device(device: Any, what: str) -> Any:
+    """`device` itself; a tuple/list of devices (tinygrad's sharded tensors) raises NotImplementedError."""
+    if isinstance(device, (tuple, list)):
+        raise NotImplementedError(f"{what}(): a tuple of devices {tuple(device)}: fusegrad has no multi-device "
+                                  "(sharded) tensors; pass one device")
+    return device
+
+
+def canonical_device(device: Any, what: str = "Tensor") -> str:
+    """The canonical name of one device (None: the default device)."""
+    return Device.canonicalize(single_device(device, what))
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # memory
 

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import contextlib
-import math
 import pathlib
 import struct
 import threading
@@ -12,13 +11,15 @@ import weakref
 from typing import Any, Callable, ClassVar, Sequence
 
 from fusegrad import autograd
-from fusegrad.device import Buffer, Device
-from fusegrad.dtype import ConstType, DType, DTypeLike, dtypes, least_upper_dtype, least_upper_float, \
-    strong_dtype, sum_acc_dtype, to_dtype, weak_dtype
+from fusegrad.device import Buffer, Device, canonical_device as _canonical_device, single_device as _single_device
+from fusegrad.dtype import ConstType, DType, DTypeLike, dtypes, least_upper_dtype, \
+    strong_dtype, to_dtype, weak_dtype
 from fusegrad.helpers import PROFILE, TRAINING, VIZ, argfix, dedup, make_tuple, prod
 from fusegrad.ir import build
-from fusegrad.ir.ops import Ops, UOp, ssimplify, sym_infer
-from fusegrad.ir.shape import all_static, sle, smax, sprod, ssub, sym_eq
+from fusegrad.ir.ops import Ops, UOp, sym_infer
+from fusegrad.ir.shape import all_static, is_sym_int as _is_sym_int, sle, smax, sprod, sym_eq
+from fusegrad.mixin.alu import ALUMixin
+from fusegrad.mixin.creation import CreationMixin
 from fusegrad.mixin.math import MathMixin
 from fusegrad.mixin.movement import MovementMixin
 from fusegrad.mixin.nn import NNMixin
@@ -47,16 +48,7 @@ _all_tensors: "weakref.WeakSet[Tensor]" = weakref.WeakSet()
 _unique_ids = iter(range(1, 1 << 62))
 
 
-def _single_device(device: Any, what: str) -> Any:
-    """`device` itself; a tuple/list of devices (tinygrad's sharded tensors) raises NotImplementedError."""
-    if isinstance(device, (tuple, list)):
-        raise NotImplementedError(f"{what}(): a tuple of devices {tuple(device)}: fusegrad has no multi-device "
-                                  "(sharded) tensors; pass one device")
-    return device
 
-
-def _canonical_device(device: Any, what: str = "Tensor") -> str:
-    return Device.canonicalize(_single_device(device, what))
 
 
 def _half_memoryview() -> bool:
@@ -100,34 +92,6 @@ def _int_width(values: list[Any], hi: int = 2**63) -> DType | None:
     return dtypes.int64 if all(v.__class__ in (int, bool) for v in values) else None
 
 
-def _shift(a: "Tensor", b: "Tensor", op: Ops) -> "Tensor":
-    """a << b, a >> b with one rule on every backend (C, OpenCL, LLVM and WGSL each do something else, or nothing
-    defined, for amounts outside [0, bits)): such a left shift gives 0, such a right shift 0, or -1 for negative signed
-    a (all bits shifted out, as torch CPU gives). Only amounts in range reach the device."""
-    bits = a.dtype.itemsize * 8
-    signed = not dtypes.is_unsigned(a.dtype)
-    in_range = (b < bits) if dtypes.is_unsigned(b.dtype) else (b >= 0) & (b < bits)
-    if op is Ops.SHR and signed:   # shifting by bits - 1 fills with the sign bit: 0 or -1
-        return a._alu(op, in_range.where(b, bits - 1))
-    return in_range.where(a._alu(op, in_range.where(b, 0)), 0)
-
-
-def _float_to_int(x: "Tensor", dt: DType) -> "Tensor":
-    """float -> int with one rule on every backend (torch CPU's on x86; C leaves out-of-range conversions undefined):
-    truncate toward zero; NaN, +-inf and values outside int32 / int64 give that type's minimum; narrower types go
-    through int32 and uint64 through int64, then keep the low bits; uint32 keeps [-2**31, 2**32) modulo 2**32 and
-    gives 0 for anything else (docs/tensor/dtypes.md)."""
-    if x.dtype.itemsize < 4: x = x.cast(dtypes.float32)   # the bounds +-2**31 are inf in half
-    if dt.scalar() == dtypes.uint32:   # without int64 (WebGPU has none): [0, 2**32) direct, [-2**31, 0) through int32
-        pos = (x >= 0) & (x < 2**32)
-        direct = pos.where(x, 0)._apply(lambda u: build.cast(u, dt))
-        neg = ((x >= -2**31) & (x < 0)).where(x, 0)._apply(lambda u: build.cast(u, dtypes.int32))
-        return pos.where(direct, neg._apply(lambda u: build.cast(u, dt)))
-    wide = dtypes.int64 if dt.itemsize == 8 else dtypes.int32
-    lo = -2 ** (wide.itemsize * 8 - 1)
-    ok = (x >= lo) & (x < -lo)                             # False for NaN
-    safe = ok.where(x, lo)._apply(lambda u: build.cast(u, wide))
-    return safe if wide == dt else safe._apply(lambda u: build.cast(u, dt))
 
 
 def _pack(values: list[Any], dtype: DType) -> bytes:
@@ -170,7 +134,7 @@ class _TensorMeta(type):
     def training(cls, v: bool) -> None: TRAINING.value = int(bool(v))
 
 
-class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin, metaclass=_TensorMeta):
+class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNMixin, metaclass=_TensorMeta):
     """A lazy n-dimensional array with autograd.
 
     >>> (Tensor([1.0, 2.0]) * 3).tolist()
@@ -521,251 +485,6 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin, metaclass=_TensorMe
         return self.to(device) if device is not None and Device.canonicalize(device) != self.device \
             else Tensor._wrap(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,), next(_unique_ids)), self)
 
-    # ----- creation -----
-    @staticmethod
-    def _shape_arg(shape: tuple[Any, ...]) -> tuple[int, ...]:
-        s = argfix(*shape)
-        if not all(isinstance(x, int) or _is_sym_int(x) for x in s): raise TypeError(f"shape must be ints, got {s}")
-        if any(x < 0 if isinstance(x, int) else x.vmin < 0 for x in s):
-            raise RuntimeError(f"invalid shape {s}: dimension sizes must be non-negative")
-        return tuple(s)
-
-    @classmethod
-    def empty(cls, *shape: Any, device: str | None = None, dtype: DTypeLike | None = None) -> "Tensor":
-        s = cls._shape_arg(shape)
-        dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
-        return Tensor(buffer_view(buffer_uop(Buffer(_canonical_device(device), smax(sprod(s)), dt)), s))
-
-    @classmethod
-    def full(cls, shape: tuple[int, ...] | int, fill_value: ConstType, dtype: DTypeLike | None = None,
-             device: str | None = None, requires_grad: bool | None = None, buffer: bool = True) -> "Tensor":
-        """A tensor of `shape` filled with `fill_value`. fusegrad keeps it a broadcast constant until it is used
-        (no buffer is allocated either way); `buffer` is accepted for tinygrad compatibility."""
-        s = cls._shape_arg((shape,) if isinstance(shape, int) else tuple(shape))
-        dt = to_dtype(dtype) if dtype is not None else dtypes.from_py(fill_value)
-        return Tensor(build.const(fill_value, dt, _canonical_device(device), s), requires_grad=requires_grad)
-
-    @classmethod
-    def invalids(cls, *shape: Any, device: str | None = None, dtype: DTypeLike | None = None) -> "Tensor":
-        """A tensor whose contents don't matter (tinygrad fills it with Invalid); here: uninitialized, like empty()."""
-        return cls.empty(*shape, device=device, dtype=dtype)
-
-    @staticmethod
-    def const(b: ConstType, dtype: DType | None = None, device: str | None = None) -> "Tensor":
-        """A 0-d constant tensor of `b` (dtype inferred from the Python value when not given)."""
-        return Tensor(b, device=device, dtype=dtype)
-
-    @staticmethod
-    def from_blob(ptr: int, shape: tuple[int, ...], **kwargs: Any) -> "Tensor":
-        """A tensor holding a copy of the memory at address `ptr` (an int or ctypes pointer), read as `shape` of
-        `dtype` (default float32)."""
-        import ctypes
-        dt = to_dtype(kwargs.pop("dtype", None) or dtypes.default_float)
-        s = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
-        addr = ctypes.cast(ptr, ctypes.c_void_p).value if not isinstance(ptr, int) else ptr
-        if not addr: raise ValueError("from_blob: null pointer")
-        data = ctypes.string_at(addr, prod(s) * dt.itemsize)
-        return Tensor(Tensor._from_bytes(data, dt, s, _canonical_device(kwargs.pop("device", None))), **kwargs)
-
-    @staticmethod
-    def from_url(url: str, gunzip: bool = False, **kwargs: Any) -> "Tensor":
-        """The bytes at `url` as a uint8 tensor (gunzipped first if asked). Needs network access."""
-        import gzip, urllib.error, urllib.request
-        try:
-            with urllib.request.urlopen(url, timeout=30) as r: data = r.read()
-        except (urllib.error.URLError, OSError) as e:
-            raise ConnectionError(f"from_url: can't fetch {url}: {e}") from e
-        return Tensor(gzip.decompress(data) if gunzip else data, **kwargs)
-
-    @classmethod
-    def zeros(cls, *shape: Any, **kwargs: Any) -> "Tensor":
-        return cls.full(cls._shape_arg(shape), 0.0, **{"dtype": dtypes.default_float, **kwargs})
-
-    @classmethod
-    def ones(cls, *shape: Any, **kwargs: Any) -> "Tensor":
-        return cls.full(cls._shape_arg(shape), 1.0, **{"dtype": dtypes.default_float, **kwargs})
-
-    def full_like(self, fill_value: ConstType, **kwargs: Any) -> "Tensor":
-        return Tensor.full(self.shape, fill_value, **{"dtype": self.dtype, "device": self.device, **kwargs})
-
-    def zeros_like(self, **kwargs: Any) -> "Tensor": return self.full_like(0, **kwargs)
-    def ones_like(self, **kwargs: Any) -> "Tensor": return self.full_like(1, **kwargs)
-
-    @classmethod
-    def arange(cls, start: int | float, stop: int | float | None = None, step: int | float = 1,
-               dtype: DTypeLike | None = None, device: str | None = None) -> "Tensor":
-        """Values start, start+step, ... < stop (like torch.arange)."""
-        if stop is None: start, stop = 0, start
-        if step == 0: raise RuntimeError("arange step must be nonzero")
-        if isinstance(start, UOp) or isinstance(stop, UOp):   # symbolic bounds: n = stop - start values
-            if step != 1: raise NotImplementedError(f"arange with symbolic bounds needs step 1, got {step}")
-            dev = _canonical_device(device)
-            n = ssub(stop, start)
-            iota = Tensor(UOp(Ops.IOTA, to_dtype(dtype) if dtype is not None else dtypes.default_int,
-                              (UOp(Ops.DEVICE, arg=dev),), n))
-            return iota + start if not (isinstance(start, int) and start == 0) else iota
-        dt = to_dtype(dtype) if dtype is not None else dtypes.from_py([start, stop, step])
-        n = max(math.ceil((stop - start) / step), 0)
-        dev = _canonical_device(device)
-        iota = UOp(Ops.IOTA, dt, (UOp(Ops.DEVICE, arg=dev),), n)
-        return Tensor(iota) * step + start if (step, start) != (1, 0) else Tensor(iota)
-
-    @classmethod
-    def eye(cls, n: int, m: int | None = None, dtype: DTypeLike | None = None, device: str | None = None,
-            requires_grad: bool | None = None) -> "Tensor":
-        m = n if m is None else m
-        if n < 0 or m < 0: raise ValueError(f"eye of negative size {(n, m)}")
-        rows = Tensor.arange(n, device=device).reshape(n, 1)
-        cols = Tensor.arange(m, device=device).reshape(1, m)
-        out = (rows == cols).cast(to_dtype(dtype) if dtype is not None else dtypes.default_float)
-        return Tensor(out.uop, requires_grad=requires_grad)
-
-    @staticmethod
-    def manual_seed(seed: int = 0) -> None:
-        """Seed the counter-based RNG: the same seed gives the same numbers on every backend."""
-        Tensor._seed = int(seed)
-        for dev, st in list(Tensor._rng_states.items()):  # reset in place, so captured TinyJit kernels see it too
-            st.assign(Tensor([0, Tensor._seed & 0xFFFFFFFF], dtype=dtypes.uint32, device=dev)).realize()
-
-    @classmethod
-    def _random_bits(cls, n: int, device: str) -> "Tensor":
-        """n uint32 values hashed from (seed, counter). The counter lives in a small device buffer that each call
-        advances in place, so a TinyJit replay keeps drawing new numbers."""
-        st = Tensor._rng_states.get(device)
-        if st is None:
-            st = Tensor._rng_states[device] = Tensor([0, Tensor._seed & 0xFFFFFFFF], dtype=dtypes.uint32,
-                                                     device=device).realize()
-        first = Tensor(UOp(Ops.IOTA, dtypes.uint32, (UOp(Ops.DEVICE, arg=device),), 2)) == 0
-        st.assign(st + first.where(n & 0xFFFFFFFF, 0).cast(dtypes.uint32))
-        start = st[0:1] - (n & 0xFFFFFFFF)
-        ctr = Tensor(UOp(Ops.IOTA, dtypes.uint32, (UOp(Ops.DEVICE, arg=device),), n)) + start.expand(n)
-        x = _mix32(ctr ^ _mix32(st[1:2].expand(n) + 0x632BE5AB))
-        return _mix32(x + 0x85157AF5)
-
-    @classmethod
-    def random_bits(cls, key: "Tensor", counter: "Tensor", num: int) -> "Tensor":
-        """`num` pseudo-random uint32 values, a pure function of the uint32 tensors `key` and `counter` (their
-        elements are folded into one seed each); no global RNG state is used or advanced."""
-        def fold(t: "Tensor") -> "Tensor":
-            t = t.cast(dtypes.uint32).flatten()
-            h = Tensor([0x9E3779B9], dtype=dtypes.uint32, device=t.device)
-            for i in range(t.shape[0]): h = _mix32(h ^ t[i:i + 1] + i)
-            return h
-        k, c = fold(key), fold(counter.to(key.device))
-        ctr = Tensor(UOp(Ops.IOTA, dtypes.uint32, (UOp(Ops.DEVICE, arg=key.device),), num)) + c.expand(num)
-        return _mix32(_mix32(ctr ^ k.expand(num)) + 0x85157AF5)
-
-    @classmethod
-    def rand(cls, *shape: Any, device: str | None = None, dtype: DTypeLike | None = None,
-             requires_grad: bool | None = None, contiguous: bool = True) -> "Tensor":
-        """Uniform samples in [0, 1). (`contiguous` is accepted for tinygrad compatibility: fusegrad always draws the
-        samples at the call, into their own buffer.)"""
-        s = cls._shape_arg(shape)
-        dev = _canonical_device(device)
-        bits = cls._random_bits(prod(s), dev)
-        dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
-        # as many random bits as the dtype's significand holds, so every sample is exact in it: 24 bits rounded to
-        # half or bfloat16 gave exactly 1.0 for values just under 1 (rand's range is [0, 1))
-        digits = {dtypes.float16: 11, dtypes.bfloat16: 8}.get(dt, 24)
-        out = (bits >> (32 - digits)).cast(dtypes.float32) * (2.0 ** -digits)
-        # realized now, together with the counter update: the draw happens at the call, like torch
-        ret = out.reshape(s).cast(dt).contiguous()
-        Tensor.realize(ret, Tensor._rng_states[dev])
-        return Tensor(ret.uop, requires_grad=requires_grad)
-
-    @classmethod
-    def randn(cls, *shape: Any, device: str | None = None, dtype: DTypeLike | None = None,
-              requires_grad: bool | None = None) -> "Tensor":
-        """Standard normal samples (Box-Muller on two uniform draws)."""
-        s = cls._shape_arg(shape)
-        u = Tensor.rand(2, prod(s), device=device)
-        r = (-2.0 * (1.0 - u[0:1]).log()).sqrt()
-        z = r * (u[1:2] * (2 * math.pi)).cos()
-        dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
-        return Tensor(z.reshape(s).cast(dt).contiguous().uop, requires_grad=requires_grad)
-
-    @classmethod
-    def _rand_like(cls, t: "Tensor", **kwargs: Any) -> "Tensor":
-        return cls.rand(*t.shape, **{"device": t.device, "dtype": t.dtype if dtypes.is_float(t.dtype) else None, **kwargs})
-
-    def rand_like(self, **kwargs: Any) -> "Tensor": return Tensor._rand_like(self, **kwargs)
-
-    def randn_like(self, dtype: DTypeLike | None = None, **kwargs: Any) -> "Tensor":
-        return Tensor.randn(*self.shape, **{"device": self.device, "dtype": dtype or self.dtype, **kwargs})
-
-    @classmethod
-    def randint(cls, *shape: Any, low: int = 0, high: int = 10, dtype: DTypeLike = dtypes.int32,
-                device: str | None = None) -> "Tensor":
-        """Uniform integers in [low, high)."""
-        if high <= low: raise RuntimeError(f"randint: high ({high}) must be greater than low ({low})")
-        u = Tensor.rand(*cls._shape_arg(shape), device=device)
-        return ((u * (high - low)).floor() + low).cast(to_dtype(dtype))
-
-    @classmethod
-    def randperm(cls, n: int, device: str | None = None, dtype: DTypeLike = dtypes.int32) -> "Tensor":
-        return Tensor.rand(n, device=device).argsort().cast(to_dtype(dtype))
-
-    @classmethod
-    def normal(cls, *shape: Any, mean: float = 0.0, std: float = 1.0, **kwargs: Any) -> "Tensor":
-        return (std * Tensor.randn(*shape, **kwargs) + mean).cast(to_dtype(kwargs.get("dtype") or dtypes.default_float))
-
-    @classmethod
-    def uniform(cls, *shape: Any, low: float = 0.0, high: float = 1.0, dtype: DTypeLike | None = None,
-                **kwargs: Any) -> "Tensor":
-        dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
-        return ((high - low) * Tensor.rand(*shape, **kwargs) + low).cast(dt)
-
-    @classmethod
-    def scaled_uniform(cls, *shape: Any, **kwargs: Any) -> "Tensor":
-        return Tensor.uniform(*shape, low=-1.0, high=1.0, **kwargs).mul(prod(cls._shape_arg(shape)) ** -0.5)
-
-    @classmethod
-    def glorot_uniform(cls, *shape: Any, **kwargs: Any) -> "Tensor":
-        s = cls._shape_arg(shape)
-        return Tensor.uniform(*s, low=-1.0, high=1.0, **kwargs).mul((6 / (s[0] + prod(s[1:]))) ** 0.5)
-
-    @classmethod
-    def kaiming_uniform(cls, *shape: Any, a: float = 0.01, **kwargs: Any) -> "Tensor":
-        s = cls._shape_arg(shape)
-        bound = math.sqrt(3.0) * math.sqrt(2.0 / (1 + a ** 2)) / math.sqrt(prod(s[1:]))
-        return Tensor.uniform(*s, low=-bound, high=bound, **kwargs)
-
-    @classmethod
-    def kaiming_normal(cls, *shape: Any, a: float = 0.01, **kwargs: Any) -> "Tensor":
-        s = cls._shape_arg(shape)
-        std = math.sqrt(2.0 / (1 + a ** 2)) / math.sqrt(prod(s[1:]))
-        return Tensor.normal(*s, mean=0.0, std=std, **kwargs)
-
-    def multinomial(self, num_samples: int = 1, replacement: bool = False) -> "Tensor":
-        """Sample indices from the (unnormalized) probabilities in the last axis (1-d or 2-d)."""
-        if self.ndim not in (1, 2): raise RuntimeError(f"multinomial expects a 1-d or 2-d tensor, got {self.shape}")
-        if not replacement and num_samples > self.shape[-1]:
-            raise RuntimeError(f"cannot take {num_samples} samples without replacement from {self.shape[-1]} categories")
-        p = self.unsqueeze(0) if self.ndim == 1 else self
-        if replacement:
-            cdf = (p / p.sum(-1, keepdim=True)).cumsum(-1)                       # (B, C)
-            u = Tensor.rand(p.shape[0], num_samples, 1, device=self.device)
-            out = (u >= cdf.unsqueeze(1)).cast(dtypes.int32).sum(-1).minimum(p.shape[-1] - 1)
-        else:  # Gumbel top-k: the k largest of log p + Gumbel noise are a sample without replacement
-            g = -(-(Tensor.rand(*p.shape, device=self.device) + 1e-20).log() + 1e-20).log()
-            out = (p.log() + g).topk(num_samples, -1)[1]
-        return (out.squeeze(0) if self.ndim == 1 else out).cast(dtypes.int32)
-
-    @classmethod
-    def linspace(cls, start: float, stop: float, steps: int, dtype: DTypeLike | None = None,
-                 device: str | None = None) -> "Tensor":
-        if steps < 0: raise RuntimeError("number of steps must be non-negative")
-        dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
-        if steps == 1: return Tensor([start], dtype=dt, device=device)
-        i = Tensor.arange(steps, device=device, dtype=dtypes.float32)
-        return (start + i * ((stop - start) / (steps - 1))).cast(dt)
-
-    def empty_like(self, dtype: DTypeLike | None = None, device: str | None = None) -> "Tensor":
-        return Tensor.empty(*self.shape, dtype=dtype or self.dtype, device=device or self.device)
-
-    def const_like(self, b: ConstType, dtype: DType | None = None) -> "Tensor":
-        return Tensor._wrap(self._const(b, dtype))
-
     # ----- internal helpers -----
     def _axis(self, axis: int, ndim: int | None = None) -> int:
         n = self.ndim if ndim is None else ndim
@@ -958,291 +677,6 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin, metaclass=_TensorMe
         axes = {self._axis(d) for d in (dim if isinstance(dim, (tuple, list)) else (dim,))}
         return self.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes or s != 1))
 
-    # ----- elementwise -----
-    def cast(self, dtype: DTypeLike) -> "Tensor":
-        dt = to_dtype(dtype)
-        if self.dtype == dt: return self
-        if dtypes.is_float(self.dtype) and dt.scalar() in dtypes.ints: return _float_to_int(self, dt)
-        return self._apply(lambda u: build.cast(u, dt))
-
-    def bitcast(self, dtype: DTypeLike) -> "Tensor":
-        """Reinterpret the bits. Same itemsize: elementwise; otherwise the last axis grows or shrinks (little endian)."""
-        dt = to_dtype(dtype)
-        if dt.itemsize == self.dtype.itemsize:
-            return self if dt == self.dtype else self._apply(lambda u: UOp(Ops.BITCAST, dt, (u,)))
-        if self.ndim == 0: raise RuntimeError(f"bitcast from {self.dtype} to {dt} needs at least one axis")
-        uint = {1: dtypes.uint8, 2: dtypes.uint16, 4: dtypes.uint32, 8: dtypes.uint64}
-        src_u, dst_u = uint[self.dtype.itemsize], uint[dt.itemsize]
-        bits = self.bitcast(src_u)
-        if dt.itemsize < self.dtype.itemsize:  # split each element into r pieces along the last axis
-            r = self.dtype.itemsize // dt.itemsize
-            shifts = Tensor([8 * dt.itemsize * i for i in range(r)], dtype=src_u, device=self.device)
-            parts = (bits.unsqueeze(-1) >> shifts) & ((1 << (8 * dt.itemsize)) - 1)
-            return parts.cast(dst_u).flatten(-2).bitcast(dt)
-        r = dt.itemsize // self.dtype.itemsize
-        if self.shape[-1] % r: raise RuntimeError(f"bitcast to {dt}: last axis {self.shape[-1]} must divide by {r}")
-        groups = bits.cast(dst_u).unflatten(-1, (self.shape[-1] // r, r))
-        shifts = Tensor([8 * self.dtype.itemsize * i for i in range(r)], dtype=dst_u, device=self.device)
-        return (groups << shifts).sum(-1, dtype=dst_u).bitcast(dt)
-
-    def float(self) -> "Tensor": return self.cast(dtypes.float32)
-    def bfloat16(self) -> "Tensor": return self.cast(dtypes.bfloat16)
-    def short(self) -> "Tensor": return self.cast(dtypes.int16)
-    def half(self) -> "Tensor": return self.cast(dtypes.float16)
-    def int(self) -> "Tensor": return self.cast(dtypes.int32)
-    def long(self) -> "Tensor": return self.cast(dtypes.int64)
-    def bool(self) -> "Tensor": return self.cast(dtypes.bool)
-    def double(self) -> "Tensor": return self.cast(dtypes.float64)
-
-    def _float_or_self(self) -> "Tensor":
-        return self.cast(least_upper_float(self.dtype)) if not dtypes.is_float(self.dtype) else self
-
-    def add(self, x: "Tensor | ConstType", reverse: bool = False) -> "Tensor":
-        a, b = self._broadcasted(x, reverse)
-        return a._alu(Ops.ADD, b)
-
-    def sub(self, x: "Tensor | ConstType", reverse: bool = False) -> "Tensor":
-        if dtypes.is_bool(self.dtype) or isinstance(x, bool) or (isinstance(x, Tensor) and dtypes.is_bool(x.dtype)):
-            raise RuntimeError("Subtraction, the `-` operator, with a bool tensor is not supported (as in torch); "
-                               "to invert a mask use `~` or logical_not(), or cast to an int dtype first")
-        a, b = self._broadcasted(x, reverse)
-        return a._alu(Ops.ADD, b.neg())
-
-    def mul(self, x: "Tensor | ConstType", reverse: bool = False) -> "Tensor":
-        a, b = self._broadcasted(x, reverse)
-        return a._alu(Ops.MUL, b)
-
-    def div(self, x: "Tensor | ConstType", reverse: bool = False, rounding_mode: str | None = None) -> "Tensor":
-        """True division (ints promote to float), like torch's `/`. rounding_mode="trunc" rounds the quotient toward
-        zero, "floor" toward -inf (both keep int dtypes, as torch.div does)."""
-        if rounding_mode in ("trunc", "floor"):
-            a, b = self._broadcasted(x, reverse)
-            if not dtypes.is_float(a.dtype): return a._alu(Ops.IDIV, b) if rounding_mode == "trunc" else a.floordiv(b)
-            q = (a.detach() / b.detach()).trunc() if rounding_mode == "trunc" else a.detach().floordiv(b.detach())
-            if not (a.requires_grad or b.requires_grad): return q
-            # a rounded quotient is piecewise constant: zero gradient for both operands (torch too), never the NaN
-            # that differentiating through a / b would give where b == 0
-            from fusegrad.mixin.nn import _custom_grad
-            return _custom_grad(q, [a, b], lambda g, a_, b_: (a_.zeros_like(), b_.zeros_like()), f"div_{rounding_mode}")
-        if rounding_mode is not None:
-            raise ValueError(f"div expected rounding_mode to be one of None, 'trunc', or 'floor' but found {rounding_mode!r}")
-        a, b = self._broadcasted(x, reverse)
-        a, b = a._float_or_self(), b._float_or_self()
-        return a._alu(Ops.MUL, b.reciprocal())
-
-    def floordiv(self, x: "Tensor | ConstType", reverse: bool = False) -> "Tensor":
-        a, b = self._broadcasted(x, reverse)
-        if dtypes.is_float(a.dtype): return (a / b).floor()
-        q = a._alu(Ops.IDIV, b)  # truncates; step down when the signs differ and there is a remainder
-        fix = ((a._alu(Ops.MOD, b) != 0) & ((a < 0) != (b < 0))).cast(q.dtype)
-        return q - fix
-
-    def neg(self) -> "Tensor":
-        if dtypes.is_bool(self.dtype): raise RuntimeError("negation of a bool tensor is not supported; use logical_not")
-        return self * -1 if dtypes.is_int(self.dtype) else self._alu(Ops.NEG)
-
-    def reciprocal(self) -> "Tensor": return self._float_or_self()._alu(Ops.RECIPROCAL)
-    def sqrt(self) -> "Tensor": return self._float_or_self()._alu(Ops.SQRT)
-    def rsqrt(self) -> "Tensor": return self.sqrt().reciprocal()
-    def exp2(self) -> "Tensor": return self._float_or_self()._alu(Ops.EXP2)
-    def log2(self) -> "Tensor": return self._float_or_self()._alu(Ops.LOG2)
-    def exp(self) -> "Tensor": return (self._float_or_self() * (1 / math.log(2))).exp2()
-    def log(self) -> "Tensor": return self.log2() * math.log(2)
-    def sin(self) -> "Tensor": return self._float_or_self()._alu(Ops.SIN)
-    def cos(self) -> "Tensor": return ((math.pi / 2) - self._float_or_self()).sin()
-    def square(self) -> "Tensor": return self * self
-    def trunc(self) -> "Tensor": return self._alu(Ops.TRUNC) if dtypes.is_float(self.dtype) else self
-
-    def floor(self) -> "Tensor":
-        if not dtypes.is_float(self.dtype): return self
-        t = self.trunc()
-        return t - ((self < t).cast(self.dtype))
-
-    def relu(self) -> "Tensor":
-        keep = (self > 0) | self.isnan() if dtypes.is_float(self.dtype) else self > 0   # relu(NaN) is NaN, relu'(0)=0
-        return keep.where(self, 0)
-
-    def sigmoid(self) -> "Tensor":
-        # each branch only sees inputs where its exp can't overflow, so values and gradients never meet inf*0
-        x = self._float_or_self()
-        pos = x >= 0
-        ep, en = (-pos.where(x, 0)).exp(), pos.where(0, x).exp()
-        return pos.where(1 / (1 + ep), en / (1 + en))
-
-    def tanh(self) -> "Tensor":
-        return 2.0 * (2.0 * self._float_or_self()).sigmoid() - 1.0
-
-    def abs(self) -> "Tensor":
-        if dtypes.is_unsigned(self.dtype) or dtypes.is_bool(self.dtype): return self
-        # ints: the negation wraps at the minimum, so abs(INT32_MIN) is INT32_MIN as in torch (relu sums gave 0)
-        if dtypes.is_int(self.dtype): return (self < 0).where(-self, self)
-        return self.relu() + (-self).relu()
-
-    def maximum(self, x: "Tensor | ConstType") -> "Tensor":
-        a, b = self._broadcasted(x)
-        if dtypes.is_bool(a.dtype): return a | b
-        return a._alu(Ops.MAX, b)
-
-    def minimum(self, x: "Tensor | ConstType") -> "Tensor":
-        a, b = self._broadcasted(x)
-        if dtypes.is_bool(a.dtype): return a & b
-        return ~((~a).maximum(~b)) if dtypes.is_int(a.dtype) else -((-a).maximum(-b))   # ~: see min()
-
-    def where(self, x: "Tensor | ConstType", y: "Tensor | ConstType") -> "Tensor":
-        """`x` where self is true, else `y` (self is cast to bool)."""
-        if isinstance(x, Tensor): xb, yb = x._broadcasted(y)
-        elif isinstance(y, Tensor): yb, xb = y._broadcasted(x)
-        else:
-            dt = dtypes.from_py(x) if type(x) is type(y) else least_upper_dtype(dtypes.from_py(x), dtypes.from_py(y))
-            xb, yb = Tensor(x, device=self.device, dtype=dt), Tensor(y, device=self.device, dtype=dt)
-        cond, xb = self.cast(dtypes.bool)._broadcasted(xb, match_dtype=False)
-        cond, yb = cond._broadcasted(yb, match_dtype=False)
-        xb, yb = xb._broadcast_to(cond.shape), yb._broadcast_to(cond.shape)
-        return cond._alu(Ops.WHERE, xb, yb)
-
-    # comparisons return bool tensors
-    def __lt__(self, x: "Tensor | ConstType") -> "Tensor": return Tensor._cmp(*self._broadcasted(x), Ops.CMPLT)
-    def __gt__(self, x: "Tensor | ConstType") -> "Tensor": return Tensor._cmp(*self._broadcasted(x, True), Ops.CMPLT)
-    def __ge__(self, x: "Tensor | ConstType") -> "Tensor": return (self > x) | (self == x)  # NaN compares False
-    def __le__(self, x: "Tensor | ConstType") -> "Tensor": return (self < x) | (self == x)
-    def __ne__(self, x: "Tensor | ConstType") -> "Tensor": return Tensor._cmp(*self._broadcasted(x), Ops.CMPNE)  # type: ignore[override]
-    def __eq__(self, x: "Tensor | ConstType") -> "Tensor": return (self != x).logical_not()  # type: ignore[override]
-    def eq(self, x: "Tensor | ConstType") -> "Tensor": return self == x
-    def ne(self, x: "Tensor | ConstType") -> "Tensor": return self != x
-
-    @staticmethod
-    def _cmp(a: "Tensor", b: "Tensor", op: Ops) -> "Tensor":
-        return a._alu(op, b)
-
-    def logical_not(self) -> "Tensor":
-        return self.cast(dtypes.bool)._alu(Ops.CMPNE, Tensor._wrap(self._const(True, dtypes.bool)))
-
-    def _bitwise(self, x: "Tensor | ConstType", op: Ops, reverse: bool = False) -> "Tensor":
-        a, b = self._broadcasted(x, reverse)
-        if dtypes.is_float(a.dtype): raise RuntimeError(f"bitwise op {op.name} needs int or bool tensors, got {a.dtype}")
-        if op in (Ops.SHL, Ops.SHR) and dtypes.is_int(a.dtype): return _shift(a, b, op)
-        return a._alu(op, b)
-
-    def __and__(self, x: "Tensor | ConstType") -> "Tensor": return self._bitwise(x, Ops.AND)
-    def __or__(self, x: "Tensor | ConstType") -> "Tensor": return self._bitwise(x, Ops.OR)
-    def __xor__(self, x: "Tensor | ConstType") -> "Tensor": return self._bitwise(x, Ops.XOR)
-    def __lshift__(self, x: int) -> "Tensor": return self._bitwise(x, Ops.SHL)
-    def __rshift__(self, x: int) -> "Tensor": return self._bitwise(x, Ops.SHR)
-
-    def __add__(self, x: "Tensor | ConstType") -> "Tensor": return self.add(x)
-    def __radd__(self, x: "Tensor | ConstType") -> "Tensor": return self.add(x, True)
-    def __sub__(self, x: "Tensor | ConstType") -> "Tensor": return self.sub(x)
-    def __rsub__(self, x: "Tensor | ConstType") -> "Tensor": return self.sub(x, True)
-    def __mul__(self, x: "Tensor | ConstType") -> "Tensor": return self.mul(x)
-    def __rmul__(self, x: "Tensor | ConstType") -> "Tensor": return self.mul(x, True)
-    def __truediv__(self, x: "Tensor | ConstType") -> "Tensor": return self.div(x)
-    def __rtruediv__(self, x: "Tensor | ConstType") -> "Tensor": return self.div(x, True)
-    def __floordiv__(self, x: "Tensor | ConstType") -> "Tensor": return self.floordiv(x)
-    def __rfloordiv__(self, x: "Tensor | ConstType") -> "Tensor": return self.floordiv(x, True)
-    def __neg__(self) -> "Tensor": return self.neg()
-    # in-place operators update the tensor itself (through assign), so other references see the new value
-    def __iadd__(self, x: Any) -> "Tensor": return self.assign(self + x)
-    def __isub__(self, x: Any) -> "Tensor": return self.assign(self - x)
-    def __imul__(self, x: Any) -> "Tensor": return self.assign(self * x)
-    def __itruediv__(self, x: Any) -> "Tensor": return self.assign(self / x)
-    def __ifloordiv__(self, x: Any) -> "Tensor": return self.assign(self // x)
-    def __ipow__(self, x: Any) -> "Tensor": return self.assign(self ** x)
-    def __iand__(self, x: Any) -> "Tensor": return self.assign(self & x)
-    def __ior__(self, x: Any) -> "Tensor": return self.assign(self | x)
-    def __ixor__(self, x: Any) -> "Tensor": return self.assign(self ^ x)
-    def __ilshift__(self, x: Any) -> "Tensor": return self.assign(self << x)
-    def __irshift__(self, x: Any) -> "Tensor": return self.assign(self >> x)
-    def __imatmul__(self, x: Any) -> "Tensor": return self.assign(self @ x)
-    def __rlshift__(self, x: Any) -> "Tensor": return self._bitwise(x, Ops.SHL, True)
-    def __rrshift__(self, x: Any) -> "Tensor": return self._bitwise(x, Ops.SHR, True)
-
-    def __delitem__(self, idx: Any) -> None:
-        raise TypeError("Tensor does not support deleting items")
-    def __matmul__(self, x: "Tensor") -> "Tensor": return self.matmul(x)
-    def __rmatmul__(self, x: "Tensor") -> "Tensor": return x.matmul(self)
-
-    # ----- reductions -----
-    def _reduce(self, op: Ops, axis: int | Sequence[int] | None, keepdim: bool) -> "Tensor":
-        axes = tuple(range(self.ndim)) if axis is None else \
-            tuple(self._axis(a) for a in ((axis,) if isinstance(axis, int) else axis))
-        from fusegrad.mixin.reduce import _no_repeated_axes
-        _no_repeated_axes(axes)
-        if self.ndim == 0: axes = ()
-        if op is Ops.MAX and axis is None and self.numel() == 0:
-            raise RuntimeError(f"max/min of an empty tensor (shape {self.shape}) needs an explicit axis")
-        if op is Ops.MAX and any(self.shape[a] == 0 for a in axes):
-            raise IndexError(f"max/min: Expected reduction dims {axes} to have non-zero size, shape {self.shape}")
-        x = self
-        if any(self.shape[a] == 0 for a in axes):  # reducing nothing: pad with the identity (keeps the graph link)
-            ident = 0 if op is Ops.ADD else 1
-            x = x.pad([(0, 1) if i in axes and s == 0 else (0, 0) for i, s in enumerate(self.shape)], value=ident)
-        # reducing nothing still gives a new tensor (not a view of self: a later write to self doesn't change it)
-        out = x._apply(lambda u: build.reduce_axis(u, op, axes)) if any(x.shape[a] != 1 for a in axes) else \
-            Tensor._wrap(x.uop, x)
-        return out if keepdim else out.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
-
-    def sum(self, axis: int | Sequence[int] | None = None, keepdim: bool = False,
-            dtype: DTypeLike | None = None) -> "Tensor":
-        x = self.cast(to_dtype(dtype) if dtype is not None else sum_acc_dtype(self.dtype))
-        out = x._reduce(Ops.ADD, axis, keepdim)
-        # half/bfloat16 accumulate in float32 but return their own dtype, like torch
-        return out.cast(self.dtype) if dtype is None and dtypes.is_float(self.dtype) else out
-
-    def max(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> "Tensor":
-        if dtypes.is_bool(self.dtype): return self.cast(dtypes.uint8)._reduce(Ops.MAX, axis, keepdim).cast(dtypes.bool)
-        return self._exact_for_max_grad()._reduce(Ops.MAX, axis, keepdim)
-
-    def _exact_for_max_grad(self) -> "Tensor":
-        """self, stored first when max's gradient will compare it with the max and a recomputation could round
-        differently (see `_fma_hazard`)."""
-        if self.requires_grad and not Tensor.no_grad and dtypes.is_float(self.dtype) and _fma_hazard(self.uop):
-            return self.contiguous()
-        return self
-
-    def min(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> "Tensor":
-        if dtypes.is_bool(self.dtype): return self.logical_not().max(axis, keepdim).logical_not()
-        # ints: ~x = -x-1 reverses the order without overflowing (-x does at the most negative value)
-        if dtypes.is_int(self.dtype): return ~((~self).max(axis, keepdim))
-        return -((-self).max(axis, keepdim))
-
-    def mean(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> "Tensor":
-        x = self._float_or_self()
-        s = x.sum(axis, keepdim, dtype=sum_acc_dtype(x.dtype))   # divide before rounding back to half
-        if not all_static(self.shape):   # a symbolic count: divide by a tensor of its value (the kernel reads it)
-            per = sprod(s.shape)
-            cnt = ssimplify(sprod(self.shape) // (max(per, 1) if isinstance(per, int) else per))
-            div = cnt.arg if cnt.op is Ops.CONST else Tensor._wrap(build.const(cnt, s.dtype, s.device))
-            return (s / div).cast(x.dtype)
-        n = prod(self.shape) // max(prod(s.shape), 1) if self.numel() else 0
-        return (s * (1 / n if n else math.nan)).cast(x.dtype)
-
-    # ----- matmul -----
-    def dot(self, w: "Tensor", dtype: DTypeLike | None = None) -> "Tensor":
-        """Matrix product with broadcasting over batch dims, as a broadcast multiply and a sum (one kernel)."""
-        x = self
-        if x.ndim == 0 or w.ndim == 0:
-            raise RuntimeError(f"both arguments to matmul need at least 1 dimension, got {x.shape} and {w.shape}")
-        k_x, k_w = x.shape[-1], w.shape[-min(w.ndim, 2)]
-        if k_x != k_w:
-            xs = "x".join(map(str, x.shape))
-            ws = "x".join(map(str, w.shape))
-            raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied ({xs} and {ws})")
-        bx, bw = x.shape[:-2], w.shape[:-2]
-        if any(a != b and a != 1 and b != 1 for a, b in zip(bx[::-1], bw[::-1])):
-            raise RuntimeError(f"matmul: batch dims can't broadcast for shapes {x.shape} and {w.shape}")
-        if w.ndim == 1:
-            out = (x * w).sum(-1, dtype=dtype)                                       # (...,)
-        else:
-            xx = x.reshape(1, k_x) if x.ndim == 1 else x
-            xr = xx.reshape(xx.shape[:-1] + (1, k_x))                                # (..., n, 1, k)
-            wr = w.transpose(-1, -2).reshape(w.shape[:-2] + (1, w.shape[-1], k_x))   # (..., 1, m, k)
-            out = (xr * wr).sum(-1, dtype=dtype)                                     # (..., n, m)
-            if x.ndim == 1: out = out.squeeze(-2)
-        return out.cast(least_upper_dtype(x.dtype, w.dtype)) if dtype is None else out
-
-    def matmul(self, x: "Tensor", reverse: bool = False, dtype: DTypeLike | None = None) -> "Tensor":
-        return x.dot(self, dtype) if reverse else self.dot(x, dtype)
-
     # ----- autograd -----
     def backward(self, gradient: "Tensor | None" = None) -> "Tensor":
         """Fill `.grad` of every live float tensor this one depends on whose requires_grad is True (as in torch).
@@ -1301,14 +735,6 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin, metaclass=_TensorMe
         def __init__(self) -> None: super().__init__(False)
 
 
-def _mix32(x: Tensor) -> Tensor:
-    """A 32-bit integer hash finalizer (xor-shift-multiply), applied elementwise."""
-    x = x ^ (x >> 16)
-    x = x * 0x7FEB352D
-    x = x ^ (x >> 15)
-    x = x * 0x846CA68B
-    return x ^ (x >> 16)
-
 
 def _is_contiguous_buffer(u: UOp) -> bool:
     while u.op is Ops.RESHAPE: u = u.src[0]
@@ -1317,28 +743,6 @@ def _is_contiguous_buffer(u: UOp) -> bool:
     return u.op is Ops.BUFFER
 
 
-def _is_sym_int(x: Any) -> bool:
-    """A symbolic size: an int-typed UOp (a bound Variable, or an expression of one)."""
-    return isinstance(x, UOp) and dtypes.is_int(x.dtype)
-
-
-def _fma_hazard(u: UOp, limit: int = 4096) -> bool:
-    """Whether the float expression `u` (up to stored buffers) has a multiply feeding an add. Reduce kernels compile
-    with fused multiply-add contraction and elementwise kernels without, so such an expression recomputed in both can
-    round differently: max's gradient, which finds the maximal elements by comparing the input with the result
-    (`x == max`), would then find none of them (a 0/0 share). Its input is stored first when this can happen."""
-    seen, stack = {u}, [u]
-    while stack:
-        x = stack.pop()
-        if x.op in (Ops.BUFFER, Ops.CONTIGUOUS, Ops.CONST, Ops.DEVICE): continue
-        if x.op is Ops.MULACC: return True
-        if x.op is Ops.ADD and dtypes.is_float(x.dtype) and any(s.op is Ops.MUL for s in x.src): return True
-        if len(seen) > limit: return True   # too big to tell: store it
-        for s in x.src:
-            if s not in seen:
-                seen.add(s)
-                stack.append(s)
-    return False
 
 
 def _is_realized(u: UOp) -> bool:

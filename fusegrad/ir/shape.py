@@ -22,6 +22,13 @@ def is_sym(x: Any) -> bool: return not isinstance(x, int)
 def all_static(shape: Sequence[Any]) -> bool: return all(isinstance(s, int) for s in shape)
 
 
+def is_sym_int(x: Any) -> bool:
+    """A symbolic size: an int-typed UOp (a bound Variable, or an expression of one)."""
+    from fusegrad.dtype import dtypes
+    from fusegrad.ir.ops import UOp
+    return isinstance(x, UOp) and dtypes.is_int(x.dtype)
+
+
 def _simp(u: "UOp") -> "UOp":
     from fusegrad.ir.symbolic import simplify
     return simplify(u)

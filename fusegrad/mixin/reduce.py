@@ -6,7 +6,11 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, Sequence
 
-from fusegrad.dtype import DTypeLike, dtypes, to_dtype
+from fusegrad.dtype import DTypeLike, dtypes, least_upper_dtype, sum_acc_dtype, to_dtype
+from fusegrad.helpers import prod
+from fusegrad.ir import build
+from fusegrad.ir.ops import Ops, UOp, ssimplify
+from fusegrad.ir.shape import all_static, sprod
 
 if TYPE_CHECKING:
     from fusegrad.tensor import Tensor
@@ -14,8 +18,108 @@ if TYPE_CHECKING:
 Axis = "int | Sequence[int] | None"
 
 
+def _fma_hazard(u: UOp, limit: int = 4096) -> bool:
+    """Whether the float expression `u` (up to stored buffers) has a multiply feeding an add. Reduce kernels compile
+    with fused multiply-add contraction and elementwise kernels without, so such an expression recomputed in both can
+    round differently: max's gradient, which finds the maximal elements by comparing the input with the result
+    (`x == max`), would then find none of them (a 0/0 share). Its input is stored first when this can happen."""
+    seen, stack = {u}, [u]
+    while stack:
+        x = stack.pop()
+        if x.op in (Ops.BUFFER, Ops.CONTIGUOUS, Ops.CONST, Ops.DEVICE): continue
+        if x.op is Ops.MULACC: return True
+        if x.op is Ops.ADD and dtypes.is_float(x.dtype) and any(s.op is Ops.MUL for s in x.src): return True
+        if len(seen) > limit: return True   # too big to tell: store it
+        for s in x.src:
+            if s not in seen:
+                seen.add(s)
+                stack.append(s)
+    return False
+
+
 class ReduceMixin:
     __slots__ = ()
+
+    # ----- reductions -----
+    def _reduce(self: "Tensor", op: Ops, axis: int | Sequence[int] | None, keepdim: bool) -> "Tensor":
+        axes = tuple(range(self.ndim)) if axis is None else \
+            tuple(self._axis(a) for a in ((axis,) if isinstance(axis, int) else axis))
+        _no_repeated_axes(axes)
+        if self.ndim == 0: axes = ()
+        if op is Ops.MAX and axis is None and self.numel() == 0:
+            raise RuntimeError(f"max/min of an empty tensor (shape {self.shape}) needs an explicit axis")
+        if op is Ops.MAX and any(self.shape[a] == 0 for a in axes):
+            raise IndexError(f"max/min: Expected reduction dims {axes} to have non-zero size, shape {self.shape}")
+        x = self
+        if any(self.shape[a] == 0 for a in axes):  # reducing nothing: pad with the identity (keeps the graph link)
+            ident = 0 if op is Ops.ADD else 1
+            x = x.pad([(0, 1) if i in axes and s == 0 else (0, 0) for i, s in enumerate(self.shape)], value=ident)
+        # reducing nothing still gives a new tensor (not a view of self: a later write to self doesn't change it)
+        out = x._apply(lambda u: build.reduce_axis(u, op, axes)) if any(x.shape[a] != 1 for a in axes) else \
+            type(self)._wrap(x.uop, x)
+        return out if keepdim else out.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
+
+    def sum(self: "Tensor", axis: int | Sequence[int] | None = None, keepdim: bool = False,
+            dtype: DTypeLike | None = None) -> "Tensor":
+        x = self.cast(to_dtype(dtype) if dtype is not None else sum_acc_dtype(self.dtype))
+        out = x._reduce(Ops.ADD, axis, keepdim)
+        # half/bfloat16 accumulate in float32 but return their own dtype, like torch
+        return out.cast(self.dtype) if dtype is None and dtypes.is_float(self.dtype) else out
+
+    def max(self: "Tensor", axis: int | Sequence[int] | None = None, keepdim: bool = False) -> "Tensor":
+        if dtypes.is_bool(self.dtype): return self.cast(dtypes.uint8)._reduce(Ops.MAX, axis, keepdim).cast(dtypes.bool)
+        return self._exact_for_max_grad()._reduce(Ops.MAX, axis, keepdim)
+
+    def _exact_for_max_grad(self: "Tensor") -> "Tensor":
+        """self, stored first when max's gradient will compare it with the max and a recomputation could round
+        differently (see `_fma_hazard`)."""
+        if self.requires_grad and not type(self).no_grad and dtypes.is_float(self.dtype) and _fma_hazard(self.uop):
+            return self.contiguous()
+        return self
+
+    def min(self: "Tensor", axis: int | Sequence[int] | None = None, keepdim: bool = False) -> "Tensor":
+        if dtypes.is_bool(self.dtype): return self.logical_not().max(axis, keepdim).logical_not()
+        # ints: ~x = -x-1 reverses the order without overflowing (-x does at the most negative value)
+        if dtypes.is_int(self.dtype): return ~((~self).max(axis, keepdim))
+        return -((-self).max(axis, keepdim))
+
+    def mean(self: "Tensor", axis: int | Sequence[int] | None = None, keepdim: bool = False) -> "Tensor":
+        x = self._float_or_self()
+        s = x.sum(axis, keepdim, dtype=sum_acc_dtype(x.dtype))   # divide before rounding back to half
+        if not all_static(self.shape):   # a symbolic count: divide by a tensor of its value (the kernel reads it)
+            per = sprod(s.shape)
+            cnt = ssimplify(sprod(self.shape) // (max(per, 1) if isinstance(per, int) else per))
+            div = cnt.arg if cnt.op is Ops.CONST else type(self)._wrap(build.const(cnt, s.dtype, s.device))
+            return (s / div).cast(x.dtype)
+        n = prod(self.shape) // max(prod(s.shape), 1) if self.numel() else 0
+        return (s * (1 / n if n else math.nan)).cast(x.dtype)
+
+    # ----- matmul -----
+    def dot(self: "Tensor", w: "Tensor", dtype: DTypeLike | None = None) -> "Tensor":
+        """Matrix product with broadcasting over batch dims, as a broadcast multiply and a sum (one kernel)."""
+        x = self
+        if x.ndim == 0 or w.ndim == 0:
+            raise RuntimeError(f"both arguments to matmul need at least 1 dimension, got {x.shape} and {w.shape}")
+        k_x, k_w = x.shape[-1], w.shape[-min(w.ndim, 2)]
+        if k_x != k_w:
+            xs = "x".join(map(str, x.shape))
+            ws = "x".join(map(str, w.shape))
+            raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied ({xs} and {ws})")
+        bx, bw = x.shape[:-2], w.shape[:-2]
+        if any(a != b and a != 1 and b != 1 for a, b in zip(bx[::-1], bw[::-1])):
+            raise RuntimeError(f"matmul: batch dims can't broadcast for shapes {x.shape} and {w.shape}")
+        if w.ndim == 1:
+            out = (x * w).sum(-1, dtype=dtype)                                       # (...,)
+        else:
+            xx = x.reshape(1, k_x) if x.ndim == 1 else x
+            xr = xx.reshape(xx.shape[:-1] + (1, k_x))                                # (..., n, 1, k)
+            wr = w.transpose(-1, -2).reshape(w.shape[:-2] + (1, w.shape[-1], k_x))   # (..., 1, m, k)
+            out = (xr * wr).sum(-1, dtype=dtype)                                     # (..., n, m)
+            if x.ndim == 1: out = out.squeeze(-2)
+        return out.cast(least_upper_dtype(x.dtype, w.dtype)) if dtype is None else out
+
+    def matmul(self: "Tensor", x: "Tensor", reverse: bool = False, dtype: DTypeLike | None = None) -> "Tensor":
+        return x.dot(self, dtype) if reverse else self.dot(x, dtype)
 
     def _axes(self: "Tensor", axis: Any) -> tuple[int, ...]:
         if axis is None: return tuple(range(self.ndim))
