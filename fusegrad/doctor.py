@@ -84,7 +84,7 @@ def compiler_line() -> tuple[str, bool]:
         return f"none: CC={os.environ['CC']!r} is not a program on PATH; fix: unset CC, or install it", False
     if cc is None: return "none of cc, gcc, clang is on PATH; fix: apt-get install gcc", False
     try:
-        r = subprocess.run([*cc.split(), "--version"], capture_output=True, text=True, timeout=20)
+        r = subprocess.run([*cc.split(), "--version"], capture_output=True, text=True, timeout=20, check=False)
         version = (r.stdout or r.stderr).strip().splitlines()[0] if (r.stdout or r.stderr).strip() else "?"
     except (OSError, subprocess.TimeoutExpired) as e:
         version = f"--version failed: {e}"
@@ -189,10 +189,10 @@ def env_reads(source: str) -> tuple[list[tuple[str, int]], list[int]]:
             if isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str):
                 names.append((node.slice.value, node.lineno))
             else: dynamic.append(node.lineno)
-        elif isinstance(node, ast.Compare) and any(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops) \
-                and any(_is_os_environ(c) for c in node.comparators):
-            if isinstance(node.left, ast.Constant) and isinstance(node.left.value, str):
+        elif isinstance(node, ast.Compare) and any(_is_os_environ(c) for c in node.comparators):
+            if isinstance(node.left, ast.Constant) and isinstance(node.left.value, str):   # "X" in os.environ
                 names.append((node.left.value, node.lineno))
+            else: dynamic.append(node.lineno)
     return sorted(names, key=lambda x: x[1]), dynamic
 
 

@@ -111,7 +111,7 @@ def _open_url(url: str, timeout: float) -> Any:
         try:
             box["response"] = urllib.request.urlopen(url, timeout=timeout)
             if abandoned.is_set(): box["response"].close()
-        except BaseException as e:  # handed to the caller below
+        except Exception as e:  # noqa: BLE001 - re-raised in the caller's thread
             box["error"] = e
     th = threading.Thread(target=attempt, name="fusegrad-download", daemon=True)
     th.start()
