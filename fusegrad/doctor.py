@@ -181,8 +181,9 @@ def env_reads(source: str) -> tuple[list[tuple[str, int]], list[int]]:
         if isinstance(node, ast.Call):
             fn = node.func
             fname = fn.attr if isinstance(fn, ast.Attribute) else fn.id if isinstance(fn, ast.Name) else ""
-            is_read = fname in ("getenv", "ContextVar") or (fname == "get" and isinstance(fn, ast.Attribute)
-                                                             and _is_os_environ(fn.value))
+            environ_get = fname == "get" and isinstance(fn, ast.Attribute) and _is_os_environ(fn.value)
+            # fusegrad's ContextVar (a bare name), not contextvars.ContextVar (whose name isn't an env var)
+            is_read = fname == "getenv" or (fname == "ContextVar" and isinstance(fn, ast.Name)) or environ_get
             if is_read and (name := _str_arg(node)) is not None: names.append((name, node.lineno))
             elif is_read: dynamic.append(node.lineno)
         elif isinstance(node, ast.Subscript) and _is_os_environ(node.value) and isinstance(node.ctx, ast.Load):
