@@ -44,7 +44,7 @@ def test_no_read_hides_its_name():
 
 
 def test_the_extractor():
-    src = '\n'.join([
+    src = '\n'.join([  # noqa: FLY002 - one line of source per row, each with its comment
         'import os, contextvars',
         'from fusegrad.helpers import getenv, ContextVar',
         'A = getenv("ALPHA", 1)',
