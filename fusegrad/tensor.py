@@ -471,6 +471,44 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin, metaclass=_TensorMe
         if out.size: self._buffer().copyout(memoryview(out.reshape(-1).view(np.uint8)))
         return out
 
+    # ----- interop -----
+    @staticmethod
+    def from_dlpack(x: Any, device: str | None = None, copy: bool | None = None) -> "Tensor":
+        """A tensor of `x`'s data, for any `x` with `__dlpack__` (NumPy arrays, torch tensors, ...), keeping its dtype
+        and shape. Shares `x`'s memory (writes show on both sides) when `x` is compact row-major host memory, writable
+        and aligned, and `device` keeps buffers in host memory (CPU, LLVM); copies otherwise. `copy=True` always
+        copies; `copy=False` raises BufferError instead of copying. See docs/interop.md.
+
+        >>> import numpy as np
+        >>> a = np.arange(3, dtype=np.float32)
+        >>> t = Tensor.from_dlpack(a, device="CPU")
+        >>> a[0] = 7.0; t.tolist()
+        [7.0, 1.0, 2.0]
+        """
+        from fusegrad.dlpack import import_dlpack
+        return import_dlpack(x, _canonical_device(device), copy)
+
+    def __dlpack__(self, *, stream: Any = None, max_version: tuple[int, int] | None = None, dl_device: Any = None,
+                   copy: bool | None = None) -> Any:
+        """A DLPack capsule of this tensor (what `numpy.from_dlpack(t)` and `torch.from_dlpack(t)` call). A whole
+        realized buffer on a host-memory device (CPU, LLVM) is shared; a lazy tensor is realized first, and a view,
+        a constant or a tensor on another device is copied to host memory. `copy=False` raises BufferError instead.
+
+        >>> import numpy as np
+        >>> t = Tensor([1.0, 2.0], device="CPU").realize()
+        >>> a = np.from_dlpack(t); a[1] = 5.0; t.tolist()
+        [1.0, 5.0]
+        """
+        if stream is not None: raise BufferError(f"fusegrad hands out host memory: stream must be None, not {stream!r}")
+        if dl_device is not None and tuple(int(x) for x in dl_device) != (1, 0):
+            raise BufferError(f"fusegrad exports to the host (kDLCPU, 0) only, not dl_device={tuple(dl_device)}")
+        from fusegrad.dlpack import export
+        return export(self, max_version, copy)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """(kDLCPU, 0): `__dlpack__` always hands out host memory (a copy from a device without host memory)."""
+        return (1, 0)
+
     def tolist(self) -> Any:
         shape = self._concrete_shape()
         vals = _unpack(self._buffer().as_bytes(), self.dtype) if prod(shape) else []
@@ -576,43 +614,6 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin, metaclass=_TensorMe
         if not addr: raise ValueError("from_blob: null pointer")
         data = ctypes.string_at(addr, prod(s) * dt.itemsize)
         return Tensor(Tensor._from_bytes(data, dt, s, _canonical_device(kwargs.pop("device", None))), **kwargs)
-
-    @staticmethod
-    def from_dlpack(x: Any, device: str | None = None, copy: bool | None = None) -> "Tensor":
-        """A tensor of `x`'s data, for any `x` with `__dlpack__` (NumPy arrays, torch tensors, ...), keeping its dtype
-        and shape. Shares `x`'s memory (writes show on both sides) when `x` is compact row-major host memory, writable
-        and aligned, and `device` keeps buffers in host memory (CPU, LLVM); copies otherwise. `copy=True` always
-        copies; `copy=False` raises BufferError instead of copying. See docs/interop.md.
-
-        >>> import numpy as np
-        >>> a = np.arange(3, dtype=np.float32)
-        >>> t = Tensor.from_dlpack(a, device="CPU")
-        >>> a[0] = 7.0; t.tolist()
-        [7.0, 1.0, 2.0]
-        """
-        from fusegrad.dlpack import import_dlpack
-        return import_dlpack(x, _canonical_device(device), copy)
-
-    def __dlpack__(self, *, stream: Any = None, max_version: tuple[int, int] | None = None, dl_device: Any = None,
-                   copy: bool | None = None) -> Any:
-        """A DLPack capsule of this tensor (what `numpy.from_dlpack(t)` and `torch.from_dlpack(t)` call). A whole
-        realized buffer on a host-memory device (CPU, LLVM) is shared; a lazy tensor is realized first, and a view,
-        a constant or a tensor on another device is copied to host memory. `copy=False` raises BufferError instead.
-
-        >>> import numpy as np
-        >>> t = Tensor([1.0, 2.0], device="CPU").realize()
-        >>> a = np.from_dlpack(t); a[1] = 5.0; t.tolist()
-        [1.0, 5.0]
-        """
-        if stream is not None: raise BufferError(f"fusegrad hands out host memory: stream must be None, not {stream!r}")
-        if dl_device is not None and tuple(int(x) for x in dl_device) != (1, 0):
-            raise BufferError(f"fusegrad exports to the host (kDLCPU, 0) only, not dl_device={tuple(dl_device)}")
-        from fusegrad.dlpack import export
-        return export(self, max_version, copy)
-
-    def __dlpack_device__(self) -> tuple[int, int]:
-        """(kDLCPU, 0): `__dlpack__` always hands out host memory (a copy from a device without host memory)."""
-        return (1, 0)
 
     @staticmethod
     def from_url(url: str, gunzip: bool = False, **kwargs: Any) -> "Tensor":
