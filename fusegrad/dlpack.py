@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import threading
 from typing import TYPE_CHECKING, Any
 
 from fusegrad import storage
@@ -89,14 +88,15 @@ _CALL_DELETER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 # ---------------------------------------------------------------------------------------------------------------------
 # export: a fusegrad buffer -> a capsule
 
-_exports: dict[int, tuple[Any, ...]] = {}   # address of a managed struct we made -> what must live until its deleter
-_exports_lock = threading.Lock()
+# address of a managed struct we made -> what must live until its deleter runs. No lock: a single dict store or pop is
+# atomic under the GIL, and a lock could deadlock when the garbage collector frees a capsule while this thread holds it
+_exports: dict[int, tuple[Any, ...]] = {}
 
 
 @ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 def _deleter(address: int) -> None:
     """The consumer is done (or the capsule was never consumed): let go of the struct and the memory behind it."""
-    with _exports_lock: _exports.pop(address, None)
+    _exports.pop(address, None)
 
 
 @_DESTRUCTOR
@@ -128,7 +128,7 @@ def make_capsule(address: int, shape: tuple[int, ...], dtype: DType, keepalive: 
         managed.version = DLPackVersion(*DLPACK_VERSION)
         managed.flags = FLAG_IS_COPIED if copied else 0
     addr = ctypes.addressof(managed)
-    with _exports_lock: _exports[addr] = (managed, shape_arr, strides_arr, *keepalive)
+    _exports[addr] = (managed, shape_arr, strides_arr, *keepalive)
     return _api.PyCapsule_New(addr, _VERSIONED if versioned else _LEGACY, _capsule_destructor)
 
 

@@ -224,6 +224,13 @@ def test_lifetimes():
     del unused                                                     # never consumed: the capsule's destructor frees it
     gc.collect()
     assert len(dlpack._exports) == before
+
+    def dropped_while_raising():
+        capsule = u.__dlpack__()                                   # freed while the exception unwinds the frame
+        raise ValueError(f"after {capsule!r}")
+    with pytest.raises(ValueError): dropped_while_raising()
+    gc.collect()
+    assert len(dlpack._exports) == before
     b = np.from_dlpack(u)
     del u
     gc.collect()
