@@ -258,7 +258,9 @@ def mnist(device: str | None = None, fashion: bool = False, data_dir: str | path
         if (files := _find_idx(explicit)) is None:
             raise DatasetNotFound(f"{explicit} (from {'data_dir' if data_dir is not None else '$' + env}) doesn't hold "
                                   f"the four {name} IDX files: {', '.join(MNIST_FILES.values())} (optionally .gz)")
-        return _load_idx_set(files, device)
+        out = _load_idx_set(files, device)
+        _say(f"{name}, {_counts(out)} from {explicit}")
+        return out
     cache = pathlib.Path(cache_dir()) / "datasets" / name
     for d in [cache, *map(pathlib.Path, DEBIAN_DIRS[fashion])]:
         if (files := _find_idx(d)) is not None:

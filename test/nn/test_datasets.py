@@ -64,10 +64,11 @@ def isolated(monkeypatch, tmp_path):
     return tmp_path
 
 
-def test_explicit_dir_gz_and_plain(isolated):
+def test_explicit_dir_gz_and_plain(isolated, capsys):
     arrays = fake_set()
     write_set(isolated / "mine", arrays)
     check(mnist(data_dir=isolated / "mine"), arrays)
+    assert f"mnist: mnist, 12 train / 5 test images from {isolated / 'mine'}" in capsys.readouterr().err
 
 
 def test_env_var(isolated, monkeypatch):
