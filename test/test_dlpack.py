@@ -225,10 +225,10 @@ def test_lifetimes():
     gc.collect()
     assert len(dlpack._exports) == before
 
-    def dropped_while_raising():
-        capsule = u.__dlpack__()                                   # freed while the exception unwinds the frame
+    def dropped_while_raising(t: Tensor):
+        capsule = t.__dlpack__()                                   # freed while the exception unwinds the frame
         raise ValueError(f"after {capsule!r}")
-    with pytest.raises(ValueError): dropped_while_raising()
+    with pytest.raises(ValueError): dropped_while_raising(u)
     gc.collect()
     assert len(dlpack._exports) == before
     b = np.from_dlpack(u)
