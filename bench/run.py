@@ -6,6 +6,7 @@
     python bench/run.py --quick             # fewer runs, smaller train step (a smoke run)
     python bench/run.py --only beam         # how long BEAM=2 takes on two kernels, and what it finds
     python bench/run.py --markdown out.md   # also write the table as markdown
+    python bench/run.py --plot              # also draw the time ratios as a bar chart (bench/results.png)
 
 Every case builds the same computation in each library on the same random inputs, checks that the results agree,
 then times them interleaved (run 1 of each library, then run 2 of each, in rotating order) so a slow phase of a
@@ -331,12 +332,45 @@ def print_table(rows: list[list[str]], markdown_path: str | None) -> None:
         print(f"\nwrote {markdown_path}")
 
 
+def plot_ratios(rows: list[list[str]], path: str) -> str | None:
+    """A horizontal bar chart of each case's time ratio per library (log scale, 1x marked) saved as `path`; returns
+    the path, or None (saying why) when matplotlib isn't installed or no row has a ratio."""
+    bars = [(f"{r[0]} [{r[1]}]", float(r[4][:-1]), r[1]) for r in rows if r[4].endswith("x") and r[1] != "FAILED"]
+    if not bars:
+        print("no plot: no case has a time ratio")
+        return None
+    try:
+        import matplotlib
+        matplotlib.use("Agg")   # no display needed
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("no plot: matplotlib isn't installed (pip install matplotlib, or pip install -e '.[examples]')")
+        return None
+    libs = list(dict.fromkeys(lib for _, _, lib in bars))
+    colors = {lib: f"C{i}" for i, lib in enumerate(libs)}
+    fig, ax = plt.subplots(figsize=(8, 0.28 * len(bars) + 1.2), dpi=80)
+    ys = range(len(bars))[::-1]
+    ax.barh(list(ys), [b[1] for b in bars], color=[colors[b[2]] for b in bars])
+    ax.set_yticks(list(ys), [b[0] for b in bars], fontsize=8)
+    ax.set_xscale("log")
+    ax.axvline(1.0, color="k", lw=0.8)
+    ax.set_xlabel("median time / the reference library's (NumPy, else PyTorch); lower is faster")
+    from matplotlib.patches import Patch
+    ax.legend(handles=[Patch(color=colors[lib], label=lib) for lib in libs], fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", nargs="*", default=None, help="run only cases whose name starts with one of these")
     ap.add_argument("--quick", action="store_true", help="3 runs, train step at batch 64, conv at batch 64")
     ap.add_argument("--runs", type=int, default=None)
     ap.add_argument("--markdown", nargs="?", const="bench/results.md", default=None)
+    ap.add_argument("--plot", nargs="?", const="bench/results.png", default=None, metavar="PATH",
+                    help="also save a bar chart of the time ratios (default path: bench/results.png)")
     args = ap.parse_args()
     runs = args.runs or (3 if args.quick else 7)
     bs = 64 if args.quick else 512
@@ -361,6 +395,8 @@ def main() -> None:
     print(f"\n{len(rows)} rows, {time.perf_counter() - st:.0f} s, python {sys.version.split()[0]}, numpy {np.__version__}"
           f", torch {torch.__version__ if torch else '-'}, {os.cpu_count()} cpus\n")
     print_table(rows, args.markdown)
+    if args.plot and (saved := plot_ratios(rows, args.plot)) is not None:
+        print(f"\nbar chart saved to {os.path.abspath(saved)}")
 
 
 if __name__ == "__main__":

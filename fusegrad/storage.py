@@ -96,6 +96,26 @@ def buffers_read(u: UOp) -> list[Buffer]:
     return [buffers[n] for n in nodes if n.op is Ops.BUFFER and n in buffers]
 
 
+# memory that code outside fusegrad can also read and write (DLPack exports and imports): results computed from it are
+# never cached, since a write from outside can't call written(); share() drops the results cached in it until then
+_shared: "weakref.WeakSet[Buffer]" = weakref.WeakSet()
+
+
+def _base(buf: Buffer) -> Buffer:
+    while buf.base is not None: buf = buf.base
+    return buf
+
+
+def share(buf: Buffer) -> None:
+    """`buf`'s memory is now reachable from outside fusegrad too: forget what was cached from it, cache nothing more."""
+    written(_base(buf))
+    _shared.add(_base(buf))
+
+
+def is_shared(buf: Buffer) -> bool:
+    return bool(_shared) and _base(buf) in _shared
+
+
 # ASSIGN nodes that ran: one must never run twice (a graph that still holds one after its entry was dropped reads
 # memory that a later write changed, and raises instead)
 executed: "weakref.WeakSet[UOp]" = weakref.WeakSet()
@@ -113,8 +133,10 @@ def cache_result(key: UOp, value: UOp, written_now: set[int] | None) -> None:
         if key.op is Ops.ASSIGN: executed.add(key)    # own memory is written
         mems = set()
     else:
-        mems = {memory_of(b) for b in buffers_read(key)}
+        reads = buffers_read(key)
+        mems = {memory_of(b) for b in reads}
         if written_now and mems & written_now: return
+        if _shared and any(is_shared(b) for b in reads): return   # memory written from outside: never cached
     realized[key] = value
     ref = weakref.ref(key)
     if value.base.op is Ops.BUFFER and value.base in buffers: mems.add(memory_of(buffers[value.base]))

@@ -176,8 +176,18 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
             d = dt or from_np_dtype(arr.dtype)
             arr = np.ascontiguousarray(arr.astype(to_np_dtype(d)) if d != dtypes.bfloat16 else arr).reshape(arr.shape)
             self.uop = self._from_bytes(arr.tobytes(), d, arr.shape, dev)
+        elif hasattr(data, "__dlpack__") and not isinstance(data, Tensor):   # torch.Tensor, jax arrays, ...: a copy
+            from fusegrad.dlpack import import_dlpack
+            if getattr(data, "requires_grad", False) and hasattr(data, "detach"): data = data.detach()
+            if hasattr(data, "__dlpack_device__") and int(data.__dlpack_device__()[0]) != 1 and hasattr(data, "cpu"):
+                data = data.cpu()   # kDLCPU is 1; a GPU array comes through host memory
+            self.uop = import_dlpack(data, dev, copy=True).uop
         else:
-            raise TypeError(f"can't create a Tensor from {type(data).__name__}")
+            what = type(data).__qualname__ if type(data).__module__ == "builtins" else \
+                f"{type(data).__module__}.{type(data).__qualname__}"
+            hint = " (use t.clone(), or t.detach() without its gradient)" if isinstance(data, Tensor) else ""
+            raise TypeError(f"can't create a Tensor from {what}{hint}; Tensor() takes a Python scalar or (nested) "
+                            "list, bytes, a path, a NumPy array or anything with __dlpack__ (torch.Tensor, ...)")
         if dt is not None and self.uop.dtype != dt: self.uop = build.cast(self.uop, dt)
         self.grad: Tensor | None = None
         self.requires_grad: bool | None = requires_grad
@@ -424,6 +434,44 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
         out = np.empty(self._concrete_shape(), dtype=to_np_dtype(self.dtype))
         if out.size: self._buffer().copyout(memoryview(out.reshape(-1).view(np.uint8)))
         return out
+
+    # ----- interop -----
+    @staticmethod
+    def from_dlpack(x: Any, device: str | None = None, copy: bool | None = None) -> "Tensor":
+        """A tensor of `x`'s data, for any `x` with `__dlpack__` (NumPy arrays, torch tensors, ...), keeping its dtype
+        and shape. Shares `x`'s memory (writes show on both sides) when `x` is compact row-major host memory, writable
+        and aligned, and `device` keeps buffers in host memory (CPU, LLVM); copies otherwise. `copy=True` always
+        copies; `copy=False` raises BufferError instead of copying. See docs/interop.md.
+
+        >>> import numpy as np
+        >>> a = np.arange(3, dtype=np.float32)
+        >>> t = Tensor.from_dlpack(a, device="CPU")
+        >>> a[0] = 7.0; t.tolist()
+        [7.0, 1.0, 2.0]
+        """
+        from fusegrad.dlpack import import_dlpack
+        return import_dlpack(x, _canonical_device(device), copy)
+
+    def __dlpack__(self, *, stream: Any = None, max_version: tuple[int, int] | None = None, dl_device: Any = None,
+                   copy: bool | None = None) -> Any:
+        """A DLPack capsule of this tensor (what `numpy.from_dlpack(t)` and `torch.from_dlpack(t)` call). A whole
+        realized buffer on a host-memory device (CPU, LLVM) is shared; a lazy tensor is realized first, and a view,
+        a constant or a tensor on another device is copied to host memory. `copy=False` raises BufferError instead.
+
+        >>> import numpy as np
+        >>> t = Tensor([1.0, 2.0], device="CPU").realize()
+        >>> a = np.from_dlpack(t); a[1] = 5.0; t.tolist()
+        [1.0, 5.0]
+        """
+        if stream is not None: raise BufferError(f"fusegrad hands out host memory: stream must be None, not {stream!r}")
+        if dl_device is not None and tuple(int(x) for x in dl_device) != (1, 0):
+            raise BufferError(f"fusegrad exports to the host (kDLCPU, 0) only, not dl_device={tuple(dl_device)}")
+        from fusegrad.dlpack import export
+        return export(self, max_version, copy)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """(kDLCPU, 0): `__dlpack__` always hands out host memory (a copy from a device without host memory)."""
+        return (1, 0)
 
     def tolist(self) -> Any:
         shape = self._concrete_shape()

@@ -53,6 +53,26 @@ def test_beautiful_mnist_trains():
     assert step == 10 and acc > 25.0, f"test accuracy {acc:.1f}% after 10 steps (chance is 10%); losses {losses}"
 
 
+def test_beautiful_mnist_plot(tmp_path, capsys):
+    """The training-curve PNG is written where asked; a History without test passes still plots."""
+    pytest.importorskip("matplotlib", reason="the plot needs matplotlib (pip install matplotlib)")
+    bm = load_example("beautiful_mnist")
+    hist = bm.History(losses=[2.3, 1.1, 0.6, 0.4], accuracies=[(2, 71.0), (4, 88.5)], n_test=200)
+    path = tmp_path / "curve.png"
+    assert bm.save_plot(hist, str(path), "test") == str(path)
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and 5_000 < len(data) < 100_000
+    assert bm.save_plot(bm.History(losses=[1.0]), str(tmp_path / "one.png")) is not None
+
+
+def test_beautiful_mnist_without_matplotlib(tmp_path, capsys, monkeypatch):
+    """Without matplotlib the example says how to get it and carries on (no file, no exception)."""
+    bm = load_example("beautiful_mnist")
+    monkeypatch.setitem(sys.modules, "matplotlib", None)     # import matplotlib now raises ImportError
+    assert bm.save_plot(bm.History(losses=[1.0]), str(tmp_path / "x.png")) is None
+    assert "pip install matplotlib" in capsys.readouterr().out and not (tmp_path / "x.png").exists()
+
+
 # ----- docs/quickstart.md -----
 
 def quickstart_blocks() -> list[tuple[str, str | None]]:

