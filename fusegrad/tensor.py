@@ -269,6 +269,18 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
 
     def __hash__(self) -> int: return id(self)
 
+    def __reduce__(self) -> tuple:
+        """Pickle by value: the data is realized and stored with dtype, shape, device and the autograd flags (the
+        graph is not kept). An unpickled tensor is a fresh leaf on the same device.
+
+        >>> import pickle
+        >>> pickle.loads(pickle.dumps(Tensor([1, 2]) + 1)).tolist()
+        [2, 3]
+        """
+        shape = self._concrete_shape()
+        data = self._buffer().as_bytes()[:prod(shape) * self.dtype.itemsize]
+        return _unpickle_tensor, (data, self.dtype, shape, self.device, self.requires_grad, self.is_param)
+
     def __repr__(self) -> str:
         return f"<Tensor {self.uop.op.name} {self.shape} {self.dtype} on {self.device} with grad " \
                f"{self.grad.uop.op.name if self.grad is not None else None}>"
@@ -734,6 +746,15 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
     class test(train):
         def __init__(self) -> None: super().__init__(False)
 
+
+
+def _unpickle_tensor(data: bytes, dtype: DType, shape: tuple[int, ...], device: str, requires_grad: bool | None,
+                     is_param: bool) -> Tensor:
+    """Rebuild a pickled Tensor (see Tensor.__reduce__); the byte count is checked against dtype and shape."""
+    t = Tensor._wrap(Tensor._from_bytes(bytes(data), dtype, tuple(shape), Device.canonicalize(device)))
+    t.requires_grad, t.is_param = requires_grad, bool(is_param)
+    if requires_grad: t.uop = _make_unique(t.uop)
+    return t
 
 
 def _is_contiguous_buffer(u: UOp) -> bool:
