@@ -8,7 +8,7 @@ import pathlib
 import struct
 import threading
 import weakref
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Sequence, cast  # noqa: F401 - tinygrad's tensor module exports cast
 
 from fusegrad import autograd
 from fusegrad.device import Buffer, Device, canonical_device as _canonical_device, single_device as _single_device
@@ -42,6 +42,8 @@ def _with_history(u: UOp) -> UOp:
         u = substitute(u, mapping)
     raise RuntimeError("autograd history too deep")
 
+
+Variable = UOp.variable  # `from fusegrad.tensor import Variable` as in tinygrad
 
 # every live tensor: backward() fills .grad for those in the graph that require a gradient
 _all_tensors: "weakref.WeakSet[Tensor]" = weakref.WeakSet()
@@ -94,7 +96,14 @@ def _int_width(values: list[Any], hi: int = 2**63) -> DType | None:
 
 
 
+# ml_dtypes (numpy extension) dtype name -> ours: such arrays are read as their raw bytes
+_ML_DTYPES = {"bfloat16": dtypes.bfloat16, "float8_e4m3fn": dtypes.fp8e4m3, "float8_e5m2": dtypes.fp8e5m2}
+
+
 def _pack(values: list[Any], dtype: DType) -> bytes:
+    if dtype in dtypes.fp8s:
+        from fusegrad.dtype import float_to_fp8
+        return bytes(float_to_fp8(float(v), dtype) for v in values)
     if dtype == dtypes.bfloat16:
         from fusegrad.dtype import float_to_bf16_bits
         return struct.pack(f"{len(values)}H", *(float_to_bf16_bits(float(v)) for v in values))
@@ -103,6 +112,9 @@ def _pack(values: list[Any], dtype: DType) -> bytes:
 
 
 def _unpack(data: bytes, dtype: DType) -> list[Any]:
+    if dtype in dtypes.fp8s:
+        from fusegrad.dtype import fp8_to_float
+        return [fp8_to_float(b, dtype) for b in data]
     if dtype == dtypes.bfloat16:
         from fusegrad.dtype import bf16_to_float
         return [bf16_to_float(v) for v in struct.unpack(f"{len(data) // 2}H", data)]
@@ -173,8 +185,12 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
             import numpy as np
             from fusegrad.dtype import from_np_dtype, to_np_dtype
             arr = np.asarray(data)
-            d = dt or from_np_dtype(arr.dtype)
-            arr = np.ascontiguousarray(arr.astype(to_np_dtype(d)) if d != dtypes.bfloat16 else arr).reshape(arr.shape)
+            if (own := _ML_DTYPES.get(arr.dtype.name)) is not None:  # an ml_dtypes array (bfloat16, fp8): its bytes
+                arr, d = arr.view(f"u{own.itemsize}"), own
+            else:  # a dtype numpy lacks (bfloat16, fp8) is reached by the cast below, from the array's own dtype
+                d = dt if dt is not None and dt.fmt is not None else from_np_dtype(arr.dtype)
+                arr = arr.astype(to_np_dtype(d))
+            arr = np.ascontiguousarray(arr).reshape(arr.shape)
             self.uop = self._from_bytes(arr.tobytes(), d, arr.shape, dev)
         else:
             raise TypeError(f"can't create a Tensor from {type(data).__name__}")
@@ -432,7 +448,7 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
         """A NumPy copy of the data."""
         import numpy as np
         from fusegrad.dtype import to_np_dtype
-        if self.dtype == dtypes.bfloat16: return self.float().numpy()
+        if self.dtype == dtypes.bfloat16 or self.dtype in dtypes.fp8s: return self.float().numpy()
         out = np.empty(self._concrete_shape(), dtype=to_np_dtype(self.dtype))
         if out.size: self._buffer().copyout(memoryview(out.reshape(-1).view(np.uint8)))
         return out
