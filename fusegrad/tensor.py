@@ -169,10 +169,15 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
         elif data is None or isinstance(data, (int, float, bool)):
             d = dt or _int_width([data]) or dtypes.from_py(0.0 if data is None else data)
             self.uop = build.const(0.0 if data is None else data, d, dev)
-        elif isinstance(data, (bytes, pathlib.PurePath)):
-            # a path: the file's bytes, read now (tinygrad maps the file as a DISK device; fusegrad has none)
-            raw = pathlib.Path(data).read_bytes() if isinstance(data, pathlib.PurePath) else data
-            self.uop = self._from_bytes(raw, dt or dtypes.uint8, (len(raw) // (dt or dtypes.uint8).itemsize,), dev)
+        elif isinstance(data, pathlib.PurePath):
+            # a path: the file as a DISK tensor of `dtype` (uint8 by default), read lazily (runtime/ops_disk.py)
+            d = dt or dtypes.uint8
+            disk = f"DISK:{pathlib.Path(data).resolve()}"
+            n = Device[disk].size() // d.itemsize   # type: ignore[attr-defined]   # FileNotFoundError if missing
+            self.uop = build.reshape(buffer_uop(Buffer(disk, n, d)), (n,))
+            if device is not None and dev != disk: self.uop = UOp(Ops.COPY, d, (self.uop,), dev)
+        elif isinstance(data, bytes):
+            self.uop = self._from_bytes(data, dt or dtypes.uint8, (len(data) // (dt or dtypes.uint8).itemsize,), dev)
         elif isinstance(data, (list, tuple)):
             flat, shape = _flatten_list(data)
             d = dt or _int_width(flat) or (dtypes.from_py(flat) if flat else dtypes.default_float)
@@ -212,6 +217,8 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
     def _from_bytes(data: bytes, dtype: DType, shape: tuple[int, ...], device: str) -> UOp:
         n = prod(shape)
         if len(data) != n * dtype.itemsize: raise ValueError(f"{len(data)} bytes don't make {n} elements of {dtype}")
+        if device.startswith("DISK:"):   # data for a file: written (by a COPY) only if it is realized there
+            return UOp(Ops.COPY, dtype, (Tensor._from_bytes(data, dtype, shape, Device.DEFAULT),), device)
         buf = Buffer(device, n, dtype).copyin(data)
         return build.reshape(buffer_uop(buf), shape)
 
