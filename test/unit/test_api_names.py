@@ -109,7 +109,7 @@ def test_default_float_context():
 
 
 def test_weak_float_promotion():
-    """An int tensor + a Python float is a float tensor of the default float (torch agrees; see docs/tensor/dtypes.md)."""
+    """An int tensor + a Python float is a tensor of the default float (torch agrees; see docs/tensor/dtypes.md)."""
     torch = pytest.importorskip("torch")
     out = Tensor.ones(3, dtype=dtypes.int32) + 2.3
     ref = torch.ones(3, dtype=torch.int32) + 2.3
