@@ -93,22 +93,36 @@ class PtrDType(DType):
 # DEFAULT_FLOAT=half in the environment, or `with Context(DEFAULT_FLOAT="half"):` (a dtype name or a DType): the dtype
 # Python floats and float-making ops (Tensor.rand, int_tensor / 2) get; `dtypes.default_float = ...` sets it too.
 DEFAULT_FLOAT = ContextVar("DEFAULT_FLOAT", "float32")
+DEFAULT_INT = ContextVar("DEFAULT_INT", "int32")   # likewise for Python ints and arange
 
 
 class _DTypesMeta(type):
-    """`dtypes.default_float` reads (and assignment sets) the DEFAULT_FLOAT flag, so Context can change it."""
+    """`dtypes.default_float` / `default_int` read (and assignment sets) the DEFAULT_FLOAT / DEFAULT_INT flags, so
+    Context can change them."""
     @property
-    def default_float(cls) -> "DType": return _float_named(DEFAULT_FLOAT.value)
+    def default_float(cls) -> "DType": return _named(DEFAULT_FLOAT.value, True)
 
     @default_float.setter
-    def default_float(cls, v: "DType | str") -> None: DEFAULT_FLOAT.value = _float_named(v)
+    def default_float(cls, v: "DType | str") -> None: DEFAULT_FLOAT.value = _named(v, True)
+
+    @property
+    def default_int(cls) -> "DType": return _named(DEFAULT_INT.value, False)
+
+    @default_int.setter
+    def default_int(cls, v: "DType | str") -> None: DEFAULT_INT.value = _named(v, False)
 
 
 @functools.lru_cache(maxsize=None)
-def _float_named(v: "DType | str") -> "DType":
+def _named(v: "DType | str", is_float: bool) -> "DType":
+    """The float (or int) dtype `v` names; ValueError for anything else."""
     d = v if isinstance(v, DType) else getattr(dtypes, str(v).lower(), None)
-    if not isinstance(d, DType) or d.count != 1 or not dtypes.is_float(d) or d in dtypes.weaks:
-        raise ValueError(f"DEFAULT_FLOAT must name a float dtype (half, bfloat16, float32, float64, ...), not {v!r}")
+    ok = isinstance(d, DType) and d.count == 1 and d not in dtypes.weaks and \
+        (dtypes.is_float(d) if is_float else dtypes.is_int(d))
+    if not ok:
+        flag, kinds = ("DEFAULT_FLOAT", "half, bfloat16, float32, float64, ...") if is_float else \
+            ("DEFAULT_INT", "int8, int16, int32, int64, uint8, ...")
+        raise ValueError(f"{flag} must name a {'float' if is_float else 'integer'} dtype ({kinds}), not {v!r}")
+    assert isinstance(d, DType)
     return d
 
 
@@ -138,7 +152,6 @@ class dtypes(metaclass=_DTypesMeta):
     # aliases
     char, uchar, short, ushort, int, uint, long, ulong = int8, uint8, int16, uint16, int32, uint32, int64, uint64
     half, float, double = float16, float32, float64
-    default_int: DType = int32
 
     fp8s = (fp8e4m3, fp8e5m2)
     floats = fp8s + (float16, bfloat16, float32, float64)

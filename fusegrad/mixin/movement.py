@@ -540,6 +540,7 @@ class MovementMixin:
         """einops-style rearrange: 'b (h w) c -> b c h w' (h=2 gives the split), '... (j two) -> ... j two',
         'b c 1 1 -> b c', 'b ... -> b (...)'. Bad patterns raise RearrangeError (a ValueError) saying why.
 
+        >>> from fusegrad import Tensor
         >>> Tensor.zeros(2, 6, 3).rearrange("b (h w) c -> b c h w", h=2).shape
         (2, 3, 2, 3)
         """
