@@ -419,9 +419,12 @@ def from_storage_scalar(x: Any, dt: DType) -> Any:
 
 
 # dtype -> a function rounding/wrapping a Python value to it
-truncate: dict[DType, Callable[[Any], Any]] = {
-    dtypes.bool: bool, **{d: (lambda x, d=d: truncate_float(float(x), d)) for d in dtypes.floats},
-    **{d: (lambda x, d=d: dtypes.as_const(x, d)) for d in dtypes.ints}}
+def _truncator(d: DType) -> Callable[[Any], Any]:
+    if dtypes.is_float(d): return functools.partial(lambda x, dt: truncate_float(float(x), dt), dt=d)
+    return functools.partial(lambda x, dt: dtypes.as_const(x, dt), dt=d)
+
+
+truncate: dict[DType, Callable[[Any], Any]] = {dtypes.bool: bool, **{d: _truncator(d) for d in dtypes.floats + dtypes.ints}}
 
 
 def can_lossless_cast(src: DType, dst: DType) -> bool:

@@ -294,7 +294,8 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
 
     def __reduce__(self) -> tuple:
         """Pickle by value: the data is realized and stored with dtype, shape, device and the autograd flags (the
-        graph is not kept). An unpickled tensor is a fresh leaf on the same device.
+        graph is not kept). An unpickled tensor is a fresh leaf on the same device (a DISK tensor's data comes back on
+        the default device: unpickling never writes a file).
 
         >>> import pickle
         >>> pickle.loads(pickle.dumps(Tensor([1, 2]) + 1)).tolist()
@@ -302,7 +303,8 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
         """
         shape = self._concrete_shape()
         data = self._buffer().as_bytes()[:prod(shape) * self.dtype.itemsize]
-        return _unpickle_tensor, (data, self.dtype, shape, self.device, self.requires_grad, self.is_param)
+        device = Device.DEFAULT if self.device.startswith("DISK:") else self.device
+        return _unpickle_tensor, (data, self.dtype, shape, device, self.requires_grad, self.is_param)
 
     def __repr__(self) -> str:
         return f"<Tensor {self.uop.op.name} {self.shape} {self.dtype} on {self.device} with grad " \

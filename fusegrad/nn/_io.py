@@ -79,10 +79,10 @@ class Source:
 
 def _disk_file(t: Tensor) -> str | None:
     """The path of the file a DISK tensor is, whole (`Tensor(pathlib.Path(fn))`); None for anything else."""
-    from fusegrad.runtime.ops_disk import _region, is_disk
+    from fusegrad.runtime.ops_disk import _region, is_disk, region_of
     if not is_disk(t.device) or t.dtype != dtypes.uint8 or (r := _region(t.uop)) is None: return None
     buf, off, _ = r
-    dev = buf.ensure_allocated()._opaque.device
+    dev = region_of(buf).device
     return dev.path if off == 0 and buf.base is None and t.numel() == dev.size() else None
 
 

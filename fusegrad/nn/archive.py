@@ -48,10 +48,10 @@ class TensorIO(io.RawIOBase):
 
     @staticmethod
     def _reader(t: Tensor) -> Callable[[int, int], memoryview]:
-        from fusegrad.runtime.ops_disk import _region, is_disk
+        from fusegrad.runtime.ops_disk import _region, is_disk, region_of
         if is_disk(t.device) and (r := _region(t.uop)) is not None:
             buf, off, _ = r
-            region = buf.ensure_allocated()._opaque
+            region = region_of(buf)
             return lambda start, n: region.device.read(region.offset + off + start, n)
         src = t.to(Device.DEFAULT) if is_disk(t.device) else t
         data = memoryview(src.contiguous()._buffer().as_bytes())

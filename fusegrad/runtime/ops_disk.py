@@ -132,12 +132,20 @@ def _region(u: UOp) -> tuple[Buffer, int, UOp] | None:
     return buf, off, u
 
 
+def region_of(buf: Buffer) -> DiskRegion:
+    """The file range a DISK buffer stands for, without allocating it (allocating counts its size as memory used)."""
+    if isinstance(buf._opaque, DiskRegion): return buf._opaque
+    dev = Device[buf.device]
+    assert isinstance(dev, DiskDevice), f"{buf.device} is no DISK device"
+    return DiskRegion(dev, 0, buf.nbytes)
+
+
 def _read_region(buf: Buffer, offset: int, u: UOp) -> UOp:
     """A new DISK buffer node for `prod(u.shape)` elements of `u.dtype` at byte `offset` of `buf`, shaped like u."""
     from fusegrad.storage import buffer_uop, buffer_view
     assert u.shape is not None
     n = prod(u.shape)
-    base = buf.ensure_allocated()._opaque
+    base = region_of(buf)
     view = Buffer(buf.device, n, u.dtype, base=buf)
     view._opaque = DiskRegion(base.device, base.offset + offset, n * u.dtype.itemsize)
     return buffer_view(buffer_uop(view), u.shape)
@@ -199,7 +207,7 @@ def disk_assign(target: Any, x: Any) -> Any:
     src = x.cast(target.dtype)
     if is_disk(src.device): src = src.to(Device.DEFAULT)
     data = src.contiguous()._buffer().as_bytes()
-    region = buf.ensure_allocated()._opaque
+    region = region_of(buf)
     region.device.write(region.offset + offset, memoryview(data))
     storage.written(buf)
     return target

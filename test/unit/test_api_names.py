@@ -69,6 +69,20 @@ def test_to_dtype_python_types_and_foreign_names():
     with pytest.raises(TypeError): to_dtype("float7")
 
 
+def test_truncate_and_storage_helpers():
+    from fusegrad.dtype import from_storage_scalar, storage_fmt_for_dtype, to_storage_scalar, truncate
+    assert truncate[dtypes.uint8](300) == int(np.array([300]).astype(np.uint8)[0])
+    assert truncate[dtypes.int8](200) == int(np.array([200]).astype(np.int8)[0])
+    assert truncate[dtypes.half](1.1) == float(np.float16(1.1)) and truncate[dtypes.bool](3) is True
+    ml = pytest.importorskip("ml_dtypes")
+    assert truncate[dtypes.bfloat16](1.1) == float(ml.bfloat16(1.1))
+    assert truncate[dtypes.fp8e4m3](0.1) == float(np.float32(0.1).astype(ml.float8_e4m3fn))
+    bits = to_storage_scalar(0.1, dtypes.fp8e5m2)
+    assert bits == int(np.array([0.1]).astype(ml.float8_e5m2).view(np.uint8)[0])
+    assert from_storage_scalar(bits, dtypes.fp8e5m2) == float(np.array([0.1]).astype(ml.float8_e5m2)[0])
+    assert [storage_fmt_for_dtype(d) for d in (dtypes.bfloat16, dtypes.fp8e4m3, dtypes.int32)] == ["H", "B", "i"]
+
+
 LOSSLESS = [dtypes.bool, dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16, dtypes.float16, dtypes.bfloat16,
             dtypes.int32, dtypes.uint32, dtypes.float32, dtypes.float64, dtypes.int64]
 

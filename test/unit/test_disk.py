@@ -82,3 +82,28 @@ def test_errors(tmp_path):
     with pytest.raises(ValueError, match=r"\[0, 8\) past the end of the 3-byte file"):
         Tensor.empty(8, dtype=dtypes.uint8, device=f"disk:{fn}").numpy()
     assert fn.read_bytes() == b"abc" and os.path.getsize(fn) == 3
+
+
+def test_big_file_slice_reads_little(tmp_path):
+    """A slice of a large sparse file: only its bytes are read, and the file's size isn't counted as memory in use."""
+    from fusegrad.helpers import GlobalCounters
+    fn = tmp_path / "big.bin"
+    with open(fn, "wb") as f:
+        f.truncate(1 << 30)   # 1 GiB, sparse
+        f.seek(123456)
+        f.write(b"\x01\x02\x03")
+    before = GlobalCounters.mem_used
+    t = Tensor(pathlib.Path(fn))
+    assert t[123455:123460].to("CPU").tolist() == [0, 1, 2, 3, 0]
+    assert GlobalCounters.mem_used - before < 1 << 20
+
+
+def test_loaders_take_disk_tensors(tmp_path):
+    torch = pytest.importorskip("torch")
+    from fusegrad.nn.state import safe_load, safe_save, torch_load
+    fn = tmp_path / "m.pth"
+    torch.save({"w": torch.arange(6, dtype=torch.float32).reshape(2, 3)}, fn)
+    np.testing.assert_array_equal(torch_load(Tensor(pathlib.Path(fn)))["w"].numpy(), np.arange(6).reshape(2, 3))
+    sfn = tmp_path / "m.safetensors"
+    safe_save({"a": Tensor([1, 2, 3], dtype=dtypes.int16)}, sfn)
+    assert safe_load(Tensor(pathlib.Path(sfn)))["a"].tolist() == [1, 2, 3]

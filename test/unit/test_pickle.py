@@ -72,3 +72,13 @@ def test_corrupt_pickle_payload_raises():
     fn, args = Tensor([1.0, 2.0]).__reduce__()
     with pytest.raises(ValueError):
         fn(args[0][:-1], *args[1:])
+
+
+def test_disk_tensor_pickles_to_default_device(tmp_path):
+    import pathlib
+    from fusegrad import Device
+    fn = tmp_path / "x.bin"
+    fn.write_bytes(bytes(range(10)))
+    u = _roundtrip(Tensor(pathlib.Path(fn))[2:5])
+    assert u.device == Device.DEFAULT and u.tolist() == [2, 3, 4]
+    assert fn.read_bytes() == bytes(range(10))
