@@ -154,6 +154,8 @@ class dtypes(metaclass=_DTypesMeta):
     half, float, double = float16, float32, float64
 
     fp8s = (fp8e4m3, fp8e5m2)
+    fp8_ocp = fp8s   # tinygrad's name (it also has the "fnuz" variants, which fusegrad doesn't)
+    int8s, int16s, int32s, int64s = (uint8, int8), (uint16, int16), (uint32, int32), (uint64, int64)
     floats = fp8s + (float16, bfloat16, float32, float64)
     uints = (uint8, uint16, uint32, uint64)
     sints = (int8, int16, int32, int64)
