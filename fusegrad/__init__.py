@@ -8,10 +8,11 @@ from fusegrad.device import Device
 from fusegrad.helpers import Context, GlobalCounters, getenv
 from fusegrad.ir.ops import UOp
 from fusegrad.engine.jit import TinyJit
+from fusegrad import nn  # noqa: E402 - `fusegrad.nn` after `import fusegrad`, as tinygrad code expects
 
 Variable = UOp.variable
 
-__all__ = ["Tensor", "dtypes", "Device", "Context", "GlobalCounters", "getenv", "UOp", "Variable", "TinyJit"]
+__all__ = ["Tensor", "dtypes", "Device", "Context", "GlobalCounters", "getenv", "UOp", "Variable", "TinyJit", "nn"]
 
 from fusegrad.helpers import PROFILE as _PROFILE, VIZ as _VIZ  # noqa: E402
 if _VIZ or _PROFILE:  # VIZ=1 / PROFILE=1 in the environment: record from now on, show or save at exit (fusegrad/viz)

@@ -5,12 +5,16 @@ default float, as in PyTorch.
 """
 from __future__ import annotations
 
+import functools
 import math
 import struct
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any, Callable, Union
 
-ConstType = Union[float, int, bool]
+from fusegrad.helpers import ContextVar
+
+PyConst = Union[float, int, bool]
+ConstType = PyConst
 
 
 @dataclass(frozen=True, eq=False)
@@ -86,7 +90,43 @@ class PtrDType(DType):
         return f"{self.base!r}.ptr({self.size}{', ' + repr(self.addrspace) if self.addrspace != 'global' else ''})"
 
 
-class dtypes:
+# DEFAULT_FLOAT=half in the environment, or `with Context(DEFAULT_FLOAT="half"):` (a dtype name or a DType): the dtype
+# Python floats and float-making ops (Tensor.rand, int_tensor / 2) get; `dtypes.default_float = ...` sets it too.
+DEFAULT_FLOAT = ContextVar("DEFAULT_FLOAT", "float32")
+DEFAULT_INT = ContextVar("DEFAULT_INT", "int32")   # likewise for Python ints and arange
+
+
+class _DTypesMeta(type):
+    """`dtypes.default_float` / `default_int` read (and assignment sets) the DEFAULT_FLOAT / DEFAULT_INT flags, so
+    Context can change them."""
+    @property
+    def default_float(cls) -> "DType": return _named(DEFAULT_FLOAT.value, True)
+
+    @default_float.setter
+    def default_float(cls, v: "DType | str") -> None: DEFAULT_FLOAT.value = _named(v, True)
+
+    @property
+    def default_int(cls) -> "DType": return _named(DEFAULT_INT.value, False)
+
+    @default_int.setter
+    def default_int(cls, v: "DType | str") -> None: DEFAULT_INT.value = _named(v, False)
+
+
+@functools.lru_cache(maxsize=None)
+def _named(v: "DType | str", is_float: bool) -> "DType":
+    """The float (or int) dtype `v` names; ValueError for anything else."""
+    d = v if isinstance(v, DType) else getattr(dtypes, str(v).lower(), None)
+    ok = isinstance(d, DType) and d.count == 1 and d not in dtypes.weaks and \
+        (dtypes.is_float(d) if is_float else dtypes.is_int(d))
+    if not ok:
+        flag, kinds = ("DEFAULT_FLOAT", "half, bfloat16, float32, float64, ...") if is_float else \
+            ("DEFAULT_INT", "int8, int16, int32, int64, uint8, ...")
+        raise ValueError(f"{flag} must name a {'float' if is_float else 'integer'} dtype ({kinds}), not {v!r}")
+    assert isinstance(d, DType)
+    return d
+
+
+class dtypes(metaclass=_DTypesMeta):
     """All dtypes as attributes (`dtypes.float32`, alias `dtypes.float`) plus helpers for classifying them."""
     void = DType(-1, 0, "void", None)
     bool = DType(0, 1, "bool", "?")
@@ -98,6 +138,10 @@ class dtypes:
     uint32 = DType(6, 4, "uint", "I")
     int64 = DType(7, 8, "long", "q")
     uint64 = DType(8, 8, "ulong", "Q")
+    # 8-bit floats (OCP): e4m3 ("fn": no infinities, one NaN pattern per sign, max 448) and e5m2 (IEEE-like, max
+    # 57344); stored as bytes, computed in float32 and rounded back (round to nearest even), as ml_dtypes converts
+    fp8e4m3 = DType(9, 1, "fp8e4m3", None)
+    fp8e5m2 = DType(10, 1, "fp8e5m2", None)
     float16 = DType(11, 2, "half", "e")
     bfloat16 = DType(12, 2, "bfloat16", None)
     float32 = DType(13, 4, "float", "f")
@@ -108,10 +152,11 @@ class dtypes:
     # aliases
     char, uchar, short, ushort, int, uint, long, ulong = int8, uint8, int16, uint16, int32, uint32, int64, uint64
     half, float, double = float16, float32, float64
-    default_float: DType = float32
-    default_int: DType = int32
 
-    floats = (float16, bfloat16, float32, float64)
+    fp8s = (fp8e4m3, fp8e5m2)
+    fp8_ocp = fp8s   # tinygrad's name (it also has the "fnuz" variants, which fusegrad doesn't)
+    int8s, int16s, int32s, int64s = (uint8, int8), (uint16, int16), (uint32, int32), (uint64, int64)
+    floats = fp8s + (float16, bfloat16, float32, float64)
     uints = (uint8, uint16, uint32, uint64)
     sints = (int8, int16, int32, int64)
     ints = sints + uints
@@ -174,7 +219,8 @@ class dtypes:
     @staticmethod
     def finfo(d: DType) -> tuple[int, int]:
         """(exponent bits, mantissa bits) of a float dtype."""
-        table = {dtypes.float16: (5, 10), dtypes.bfloat16: (8, 7), dtypes.float32: (8, 23), dtypes.float64: (11, 52)}
+        table = {dtypes.float16: (5, 10), dtypes.bfloat16: (8, 7), dtypes.float32: (8, 23), dtypes.float64: (11, 52),
+                 dtypes.fp8e4m3: (4, 3), dtypes.fp8e5m2: (5, 2)}
         if d not in table: raise TypeError(f"finfo is only defined for float dtypes, not {d}")
         return table[d]
 
@@ -189,7 +235,47 @@ def truncate_float(x: float, d: DType) -> float:
         except OverflowError: return math.copysign(math.inf, x)
     if d == dtypes.bfloat16:
         return bf16_to_float(float_to_bf16_bits(x))
+    if d in dtypes.fp8s: return fp8_to_float(float_to_fp8(x, d), d)
     return x
+
+
+# per fp8 dtype: (exponent bias, mantissa bits, largest finite value)
+_FP8: dict[DType, tuple[int, int, float]] = {dtypes.fp8e4m3: (7, 3, 448.0), dtypes.fp8e5m2: (15, 2, 57344.0)}
+
+
+def float_to_fp8(x: float, dtype: DType) -> int:
+    """The fp8 bit pattern of `x`, rounded to nearest even. As ml_dtypes' float8_e4m3fn: inf, NaN and values that round
+    above 448 become NaN (0x7F | sign); as float8_e5m2 they become +-inf, and NaN is 0x7E | sign.
+
+    >>> [hex(float_to_fp8(v, dtypes.fp8e4m3)) for v in (1.0, -2.5, 449.0, 1e9)]
+    ['0x38', '0xc2', '0x7e', '0x7f']
+    """
+    bias, mbits, max_finite = _FP8[dtype]
+    sign = 0x80 if math.copysign(1.0, x) < 0 else 0
+    if math.isnan(x): return sign | (0x7F if dtype == dtypes.fp8e4m3 else 0x7E)
+    a = abs(x)
+    overflow = 0x7F if dtype == dtypes.fp8e4m3 else 0x7C
+    if math.isinf(a): return sign | overflow
+    min_normal = 2.0 ** (1 - bias)
+    exp = max(math.frexp(a)[1] - 1, 1 - bias) if a else 1 - bias   # floor(log2 a), at least the subnormal exponent
+    quantum = 2.0 ** (exp - mbits)
+    r = round(a / quantum) * quantum                                # exact scaling; round() ties to even
+    if r > max_finite: return sign | overflow
+    if r < min_normal: return sign | int(r / 2.0 ** (1 - bias - mbits))
+    m, e = math.frexp(r)                                            # r = m * 2**e, m in [0.5, 1)
+    return sign | ((e - 1 + bias) << mbits) | (int(m * 2 ** (mbits + 1)) - (1 << mbits))
+
+
+def fp8_to_float(b: int, dtype: DType) -> float:
+    """The value of fp8 bit pattern `b` (exact in a Python float)."""
+    bias, mbits, _ = _FP8[dtype]
+    ebits = 7 - mbits
+    sign = -1.0 if b & 0x80 else 1.0
+    e, m = (b >> mbits) & ((1 << ebits) - 1), b & ((1 << mbits) - 1)
+    if dtype == dtypes.fp8e4m3 and (b & 0x7F) == 0x7F: return math.copysign(math.nan, sign)  # NaN keeps its sign
+    if dtype == dtypes.fp8e5m2 and e == 31: return math.copysign(math.nan if m else math.inf, sign)
+    if e == 0: return sign * m * 2.0 ** (1 - bias - mbits)
+    return sign * (1 + m / (1 << mbits)) * 2.0 ** (e - bias)
 
 
 def float_to_bf16_bits(x: float) -> int:
@@ -213,12 +299,25 @@ INVERSE_DTYPES_DICT: dict[str, str] = {v.name: k for k, v in DTYPES_DICT.items()
 DTypeLike = Union[str, DType]
 
 
-def to_dtype(x: DTypeLike) -> DType:
-    """`dtypes.float32` from `dtypes.float32`, `'float32'` or `'float'`; a clear error otherwise."""
+# numpy / ml_dtypes / torch spellings of our dtypes
+_FOREIGN_NAMES = {"float8_e4m3fn": "fp8e4m3", "float8_e5m2": "fp8e5m2", "float8_e4m3": "fp8e4m3"}
+
+
+def to_dtype(x: Any) -> DType:
+    """`dtypes.float32` from `dtypes.float32`, `'float32'` or `'float'` (also numpy/torch dtypes and the Python types
+    bool, int, float); a clear error otherwise.
+
+    >>> to_dtype("half"), to_dtype(float), to_dtype("float8_e4m3fn")
+    (dtypes.half, dtypes.float, dtypes.fp8e4m3)
+    """
     if isinstance(x, DType): return x
+    if x is bool: return dtypes.bool
+    if x is int: return dtypes.default_int
+    if x is float: return dtypes.default_float
     if isinstance(x, str) and x in DTYPES_DICT: return DTYPES_DICT[x]
     # numpy / torch dtype objects
     name = str(x).replace("torch.", "")
+    name = _FOREIGN_NAMES.get(name, name)
     if name in DTYPES_DICT: return DTYPES_DICT[name]
     raise TypeError(f"unknown dtype {x!r}; valid names: {sorted(DTYPES_DICT)}")
 
@@ -226,9 +325,10 @@ def to_dtype(x: DTypeLike) -> DType:
 # promotion lattice among strong dtypes: each dtype lists the dtypes directly above it
 _promo_lattice: dict[DType, list[DType]] = {
     dtypes.bool: [dtypes.int8, dtypes.uint8], dtypes.int8: [dtypes.int16], dtypes.int16: [dtypes.int32],
-    dtypes.int32: [dtypes.int64], dtypes.int64: [dtypes.float16, dtypes.bfloat16],
+    dtypes.int32: [dtypes.int64], dtypes.int64: [dtypes.fp8e4m3, dtypes.fp8e5m2],
     dtypes.uint8: [dtypes.int16, dtypes.uint16], dtypes.uint16: [dtypes.int32, dtypes.uint32],
-    dtypes.uint32: [dtypes.int64, dtypes.uint64], dtypes.uint64: [dtypes.float16, dtypes.bfloat16],
+    dtypes.uint32: [dtypes.int64, dtypes.uint64], dtypes.uint64: [dtypes.fp8e4m3, dtypes.fp8e5m2],
+    dtypes.fp8e4m3: [dtypes.float16, dtypes.bfloat16], dtypes.fp8e5m2: [dtypes.float16, dtypes.bfloat16],
     dtypes.float16: [dtypes.float32], dtypes.bfloat16: [dtypes.float32], dtypes.float32: [dtypes.float64],
     dtypes.float64: []}
 
@@ -278,7 +378,7 @@ def sum_acc_dtype(dt: DType) -> DType:
 
 def to_np_dtype(dt: DType) -> Any:
     import numpy as np
-    if dt == dtypes.bfloat16: raise TypeError("numpy has no bfloat16; cast to float32 first")
+    if dt.fmt is None: raise TypeError(f"numpy has no {dt.name}; cast to float32 first")
     return np.dtype(dt.fmt)
 
 
@@ -288,3 +388,64 @@ def from_np_dtype(npdt: Any) -> DType:
     for d in dtypes.all:
         if d.fmt is not None and np.dtype(d.fmt) == npdt: return d
     raise TypeError(f"numpy dtype {npdt} is not supported")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# names tinygrad's dtype module exports, with the same meaning
+
+def _to_np_dtype(dt: DType) -> Any:
+    """The numpy dtype `numpy()` returns for `dt`: float32 for bfloat16 and fp8 (numpy has neither), None for void."""
+    import numpy as np
+    if dt == dtypes.void: return None
+    return np.dtype(np.float32) if dt.fmt is None else to_np_dtype(dt)
+
+
+def _from_np_dtype(npdt: Any) -> DType: return from_np_dtype(npdt)
+
+
+def storage_fmt_for_dtype(dt: DType) -> str | None:
+    """The struct format of the stored bits: 'H' for bfloat16, 'B' for fp8, the dtype's own otherwise."""
+    return "H" if dt == dtypes.bfloat16 else "B" if dt in dtypes.fp8s else dt.fmt
+
+
+def to_storage_scalar(x: Any, dt: DType) -> Any:
+    """A Python value as stored: bfloat16 and fp8 as their bit patterns, halves rounded."""
+    if dt == dtypes.bfloat16: return float_to_bf16_bits(float(x))
+    if dt in dtypes.fp8s: return float_to_fp8(float(x), dt)
+    return truncate_float(float(x), dt) if dt == dtypes.float16 else x
+
+
+def from_storage_scalar(x: Any, dt: DType) -> Any:
+    if dt == dtypes.bfloat16: return bf16_to_float(int(x))
+    return fp8_to_float(int(x), dt) if dt in dtypes.fp8s else x
+
+
+# dtype -> a function rounding/wrapping a Python value to it
+def _truncator(d: DType) -> Callable[[Any], Any]:
+    if dtypes.is_float(d): return functools.partial(lambda x, dt: truncate_float(float(x), dt), dt=d)
+    return functools.partial(lambda x, dt: dtypes.as_const(x, dt), dt=d)
+
+
+truncate: dict[DType, Callable[[Any], Any]] = {dtypes.bool: bool, **{d: _truncator(d) for d in dtypes.floats + dtypes.ints}}
+
+
+def can_lossless_cast(src: DType, dst: DType) -> bool:
+    """Whether every value of `src` is exactly representable in `dst`.
+
+    >>> can_lossless_cast(dtypes.uint8, dtypes.float16), can_lossless_cast(dtypes.int32, dtypes.float32)
+    (True, False)
+    """
+    if src == dst or src == dtypes.bool: return True
+    if dst == dtypes.weakint: return src in dtypes.ints
+    if dtypes.is_int(src) and dtypes.is_int(dst):
+        if dtypes.is_unsigned(src):
+            return dst.itemsize > src.itemsize or (dtypes.is_unsigned(dst) and dst.itemsize >= src.itemsize)
+        return not dtypes.is_unsigned(dst) and dst.itemsize >= src.itemsize
+    if dtypes.is_float(dst) and dst not in dtypes.weaks:
+        exp, man = dtypes.finfo(dst)
+        if dtypes.is_int(src): return src.itemsize * 8 - (0 if dtypes.is_unsigned(src) else 1) <= man + 1
+        if src in dtypes.floats and src not in dtypes.fp8s:
+            sexp, sman = dtypes.finfo(src)
+            return sexp <= exp and sman <= man
+        if src in dtypes.fp8s: return dst not in dtypes.fp8s
+    return False

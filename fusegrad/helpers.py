@@ -19,6 +19,7 @@ T = TypeVar("T")
 
 OSX = platform.system() == "Darwin"
 WIN = platform.system() == "Windows"
+CI = os.getenv("CI", "") != ""
 
 
 @functools.cache
@@ -160,7 +161,99 @@ def make_tuple(x: int | Sequence[int], cnt: int) -> tuple[int, ...]:
 
 
 def round_up(num: int, amt: int) -> int: return (num + amt - 1) // amt * amt
+def round_down(num: int, amt: int) -> int: return num // amt * amt
 def ceildiv(num: int, amt: int) -> int: return -(-num // amt)
+
+
+def next_power2(x: int) -> int:
+    """The smallest power of two >= x (1 for x <= 1).
+
+    >>> [next_power2(x) for x in (0, 1, 5, 8)]
+    [1, 1, 8, 8]
+    """
+    return 1 if x <= 1 else 1 << (x - 1).bit_length()
+
+
+def cdiv(x: int, y: int) -> int:
+    """C-style integer division (rounds toward zero); 0 when y == 0, as tinygrad's helper.
+
+    >>> cdiv(-7, 2), cmod(-7, 2)
+    (-3, -1)
+    """
+    return abs(x) // abs(y) * (1 if (x < 0) == (y < 0) else -1) if y != 0 else 0
+
+
+def cmod(x: int, y: int) -> int: return x - cdiv(x, y) * y
+def lo32(x: Any) -> Any: return x & 0xFFFFFFFF
+def hi32(x: Any) -> Any: return x >> 32
+def data64(x: Any) -> tuple[Any, Any]: return (x >> 32, x & 0xFFFFFFFF)
+def data64_le(x: Any) -> tuple[Any, Any]: return (x & 0xFFFFFFFF, x >> 32)
+
+
+def getbits(value: int, start: int, end: int) -> int:
+    """Bits start..end (inclusive) of value: getbits(0b101100, 2, 3) == 0b11."""
+    return (value >> start) & ((1 << (end - start + 1)) - 1)
+
+
+def i2u(bits: int, value: int) -> int:
+    """A signed value as the unsigned integer of the same `bits` bits: i2u(8, -1) == 255."""
+    return value if value >= 0 else (1 << bits) + value
+
+
+def fully_flatten(x: Any) -> list[Any]:
+    """Every leaf of nested sequences (and of array-likes with .shape), in order.
+
+    >>> fully_flatten([[1, [2, 3]], (4,)])
+    [1, 2, 3, 4]
+    """
+    if not (hasattr(x, "__len__") and hasattr(x, "__getitem__")) or isinstance(x, (str, bytes)): return [x]
+    if getattr(x, "shape", None) == (): return [x[()]]
+    return [y for xi in x for y in fully_flatten(xi)]
+
+
+def get_single_element(xs: Sequence[T]) -> T:
+    if len(xs) != 1: raise ValueError(f"expected exactly one element, got {len(xs)}: {xs}")
+    return xs[0]
+
+
+def merge_dicts(ds: Iterable[dict[Any, Any]]) -> dict[Any, Any]:
+    """One dict from many; a key given two different values raises RuntimeError."""
+    out: dict[Any, Any] = {}
+    for d in ds:
+        for k, v in d.items():
+            if k in out and out[k] != v: raise RuntimeError(f"merge_dicts: key {k!r} has values {out[k]!r} and {v!r}")
+            out[k] = v
+    return out
+
+
+def pluralize(word: str, cnt: int) -> str:
+    """'1 kernel', '3 kernels'."""
+    return f"{cnt} {word}" + ("" if cnt == 1 else "s")
+
+
+def polyN(x: Any, coeffs: Sequence[float]) -> Any:
+    """Horner's rule: coeffs[0]*x**(n-1) + ... + coeffs[-1] (works on Tensors too)."""
+    return functools.reduce(lambda acc, c: acc * x + c, coeffs, 0.0)
+
+
+def temp(name: str, append_user: bool = False) -> str:
+    """A path in the system temp dir (optionally suffixed with the user name)."""
+    import getpass
+    import tempfile
+    return os.path.join(tempfile.gettempdir(), f"{name}.{getpass.getuser()}" if append_user else name)
+
+
+def is_numpy_ndarray(x: Any) -> bool: return type(x).__module__ == "numpy" and type(x).__name__ == "ndarray"
+
+
+def fromimport(mod: str, frm: str) -> Any:
+    import importlib
+    return getattr(importlib.import_module(mod), frm)
+
+
+def flat_mv(mv: memoryview) -> memoryview:
+    """A memoryview seen as flat bytes."""
+    return mv if len(mv) == 0 else mv.cast("B", shape=(mv.nbytes,))
 
 
 def partition(xs: Iterable[T], pred: Callable[[T], bool]) -> tuple[list[T], list[T]]:
@@ -195,6 +288,22 @@ def colored(st: str, color: str | None, background: bool = False) -> str:
 def ansistrip(s: str) -> str:
     import re
     return re.sub(r"\x1b\[(K|.*?m)", "", s)
+
+
+def ansilen(s: str) -> int: return len(ansistrip(s))
+
+
+def word_wrap(s: str, wrap: int = 80) -> str:
+    """Break lines longer than `wrap` visible characters (ANSI color codes don't count)."""
+    out = []
+    for line in s.splitlines() or [""]:
+        while ansilen(line) > wrap:
+            i = 0
+            while ansilen(line[:i]) < wrap: i += 1
+            out.append(line[:i])
+            line = line[i:]
+        out.append(line)
+    return "\n".join(out)
 
 
 def to_function_name(s: str) -> str:

@@ -8,7 +8,7 @@ import pathlib
 import struct
 import threading
 import weakref
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Sequence, cast  # noqa: F401 - tinygrad's tensor module exports cast
 
 from fusegrad import autograd
 from fusegrad.device import Buffer, Device, canonical_device as _canonical_device, single_device as _single_device
@@ -42,6 +42,8 @@ def _with_history(u: UOp) -> UOp:
         u = substitute(u, mapping)
     raise RuntimeError("autograd history too deep")
 
+
+Variable = UOp.variable  # `from fusegrad.tensor import Variable` as in tinygrad
 
 # every live tensor: backward() fills .grad for those in the graph that require a gradient
 _all_tensors: "weakref.WeakSet[Tensor]" = weakref.WeakSet()
@@ -94,7 +96,14 @@ def _int_width(values: list[Any], hi: int = 2**63) -> DType | None:
 
 
 
+# ml_dtypes (numpy extension) dtype name -> ours: such arrays are read as their raw bytes
+_ML_DTYPES = {"bfloat16": dtypes.bfloat16, "float8_e4m3fn": dtypes.fp8e4m3, "float8_e5m2": dtypes.fp8e5m2}
+
+
 def _pack(values: list[Any], dtype: DType) -> bytes:
+    if dtype in dtypes.fp8s:
+        from fusegrad.dtype import float_to_fp8
+        return bytes(float_to_fp8(float(v), dtype) for v in values)
     if dtype == dtypes.bfloat16:
         from fusegrad.dtype import float_to_bf16_bits
         return struct.pack(f"{len(values)}H", *(float_to_bf16_bits(float(v)) for v in values))
@@ -103,6 +112,9 @@ def _pack(values: list[Any], dtype: DType) -> bytes:
 
 
 def _unpack(data: bytes, dtype: DType) -> list[Any]:
+    if dtype in dtypes.fp8s:
+        from fusegrad.dtype import fp8_to_float
+        return [fp8_to_float(b, dtype) for b in data]
     if dtype == dtypes.bfloat16:
         from fusegrad.dtype import bf16_to_float
         return [bf16_to_float(v) for v in struct.unpack(f"{len(data) // 2}H", data)]
@@ -157,10 +169,15 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
         elif data is None or isinstance(data, (int, float, bool)):
             d = dt or _int_width([data]) or dtypes.from_py(0.0 if data is None else data)
             self.uop = build.const(0.0 if data is None else data, d, dev)
-        elif isinstance(data, (bytes, pathlib.PurePath)):
-            # a path: the file's bytes, read now (tinygrad maps the file as a DISK device; fusegrad has none)
-            raw = pathlib.Path(data).read_bytes() if isinstance(data, pathlib.PurePath) else data
-            self.uop = self._from_bytes(raw, dt or dtypes.uint8, (len(raw) // (dt or dtypes.uint8).itemsize,), dev)
+        elif isinstance(data, pathlib.PurePath):
+            # a path: the file as a DISK tensor of `dtype` (uint8 by default), read lazily (runtime/ops_disk.py)
+            d = dt or dtypes.uint8
+            disk = f"DISK:{pathlib.Path(data).resolve()}"
+            n = Device[disk].size() // d.itemsize   # type: ignore[attr-defined]   # FileNotFoundError if missing
+            self.uop = build.reshape(buffer_uop(Buffer(disk, n, d)), (n,))
+            if device is not None and dev != disk: self.uop = UOp(Ops.COPY, d, (self.uop,), dev)
+        elif isinstance(data, bytes):
+            self.uop = self._from_bytes(data, dt or dtypes.uint8, (len(data) // (dt or dtypes.uint8).itemsize,), dev)
         elif isinstance(data, (list, tuple)):
             flat, shape = _flatten_list(data)
             d = dt or _int_width(flat) or (dtypes.from_py(flat) if flat else dtypes.default_float)
@@ -173,8 +190,12 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
             import numpy as np
             from fusegrad.dtype import from_np_dtype, to_np_dtype
             arr = np.asarray(data)
-            d = dt or from_np_dtype(arr.dtype)
-            arr = np.ascontiguousarray(arr.astype(to_np_dtype(d)) if d != dtypes.bfloat16 else arr).reshape(arr.shape)
+            if (own := _ML_DTYPES.get(arr.dtype.name)) is not None:  # an ml_dtypes array (bfloat16, fp8): its bytes
+                arr, d = arr.view(f"u{own.itemsize}"), own
+            else:  # a dtype numpy lacks (bfloat16, fp8) is reached by the cast below, from the array's own dtype
+                d = dt if dt is not None and dt.fmt is not None else from_np_dtype(arr.dtype)
+                arr = arr.astype(to_np_dtype(d))
+            arr = np.ascontiguousarray(arr).reshape(arr.shape)
             self.uop = self._from_bytes(arr.tobytes(), d, arr.shape, dev)
         elif hasattr(data, "__dlpack__") and not isinstance(data, Tensor):   # torch.Tensor, jax arrays, ...: a copy
             from fusegrad.dlpack import import_dlpack
@@ -206,6 +227,8 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
     def _from_bytes(data: bytes, dtype: DType, shape: tuple[int, ...], device: str) -> UOp:
         n = prod(shape)
         if len(data) != n * dtype.itemsize: raise ValueError(f"{len(data)} bytes don't make {n} elements of {dtype}")
+        if device.startswith("DISK:"):   # data for a file: written (by a COPY) only if it is realized there
+            return UOp(Ops.COPY, dtype, (Tensor._from_bytes(data, dtype, shape, Device.DEFAULT),), device)
         buf = Buffer(device, n, dtype).copyin(data)
         return build.reshape(buffer_uop(buf), shape)
 
@@ -278,6 +301,20 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
         raise TypeError("the truth value of a Tensor is ambiguous; use .item(), .any() or .all()")
 
     def __hash__(self) -> int: return id(self)
+
+    def __reduce__(self) -> tuple:
+        """Pickle by value: the data is realized and stored with dtype, shape, device and the autograd flags (the
+        graph is not kept). An unpickled tensor is a fresh leaf on the same device (a DISK tensor's data comes back on
+        the default device: unpickling never writes a file).
+
+        >>> import pickle
+        >>> pickle.loads(pickle.dumps(Tensor([1, 2]) + 1)).tolist()
+        [2, 3]
+        """
+        shape = self._concrete_shape()
+        data = self._buffer().as_bytes()[:prod(shape) * self.dtype.itemsize]
+        device = Device.DEFAULT if self.device.startswith("DISK:") else self.device
+        return _unpickle_tensor, (data, self.dtype, shape, device, self.requires_grad, self.is_param)
 
     def __repr__(self) -> str:
         return f"<Tensor {self.uop.op.name} {self.shape} {self.dtype} on {self.device} with grad " \
@@ -430,7 +467,7 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
         """A NumPy copy of the data."""
         import numpy as np
         from fusegrad.dtype import to_np_dtype
-        if self.dtype == dtypes.bfloat16: return self.float().numpy()
+        if self.dtype == dtypes.bfloat16 or self.dtype in dtypes.fp8s: return self.float().numpy()
         out = np.empty(self._concrete_shape(), dtype=to_np_dtype(self.dtype))
         if out.size: self._buffer().copyout(memoryview(out.reshape(-1).view(np.uint8)))
         return out
@@ -782,6 +819,15 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
     class test(train):
         def __init__(self) -> None: super().__init__(False)
 
+
+
+def _unpickle_tensor(data: bytes, dtype: DType, shape: tuple[int, ...], device: str, requires_grad: bool | None,
+                     is_param: bool) -> Tensor:
+    """Rebuild a pickled Tensor (see Tensor.__reduce__); the byte count is checked against dtype and shape."""
+    t = Tensor._wrap(Tensor._from_bytes(bytes(data), dtype, tuple(shape), Device.canonicalize(device)))
+    t.requires_grad, t.is_param = requires_grad, bool(is_param)
+    if requires_grad: t.uop = _make_unique(t.uop)
+    return t
 
 
 def _is_contiguous_buffer(u: UOp) -> bool:

@@ -373,6 +373,9 @@ class MovementMixin:
         memory, sees the new value; lazy tensors built before keep the value they were built with. Writing to a view
         (a slice, transpose, reshape, flip, detach or same-size bitcast of another tensor) writes into that tensor."""
         Tensor = _T()
+        if self.device.startswith("DISK:"):   # a write into a file: runtime/ops_disk.py
+            from fusegrad.runtime.ops_disk import disk_assign
+            return disk_assign(self, x)
         if not isinstance(x, Tensor): x = Tensor(x, device=self.device, dtype=self.dtype)
         if x.shape != self.shape: x = x._broadcast_to(self.shape) if x.ndim <= self.ndim else x
         if x.shape != self.shape: raise RuntimeError(f"assign shape mismatch {x.shape} != {self.shape}")
@@ -534,31 +537,15 @@ class MovementMixin:
         return keep.where(self, self.zeros_like())
 
     def rearrange(self: "Tensor", formula: str, **sizes: int) -> "Tensor":
-        """einops-style: 'b (h w) c -> b c h w'. Supports grouping with parentheses on either side."""
-        lhs, rhs = (side.strip() for side in formula.split("->"))
+        """einops-style rearrange: 'b (h w) c -> b c h w' (h=2 gives the split), '... (j two) -> ... j two',
+        'b c 1 1 -> b c', 'b ... -> b (...)'. Bad patterns raise RearrangeError (a ValueError) saying why.
 
-        def parse(side: str) -> list[list[str]]:
-            groups, cur, depth = [], None, 0
-            for tok in side.replace("(", " ( ").replace(")", " ) ").split():
-                if tok == "(": cur, depth = [], 1
-                elif tok == ")": groups.append(cur); cur, depth = None, 0
-                elif depth: cur.append(tok)  # type: ignore[union-attr]
-                else: groups.append([tok])
-            return groups
-        lg, rg = parse(lhs), parse(rhs)
-        if len(lg) != self.ndim: raise RuntimeError(f"rearrange: {lhs!r} has {len(lg)} axes, tensor has {self.ndim}")
-        dims = dict(sizes)
-        for g, s in zip(lg, self.shape):
-            unknown = [n for n in g if n not in dims]
-            known = prod(dims[n] for n in g if n in dims)
-            if len(unknown) > 1: raise RuntimeError(f"rearrange: can't infer sizes of {unknown}")
-            if unknown: dims[unknown[0]] = s // known
-        names = [n for g in lg for n in g]
-        x = self.reshape(tuple(dims[n] for n in names))
-        out_names = [n for g in rg for n in g]
-        if sorted(out_names) != sorted(names): raise RuntimeError(f"rearrange: axes differ between sides of {formula!r}")
-        x = x.permute([names.index(n) for n in out_names])
-        return x.reshape(tuple(prod(dims[n] for n in g) for g in rg))
+        >>> from fusegrad import Tensor
+        >>> Tensor.zeros(2, 6, 3).rearrange("b (h w) c -> b c h w", h=2).shape
+        (2, 3, 2, 3)
+        """
+        from fusegrad.mixin.rearrange import rearrange
+        return rearrange(self, formula, **sizes)
 
 
 def _is_basic(indices: Any) -> bool:

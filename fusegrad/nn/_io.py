@@ -37,6 +37,7 @@ class Source:
         self._mm: Any = None
         self._f: Any = None
         self.path: str | None = None
+        if isinstance(fn, Tensor) and (path := _disk_file(fn)) is not None: fn = path   # the file itself, mapped
         if isinstance(fn, Tensor):
             self.name = "<tensor>"
             self.buf: memoryview = memoryview(tensor_bytes(fn))
@@ -74,6 +75,15 @@ class Source:
 
     def error(self, msg: str) -> FormatError:
         return FormatError(f"{self.name}: {msg}")
+
+
+def _disk_file(t: Tensor) -> str | None:
+    """The path of the file a DISK tensor is, whole (`Tensor(pathlib.Path(fn))`); None for anything else."""
+    from fusegrad.runtime.ops_disk import _region, is_disk, region_of
+    if not is_disk(t.device) or t.dtype != dtypes.uint8 or (r := _region(t.uop)) is None: return None
+    buf, off, _ = r
+    dev = region_of(buf).device
+    return dev.path if off == 0 and buf.base is None and t.numel() == dev.size() else None
 
 
 def loader(fn: Callable) -> Callable:

@@ -1,6 +1,7 @@
 """Model state: finding a model's tensors (get_state_dict / get_parameters), loading values into them
 (load_state_dict), and checkpoint files: safetensors (safe_save / safe_load), PyTorch .pth (torch_load, in pth.py) and
-GGUF (gguf_load, in gguf.py). Readers take a file name and raise `FormatError` (a ValueError naming the file) for
+GGUF (gguf_load, in gguf.py); tar and zip archives as tensors (tar_extract, zip_extract, TensorIO, in archive.py).
+Readers take a file name (or a DISK tensor of the file) and raise `FormatError` (a ValueError naming the file) for
 malformed or truncated input.
 
 >>> from fusegrad import nn
@@ -30,6 +31,7 @@ from fusegrad.nn._io import (
     tensor_bytes,
     tensor_from_bytes,
 )
+from fusegrad.nn.archive import TensorIO, accept_filename, tar_extract, zip_extract
 from fusegrad.nn.gguf import ggml_data_to_tensor, gguf_load
 from fusegrad.nn.pth import torch_load
 from fusegrad.tensor import Tensor
@@ -228,6 +230,10 @@ def _read_tensor(src: Source, name: str, dt: DType, shape: tuple[int, ...], star
 __all__ = [
     "FormatError",
     "LazyStateDict",
+    "TensorIO",
+    "accept_filename",
+    "tar_extract",
+    "zip_extract",
     "UnsafePickleError",
     "get_parameters",
     "get_state_dict",

@@ -33,8 +33,8 @@ class CStyleLanguage(Renderer):
         return [d for d in dtypes.all if d in self.type_map]
 
     def supported_dtypes(self) -> list[DType]:
-        """Native types plus bfloat16, which codegen emulates with float32 math on 16-bit storage."""
-        return self.native_dtypes() + ([dtypes.bfloat16] if dtypes.bfloat16 not in self.type_map else [])
+        """Native types plus bfloat16 and fp8, which codegen emulates with float32 math on their bit patterns."""
+        return self.native_dtypes() + [d for d in (dtypes.bfloat16, *dtypes.fp8s) if d not in self.type_map]
 
     # ops the target's vector types do natively (GCC/Clang vector extensions); others are rendered lane by lane
     vector_ops = {Ops.ADD, Ops.MUL, Ops.NEG, Ops.RECIPROCAL, Ops.AND, Ops.OR, Ops.XOR}

@@ -79,7 +79,7 @@ class LLVMRenderer(Renderer):
         return [d for d in dtypes.all if d in LLVM_TYPES and (self.fp16 or d != dtypes.float16)]
 
     def supported_dtypes(self) -> list[DType]:
-        return self.native_dtypes() + [dtypes.bfloat16]
+        return self.native_dtypes() + [dtypes.bfloat16, *dtypes.fp8s]
 
     def render(self, name: str, uops: list[UOp]) -> str:
         return _Function(name, uops).render()

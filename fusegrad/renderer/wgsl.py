@@ -68,7 +68,7 @@ class WGSLRenderer(Renderer):
         return [d for d in dtypes.all if d in REG_TYPE and (d != dtypes.float16 or self.f16)]
 
     def supported_dtypes(self) -> list[DType]:
-        return self.native_dtypes() + [dtypes.bfloat16]
+        return self.native_dtypes() + [dtypes.bfloat16, *dtypes.fp8s]
 
     def reg_type(self, dt: DType) -> str:
         if dt.count > 1 or dt.scalar() not in self.native_dtypes():

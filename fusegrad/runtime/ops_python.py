@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from fusegrad.device import Allocator, Compiled, Compiler
-from fusegrad.dtype import DType, bf16_to_float, dtypes, float_to_bf16_bits
+from fusegrad.dtype import DType, bf16_to_float, dtypes, float_to_bf16_bits, float_to_fp8, fp8_to_float
 from fusegrad.ir.alu import cast_value, exec_alu
 from fusegrad.ir.ops import GroupOp, Ops, UOp
 from fusegrad.renderer import ProgramSpec, Renderer
@@ -31,6 +31,17 @@ class PythonRenderer(Renderer):
 
 def _fmt(dt: DType) -> str:
     return "H" if dt == dtypes.bfloat16 else dt.fmt or "B"
+
+
+def _to_bits(x: Any, dt: DType) -> Any:
+    """A value as it is stored: bfloat16 and fp8 values are held as floats and stored as their bit patterns."""
+    if dt == dtypes.bfloat16: return float_to_bf16_bits(x)
+    return float_to_fp8(x, dt) if dt in dtypes.fp8s else x
+
+
+def _from_bits(x: Any, dt: DType) -> Any:
+    if dt == dtypes.bfloat16: return bf16_to_float(x)
+    return fp8_to_float(x, dt) if dt in dtypes.fp8s else x
 
 
 class PythonProgram:
@@ -75,21 +86,19 @@ class PythonProgram:
                 else:
                     _check(i, mem, bdt, self.name)
                     raw = struct.unpack_from(_fmt(bdt), mem, i * bdt.itemsize)[0]
-                    v[pc] = bf16_to_float(raw) if bdt == dtypes.bfloat16 else raw
+                    v[pc] = _from_bits(raw, bdt)
             elif op is Ops.STORE:
                 mem, i, gate, bdt = v[src[0]]
                 if gate:
                     _check(i, mem, bdt, self.name)
                     x = v[src[1]]
-                    struct.pack_into(_fmt(bdt), mem, i * bdt.itemsize,
-                                     float_to_bf16_bits(x) if bdt == dtypes.bfloat16 else x)
+                    struct.pack_into(_fmt(bdt), mem, i * bdt.itemsize, _to_bits(x, bdt))
             elif op is Ops.CAST: v[pc] = cast_value(v[src[0]], dt)
             elif op is Ops.BITCAST:
                 sdt = self.uops[src[0]].dtype
-                # bfloat16 values are held as floats: through their 16 bits on the way in and out
-                x = float_to_bf16_bits(v[src[0]]) if sdt == dtypes.bfloat16 else v[src[0]]
-                y = struct.unpack(_fmt(dt), struct.pack(_fmt(sdt), x))[0]
-                v[pc] = bf16_to_float(y) if dt == dtypes.bfloat16 else y
+                # bfloat16 and fp8 values are held as floats: through their bit patterns on the way in and out
+                y = struct.unpack(_fmt(dt), struct.pack(_fmt(sdt), _to_bits(v[src[0]], sdt)))[0]
+                v[pc] = _from_bits(y, dt)
             elif op in GroupOp.ALU:
                 v[pc] = exec_alu(op, dt, [v[s] for s in src])
             else:

@@ -45,12 +45,13 @@ def _is_buffer_view(u: UOp) -> bool:
 def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
     """Schedule the computation of `targets`. Returns the items in execution order and, per target, the node of the
     buffer holding its result (BUFFER reshaped to the target's shape)."""
+    from fusegrad.runtime.ops_disk import lower_disk
     from fusegrad.storage import buffer_uop, buffer_view, buffers, executed, realized, target_buffer
     # graphs may contain nodes computed by an earlier realize: read their buffers instead of recomputing
     sink = UOp(Ops.SINK, src=tuple(targets))
     nodes = sink.toposort()
     memo = substitute_memo(sink, {n: realized[n] for n in nodes if n in realized})
-    sink = memo[sink]
+    sink = lower_disk(memo[sink])   # DISK tensors: read the byte ranges used, compute elsewhere (runtime/ops_disk.py)
     # an assign that ran and isn't cached any more (its memory was written again) must not run twice; the second walk
     # (below the cached nodes only) happens only when there is such a candidate
     if any(n.op is Ops.ASSIGN and n in executed and n not in realized for n in nodes) and \

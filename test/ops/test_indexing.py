@@ -570,3 +570,42 @@ def test_one_hot_0d_python():
              vals=[np.array(2, np.int32)], out_dtype="int32")
     check_op(None, lambda t: torch.nn.functional.one_hot(t.long(), 4), lambda t: t.one_hot(4),
              vals=[np.array([3, 0, 1], np.int32)], device="PYTHON", out_dtype="int32")
+
+
+# ----- rearrange: every einops form, compared with the einops package -----
+
+EINOPS_CASES = [
+    ("b (h w) c -> b h w c", {"h": 2}, (2, 6, 3)),
+    ("i ... (j alpha) -> i j ... alpha", {"alpha": 2}, (2, 3, 4, 6)),
+    ("i ... (j alpha) -> (i j) ... alpha", {"j": 3}, (2, 5, 6)),
+    ("b c 1 1 -> b c", {}, (2, 3, 1, 1)),
+    ("b c -> b 1 c ()", {}, (2, 3)),
+    ("b ... -> b (...)", {}, (2, 3, 4, 5)),
+    ("... c -> c ...", {}, (3,)),
+    ("... -> ...", {}, ()),
+    ("(a b) (c d) -> (d a) (b c)", {"a": 2, "c": 3}, (4, 6)),
+    ("b h w c -> (b h) (w c)", {"b": 2, "c": 3}, (2, 2, 2, 3)),
+]
+
+
+@pytest.mark.parametrize("formula,sizes,shape", EINOPS_CASES, ids=[c[0] for c in EINOPS_CASES])
+def test_rearrange_vs_einops(formula, sizes, shape):
+    einops = pytest.importorskip("einops")
+    x = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+    want = einops.rearrange(x, formula, **sizes)
+    got = Tensor(x).rearrange(formula, **sizes).numpy()
+    assert got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("formula,sizes,shape", [
+    ("a b -> a", {}, (2, 3)), ("a b", {}, (2, 3)), ("a (b -> a b", {}, (2, 3)), ("a b) -> a b", {}, (2, 3)),
+    ("((a b)) -> a b", {}, (6,)), ("a a -> a", {}, (2, 2)), ("a 2 -> a", {}, (3, 2)), ("a b -> a b", {"c": 2}, (2, 3)),
+    ("(a b) -> a b", {}, (6,)), ("(a b) -> a b", {"a": 4}, (6,)), ("a 1 -> a", {}, (2, 3)), ("(a ...) -> a ...", {}, (6,)),
+    ("a ... -> a", {}, (2, 3)), ("a b c -> a b c", {}, (2, 3)), ("a b -> a b", {"a": 5}, (2, 3)), ("a-b -> a", {}, (2,)),
+], ids=str)
+def test_rearrange_bad_patterns(formula, sizes, shape):
+    einops = pytest.importorskip("einops")
+    x = np.zeros(shape, np.float32)
+    with pytest.raises((einops.EinopsError, ValueError)): einops.rearrange(x, formula, **sizes)   # einops too
+    with pytest.raises(ValueError): Tensor(x).rearrange(formula, **sizes)
