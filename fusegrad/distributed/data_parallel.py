@@ -1,0 +1,103 @@
+"""Data parallel training over MPI: the same model on every rank, each rank a shard of every global batch.
+
+Consumes the parameters' lazy gradients after `backward()`; produces `.grad` averaged over all ranks. Gradients are
+packed into buckets (one flat float buffer each, in reverse parameter order: the order backward produces them), each
+bucket's non-blocking Iallreduce starts as soon as that bucket is on the host, and all are polled against the
+`FUSEGRAD_DIST_TIMEOUT` deadline.
+"""
+from __future__ import annotations
+
+import time
+import zlib
+from typing import Any
+
+import numpy as np
+
+from fusegrad.distributed import mpi
+from fusegrad.dtype import dtypes
+from fusegrad.tensor import Tensor
+
+
+class DataParallel:
+    """Keep `params` identical on every rank: rank 0's initial values are broadcast, and `sync_grads()` replaces each
+    `.grad` with its average over the ranks.
+
+    >>> from fusegrad import Tensor, nn, distributed as dist
+    >>> w = Tensor([1.0, 2.0], requires_grad=True)
+    >>> dp = dist.DataParallel([w])                # with 1 process: nothing to exchange
+    >>> _ = (w * w).sum().backward()
+    >>> dp.sync_grads()
+    >>> w.grad.tolist()
+    [2.0, 4.0]
+
+    `bucket_mb` caps a bucket's size (a parameter larger than it gets a bucket of its own). `comm_s` accumulates the
+    seconds spent in host copies and communication (the bench splits it out of the step time).
+    """
+
+    def __init__(self, params: list[Tensor], bucket_mb: float = 25.0, broadcast_params: bool = True):
+        self.params = [p for p in params if p.requires_grad is not False]
+        if not self.params: raise ValueError("DataParallel got no trainable parameters")
+        cap = max(1, int(bucket_mb * 2**20) // 4)     # float32 elements
+        self.buckets: list[list[int]] = [[]]          # parameter indices, last parameter first
+        size = 0
+        for i in reversed(range(len(self.params))):
+            n = int(self.params[i].numel())
+            if self.buckets[-1] and size + n > cap: self.buckets.append([]); size = 0
+            self.buckets[-1].append(i)
+            size += n
+        self.comm_s = 0.0
+        self.sizes = [sum(int(self.params[i].numel()) for i in b) for b in self.buckets]
+        # one check up front that every rank has the same parameter list (shapes and order)
+        shapes_crc = zlib.crc32(repr([tuple(p.shape) for p in self.params]).encode())
+        mpi.check_metadata("DataParallel(params): (count, crc of the shapes)", "sum", dtypes.int64,
+                           (len(self.params), shapes_crc))
+        if broadcast_params: self.broadcast_params()
+
+    def _flat(self, bucket: list[int], grads: bool) -> Tensor:
+        parts = []
+        for i in bucket:
+            p = self.params[i]
+            src = p if not grads else (p.grad if p.grad is not None else Tensor.zeros(*p.shape, device=p.device))
+            parts.append(src.detach().flatten().cast(dtypes.float32))
+        return parts[0].contiguous() if len(parts) == 1 else Tensor.cat(*parts).contiguous()
+
+    def _unflat(self, bucket: list[int], arr: np.ndarray, grads: bool) -> list[Tensor]:
+        out, off = [], 0
+        for i in bucket:
+            p = self.params[i]
+            n = int(p.numel())
+            val = Tensor(arr[off:off + n].reshape(p.shape), device=p.device).cast(p.dtype)
+            off += n
+            if grads: p.grad = val
+            else: out.append(p.assign(val))
+        return out
+
+    def broadcast_params(self, root: int = 0) -> None:
+        """Overwrite every rank's parameters with rank `root`'s."""
+        flats = [self._flat(b, grads=False) for b in self.buckets]
+        Tensor.realize(*flats)
+        arrs = [f.numpy() for f in flats]
+        if mpi.world_size() > 1:
+            for arr in arrs: mpi.check_metadata("broadcast_params", f"root{root}", dtypes.float32, arr.shape)
+            mpi.wait([mpi.init().Ibcast(a, root=root) for a in arrs], f"broadcast of the parameters from rank {root}")
+        Tensor.realize(*[t for b, a in zip(self.buckets, arrs) for t in self._unflat(b, a, grads=False)])
+
+    def sync_grads(self, *also_realize: Tensor) -> None:
+        """Average the gradients over the ranks. The gradients (and `also_realize`, e.g. the loss) are computed in one
+        realize, so backward stays one fused schedule; then each bucket is copied to the host and its Iallreduce
+        started before the next bucket is copied."""
+        flats = [self._flat(b, grads=True) for b in self.buckets]
+        Tensor.realize(*also_realize, *flats)
+        st = time.perf_counter()
+        world = mpi.world_size()
+        arrs: list[Any] = []
+        reqs = []
+        if world > 1: mpi.check_metadata("sync_grads", "mean", dtypes.float32, (len(flats), sum(self.sizes)))
+        for f in flats:
+            arrs.append(np.ascontiguousarray(f.numpy()))
+            if world > 1: reqs.append(mpi.iallreduce(arrs[-1], "sum"))
+        if reqs: mpi.wait(reqs, f"gradient allreduce ({len(reqs)} buckets, {sum(self.sizes)} floats)")
+        for b, arr in zip(self.buckets, arrs):
+            if world > 1: arr *= np.float32(1.0 / world)
+            self._unflat(b, arr, grads=True)
+        self.comm_s += time.perf_counter() - st
