@@ -149,7 +149,13 @@ pm_gradient = PatternMatcher([
     (UPat(Ops.CONTIGUOUS), lambda ctx: (ctx,)),
     (UPat(Ops.COPY, name="ret"), lambda ret, ctx: (UOp(Ops.COPY, ctx.dtype, (ctx,), ret.src[0].device),)),
     (UPat(Ops.DETACH, name="ret"), lambda ret, ctx: (None,) if ret.arg is None else (None, *ret.arg.backward(ctx, ret))),
+    (UPat(Ops.MULTI, name="ret"), lambda ret, ctx: _multi_grad(ret, ctx)),              # each shard gets its slice
 ])
+
+
+def _multi_grad(ret: UOp, ctx: UOp) -> tuple[UOp | None, ...]:
+    from fusegrad.sharding import multi_grad
+    return multi_grad(ret, ctx)
 
 
 class GradFn:
