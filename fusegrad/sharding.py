@@ -74,6 +74,15 @@ def empty(shape: tuple[int, ...], dtype: DType, devices: tuple[str, ...]) -> UOp
     return UOp(Ops.MULTI, dtype, tuple(build.reshape(buffer_uop(Buffer(d, n, dtype)), shape) for d in devices), None)
 
 
+def empty_like(u: UOp) -> UOp:
+    """New memory for a multi-device value: a buffer per shard, split like `u` (a MULTI) or whole on each device."""
+    if u.op is not Ops.MULTI:
+        assert u.shape is not None and isinstance(u.device, tuple)
+        return empty(tuple(int(s) for s in u.shape), u.dtype, u.device)
+    return UOp(Ops.MULTI, u.dtype, tuple(empty(tuple(int(d) for d in s.shape), s.dtype, (str(s.device),)).src[0]  # type: ignore
+                                         for s in u.src), u.arg)
+
+
 def is_multi_buffer(u: UOp) -> bool:
     """A realized multi-device tensor: MULTI of whole buffers."""
     return u.op is Ops.MULTI and all(_is_buffer(s) for s in u.src)

@@ -205,6 +205,10 @@ def _lower(n: UOp, srcs: list[Value]) -> Value:
         return _copy(x, n.arg) if isinstance(x, UOp) else gather(x, n.arg)
     if all(isinstance(s, UOp) for s in srcs):   # e.g. a shard picked out of a multi tensor, then used on its device
         return n.replace(src=tuple(s for s in srcs if isinstance(s, UOp)))
+    if n.op is Ops.DETACH:   # a custom-gradient DETACH also holds its backward's inputs: only the value is computed
+        v = srcs[0]
+        return UOp(Ops.DETACH, n.dtype, (v,)) if isinstance(v, UOp) else \
+            Sharded(tuple(UOp(Ops.DETACH, n.dtype, (p,)) for p in v.parts), v.axis)
     if n.op in GroupOp.Movement: return _movement(n, srcs[0])
     if n.op is Ops.REDUCE_AXIS: return _reduce(n, srcs[0])
     if n.op is Ops.GATHER: return _gather_op(n, srcs)
@@ -220,8 +224,16 @@ def _lower(n: UOp, srcs: list[Value]) -> Value:
     return Sharded(tuple(n.replace(src=tuple(o.parts[i] for o in ops)) for i in range(len(ops[0].parts))), ops[0].axis)
 
 
+def _rebuild(n: UOp, src: UOp, arg: object) -> UOp:
+    """`n` on one part, through the checked builders (a shard may make the op a no-op: a reduce over a size-1 axis)."""
+    if n.op is Ops.REDUCE_AXIS: return build.reduce_axis(src, n.arg[0], n.arg[1])
+    builders = {Ops.RESHAPE: build.reshape, Ops.EXPAND: build.expand, Ops.PAD: build.pad, Ops.SHRINK: build.shrink,
+                Ops.PERMUTE: build.permute, Ops.FLIP: build.flip}
+    return builders[n.op](src, arg) if n.op in builders else n.replace(src=(src,), arg=arg)  # type: ignore[operator]
+
+
 def _per_part(n: UOp, v: Sharded, args: list[object] | None = None, axis: int | None = None) -> Sharded:
-    return Sharded(tuple(n.replace(src=(p,), arg=a) for p, a in zip(v.parts, args or [n.arg] * len(v.parts))), axis)
+    return Sharded(tuple(_rebuild(n, p, a) for p, a in zip(v.parts, args or [n.arg] * len(v.parts))), axis)
 
 
 def _movement(n: UOp, x: Value) -> Value:
@@ -241,7 +253,7 @@ def _movement(n: UOp, x: Value) -> Value:
             return _per_part(n, x, [tuple((0, s[ax]) if i == ax else a for i, a in enumerate(n.arg)) for s in shapes], ax)
         for k, (pb, pe) in enumerate(bounds):   # exactly one shard: that device's part, a one-device value
             if (b, e) == (pb, pe):
-                return n.replace(src=(x.parts[k],), arg=tuple((0, pe - pb) if i == ax else a for i, a in enumerate(n.arg)))
+                return build.shrink(x.parts[k], tuple((0, pe - pb) if i == ax else a for i, a in enumerate(n.arg)))
     if n.op is Ops.RESHAPE and (new_ax := _reshape_axis(x, n.arg)) is not None:
         total = sum(int(s[ax]) for s in shapes)  # type: ignore[index]
         return _per_part(n, x, [tuple(a * int(s[ax]) // total if i == new_ax else a  # type: ignore[index]
