@@ -36,7 +36,7 @@ def split_sizes(n: int, parts: int) -> list[int]:
     return [n // parts + (1 if i < n % parts else 0) for i in range(parts)]
 
 
-def shard(t: "Tensor", devices: Any, axis: int | None = None) -> "Tensor":
+def shard(t: Tensor, devices: Any, axis: int | None = None) -> Tensor:
     """`t` on every device of `devices`: whole (axis None) or split along `axis` into one slice per device."""
     from fusegrad.tensor import Tensor
     devs = canonical_devices(devices, "shard")
@@ -45,7 +45,7 @@ def shard(t: "Tensor", devices: Any, axis: int | None = None) -> "Tensor":
         return Tensor._wrap(UOp(Ops.MULTI, t.dtype, tuple(_copy(t.uop, d) for d in devs), None), t)
     ax = t._axis(axis)
     size = t.shape[ax]
-    if not isinstance(size, int): raise ValueError("shard: a symbolic axis can't be sharded")
+    if not isinstance(size, int): raise TypeError("shard: a symbolic axis can't be sharded")
     if size < len(devs): raise ValueError(f"shard: axis {ax} of size {size} can't be split over {len(devs)} devices")
     parts, b = [], 0
     for d, n in zip(devs, split_sizes(size, len(devs))):
