@@ -154,6 +154,8 @@ def run_schedule(items: list[ScheduleItem]) -> None:
             dst.copy_from(src)
             et = time.perf_counter() - t0
             name, ops, mem = f"copy {src.nbytes:8d} bytes {src.device} -> {dst.device}", 0, src.nbytes
+            GlobalCounters.copy_time_s += et
+            GlobalCounters.copy_bytes += src.nbytes
         else:
             prg = get_runner(si.ast, dev)
             et = prg(*[b.opaque for b in si.bufs], vals=var_values(prg.spec, si.var_vals), wait=True) or 0.0

@@ -203,3 +203,21 @@ def test_allreduce_is_scheduled_copies_and_kernels(capsys: pytest.CaptureFixture
     with Context(DEBUG=2): t.sum(1).realize()
     out = capsys.readouterr().out
     assert "CPU -> CPU:1" in out and "CPU:1 -> CPU" in out
+
+
+def test_tinyjit_with_sharding_inside():
+    """TinyJit replays a step that shards inside (one-device inputs and outputs); multi-device inputs or outputs
+    raise a JitError that says what to do instead."""
+    from fusegrad import TinyJit
+    from fusegrad.engine.jit import JitError
+    w = Tensor(rnd(4, 3)).to(D2).realize()
+    step = TinyJit(lambda x: (x.shard(D2, 0) @ w).sum(0).to("CPU").realize())
+    for i in range(4):
+        x = rnd(6, 4, seed=i)
+        np.testing.assert_allclose(step(Tensor(x)).numpy(), (x @ w.numpy()).sum(0), rtol=1e-5)
+    with pytest.raises(JitError, match="inputs on several devices"):
+        bad = TinyJit(lambda x: (x * 2).realize())
+        for _ in range(2): bad(Tensor(rnd(4, 2)).shard(D2, 0))
+    with pytest.raises(JitError, match="outputs on several devices"):
+        bad2 = TinyJit(lambda x: (x.to(D2) * 2).realize())
+        for _ in range(2): bad2(Tensor(rnd(4, 2)))
