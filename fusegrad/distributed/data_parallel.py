@@ -1,8 +1,8 @@
 """Data parallel training over MPI: the same model on every rank, each rank a shard of every global batch.
 
 Consumes the parameters' lazy gradients after `backward()`; produces `.grad` averaged over all ranks. Gradients are
-packed into buckets (one flat float buffer each, in reverse parameter order: the order backward produces them), each
-bucket's non-blocking Iallreduce starts as soon as that bucket is on the host, and all are polled against the
+packed into buckets (one flat float32 host buffer each, in reverse parameter order: the order backward produces them),
+each bucket's non-blocking Iallreduce starts as soon as that bucket is on the host, and all are polled against the
 `FUSEGRAD_DIST_TIMEOUT` deadline.
 """
 from __future__ import annotations
@@ -53,13 +53,24 @@ class DataParallel:
                            (len(self.params), shapes_crc))
         if broadcast_params: self.broadcast_params()
 
-    def _flat(self, bucket: list[int], grads: bool) -> Tensor:
-        parts = []
-        for i in bucket:
-            p = self.params[i]
+    def _sources(self, grads: bool) -> list[Tensor]:
+        """Per parameter, the tensor whose values are exchanged (a missing gradient counts as zeros)."""
+        out = []
+        for p in self.params:
             src = p if not grads else (p.grad if p.grad is not None else Tensor.zeros(*p.shape, device=p.device))
-            parts.append(src.detach().flatten().cast(dtypes.float32))
-        return parts[0].contiguous() if len(parts) == 1 else Tensor.cat(*parts).contiguous()
+            out.append(src.detach().cast(dtypes.float32).contiguous())
+        return out
+
+    def _pack(self, bucket: list[int], srcs: list[Tensor]) -> np.ndarray:
+        """One flat host buffer for a bucket, filled by each (realized) tensor's copy-out. Packing on the host, not
+        with a device-side cat: a cat of lazy gradients would fuse every gradient's reduce into one kernel."""
+        flat = np.empty(self.sizes[self.buckets.index(bucket)], np.float32)
+        off = 0
+        for i in bucket:
+            n = int(self.params[i].numel())
+            flat[off:off + n] = srcs[i].numpy().reshape(-1)
+            off += n
+        return flat
 
     def _unflat(self, bucket: list[int], arr: np.ndarray, grads: bool) -> list[Tensor]:
         out, off = [], 0
@@ -74,9 +85,9 @@ class DataParallel:
 
     def broadcast_params(self, root: int = 0) -> None:
         """Overwrite every rank's parameters with rank `root`'s."""
-        flats = [self._flat(b, grads=False) for b in self.buckets]
-        Tensor.realize(*flats)
-        arrs = [f.numpy() for f in flats]
+        srcs = self._sources(grads=False)
+        Tensor.realize(*srcs)
+        arrs = [self._pack(b, srcs) for b in self.buckets]
         if mpi.world_size() > 1:
             for arr in arrs: mpi.check_metadata("broadcast_params", f"root{root}", dtypes.float32, arr.shape)
             mpi.wait([mpi.init().Ibcast(a, root=root) for a in arrs], f"broadcast of the parameters from rank {root}")
@@ -84,17 +95,17 @@ class DataParallel:
 
     def sync_grads(self, *also_realize: Tensor) -> None:
         """Average the gradients over the ranks. The gradients (and `also_realize`, e.g. the loss) are computed in one
-        realize, so backward stays one fused schedule; then each bucket is copied to the host and its Iallreduce
-        started before the next bucket is copied."""
-        flats = [self._flat(b, grads=True) for b in self.buckets]
-        Tensor.realize(*also_realize, *flats)
+        realize, so backward stays one fused schedule; then each bucket is packed on the host and its Iallreduce
+        started before the next bucket is packed."""
+        srcs = self._sources(grads=True)
+        Tensor.realize(*also_realize, *srcs)
         st = time.perf_counter()
         world = mpi.world_size()
         arrs: list[Any] = []
         reqs = []
-        if world > 1: mpi.check_metadata("sync_grads", "mean", dtypes.float32, (len(flats), sum(self.sizes)))
-        for f in flats:
-            arrs.append(np.ascontiguousarray(f.numpy()))
+        if world > 1: mpi.check_metadata("sync_grads", "mean", dtypes.float32, (len(self.buckets), sum(self.sizes)))
+        for b in self.buckets:
+            arrs.append(self._pack(b, srcs))
             if world > 1: reqs.append(mpi.iallreduce(arrs[-1], "sum"))
         if reqs: mpi.wait(reqs, f"gradient allreduce ({len(reqs)} buckets, {sum(self.sizes)} floats)")
         for b, arr in zip(self.buckets, arrs):
