@@ -93,22 +93,66 @@ class DataParallel:
             mpi.wait([mpi.init().Ibcast(a, root=root) for a in arrs], f"broadcast of the parameters from rank {root}")
         Tensor.realize(*[t for b, a in zip(self.buckets, arrs) for t in self._unflat(b, a, grads=False)])
 
+    def _grad_buffers(self) -> list[Tensor]:
+        """One persistent float32 buffer per parameter that the gradient is written into (the engine's item hook
+        recognizes a finished gradient by its buffer)."""
+        if not hasattr(self, "_dst"):
+            self._dst = [Tensor.empty(int(p.numel()), dtype=dtypes.float32, device=p.device).realize() for p in self.params]
+        return self._dst
+
     def sync_grads(self, *also_realize: Tensor) -> None:
-        """Average the gradients over the ranks. The gradients (and `also_realize`, e.g. the loss) are computed in one
-        realize, so backward stays one fused schedule; then each bucket is packed on the host and its Iallreduce
-        started before the next bucket is packed."""
-        srcs = self._sources(grads=True)
-        Tensor.realize(*also_realize, *srcs)
-        st = time.perf_counter()
+        """Average the gradients over the ranks.
+
+        The gradients (and `also_realize`, e.g. the loss) are computed in one realize, so backward stays one fused
+        schedule. Each gradient is written into a buffer of its own; an engine hook sees the kernel that finishes the
+        last gradient of a bucket, packs that bucket on the host and starts its Iallreduce while the remaining backward
+        kernels run (and polls the started requests after every kernel: Open MPI advances them only inside MPI calls).
+        `overlap` records, per bucket, the schedule item it started after and the number of items in all."""
+        from fusegrad.engine import realize as engine
+        from fusegrad.storage import buffers
         world = mpi.world_size()
-        arrs: list[Any] = []
-        reqs = []
         if world > 1: mpi.check_metadata("sync_grads", "mean", dtypes.float32, (len(self.buckets), sum(self.sizes)))
-        for b in self.buckets:
-            arrs.append(self._pack(b, srcs))
-            if world > 1: reqs.append(mpi.iallreduce(arrs[-1], "sum"))
+        dst = self._grad_buffers()
+        for t, p in zip(dst, self.params):
+            g = p.grad if p.grad is not None else Tensor.zeros(*p.shape, device=p.device)
+            t.assign(g.detach().cast(dtypes.float32).reshape(-1))
+        bufs = [buffers[t.uop.src[0].base] for t in dst]           # the ASSIGN's target: the persistent buffer
+        pending = [{id(bufs[i]) for i in b} for b in self.buckets]
+        arrs: list[Any] = [None] * len(self.buckets)
+        reqs: list[Any] = []
+        self.overlap: list[tuple[int, int]] = []
+        count = [0]
+        comm = [0.0]
+
+        def start(k: int) -> None:
+            st = time.perf_counter()
+            flat, off = np.empty(self.sizes[k], np.float32), 0
+            for i in self.buckets[k]:
+                n = int(self.params[i].numel())
+                bufs[i].copyout(memoryview(flat[off:off + n]))
+                off += n
+            arrs[k] = flat
+            if world > 1: reqs.append(mpi.iallreduce(flat, "sum"))
+            self.overlap.append((k, count[0]))
+            comm[0] += time.perf_counter() - st
+
+        def hook(si: Any) -> None:
+            count[0] += 1
+            for k, left in enumerate(pending):
+                if left and id(si.bufs[0]) in left:
+                    left.discard(id(si.bufs[0]))
+                    if not left: start(k)
+            if reqs: mpi.poll(reqs)
+
+        engine.item_hooks.append(hook)
+        try: Tensor.realize(*also_realize, *dst)
+        finally: engine.item_hooks.remove(hook)
+        st = time.perf_counter()
+        for k, left in enumerate(pending):   # a gradient that needed no kernel (a constant) is copied out now
+            if arrs[k] is None: start(k)
         if reqs: mpi.wait(reqs, f"gradient allreduce ({len(reqs)} buckets, {sum(self.sizes)} floats)")
         for b, arr in zip(self.buckets, arrs):
             if world > 1: arr *= np.float32(1.0 / world)
             self._unflat(b, arr, grads=True)
-        self.comm_s += time.perf_counter() - st
+        self.items = count[0]
+        self.comm_s += comm[0] + time.perf_counter() - st

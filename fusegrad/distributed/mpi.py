@@ -96,6 +96,11 @@ def wait(requests: list[Any], what: str) -> None:
         if spins > 100: time.sleep(min(0.001, 1e-5 * spins))   # Open MPI progresses only inside MPI calls: poll
 
 
+def poll(requests: list[Any]) -> bool:
+    """One non-blocking poll of `requests` (advances them); True when all are done."""
+    return bool(_mpi().Request.Testall(requests))
+
+
 def _dtype_code(dt: DType) -> int: return zlib.crc32(dt.name.encode()) & 0x7FFFFFFF
 
 

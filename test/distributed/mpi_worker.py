@@ -48,9 +48,27 @@ def mismatch() -> None:
     emit(op="after", value=dist.allreduce(Tensor([1.0])).tolist())
 
 
+def overlap() -> None:
+    """Three layers, a bucket each: the first bucket's allreduce must start before the backward schedule ends, and the
+    averaged gradients must be the mean of both ranks' (each rank's input differs)."""
+    from fusegrad import nn
+    Tensor.manual_seed(0)
+    layers = [nn.Linear(32, 64), nn.Linear(64, 64), nn.Linear(64, 4)]
+    params = [t for lin in layers for t in (lin.weight, lin.bias)]
+    dp = dist.DataParallel(params, bucket_mb=0.01)
+    x = Tensor(np.full((8, 32), dist.rank() + 1.0, np.float32))
+    for lin in layers: x = lin(x).relu()
+    x.sum().backward()
+    local = [p.grad.numpy() for p in params]
+    dp.sync_grads()
+    emit(op="overlap", buckets=len(dp.buckets), started=dp.overlap, items=dp.items,
+         local_w0=local[0].tolist(), avg_w0=params[0].grad.numpy().tolist())
+
+
 if __name__ == "__main__":
     dist.init()
     mode = sys.argv[1]
     if mode == "collectives": collectives()
     elif mode == "mismatch": mismatch()
+    elif mode == "overlap": overlap()
     else: dead(mode)

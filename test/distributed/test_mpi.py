@@ -77,6 +77,19 @@ def test_data_parallel_loss_equals_single_process(tmp_path: pathlib.Path):
     np.testing.assert_allclose(l2, l1, rtol=1e-5)
 
 
+def test_bucket_allreduce_starts_during_backward():
+    r, _ = run_mpi([str(WORKER), "overlap"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    res = {d["rank"]: d for d in results(r.stdout)}
+    for d in res.values():
+        assert d["buckets"] >= 3 and len(d["started"]) == d["buckets"]
+        first_start = min(i for _, i in d["started"])
+        assert first_start < d["items"], f"no bucket started before the schedule ended: {d}"
+    mean = (np.array(res[0]["local_w0"]) + np.array(res[1]["local_w0"])) / 2
+    assert not np.allclose(res[0]["local_w0"], res[1]["local_w0"])
+    for d in res.values(): np.testing.assert_allclose(d["avg_w0"], mean, rtol=1e-6)
+
+
 @pytest.mark.parametrize("mode", ["exit", "raise", "hang"])
 def test_dead_rank_ends_the_job(mode: str):
     """Rank 1 exits, raises or hangs before an allreduce: rank 0 must not wait forever. A dead process is noticed by
