@@ -100,7 +100,7 @@ def worker_mpi(bs: int, steps: int) -> None:
     from fusegrad import distributed as dist
     dist.init()
     row = run_steps(bs, steps, None, dp=dist.DataParallel, rank=dist.rank(), world=dist.world_size())
-    bw = allreduce_bandwidth([0.35, 4.0, 32.0])
+    bw = allreduce_bandwidth([0.004, 0.35, 4.0, 32.0])
     if dist.rank() == 0: print("RESULT " + json.dumps({"row": row, "bw": bw}), flush=True)
 
 
@@ -134,7 +134,7 @@ def main() -> None:
     for name, r in rows:
         line = f"{name:36s} {sep} {r['step_ms']:8.1f} {sep} {r['comm_ms']:8.1f} {sep} {r['step_ms'] - r['comm_ms']:8.1f}"
         print(f"| {line} |" if args.markdown else line)
-    for b in bw: print(f"MPI allreduce {b['mb']:6.2f} MB: {b['ms']:8.2f} ms, bus bandwidth {b['busbw_gbs']:.2f} GB/s")
+    for b in bw: print(f"MPI allreduce {b['mb']:6.3f} MB: {b['ms']:8.2f} ms, bus bandwidth {b['busbw_gbs']:.2f} GB/s")
 
 
 if __name__ == "__main__":
