@@ -76,11 +76,16 @@ def empty(shape: tuple[int, ...], dtype: DType, devices: tuple[str, ...]) -> UOp
 
 def empty_like(u: UOp) -> UOp:
     """New memory for a multi-device value: a buffer per shard, split like `u` (a MULTI) or whole on each device."""
-    if u.op is not Ops.MULTI:
-        assert u.shape is not None and isinstance(u.device, tuple)
-        return empty(tuple(int(s) for s in u.shape), u.dtype, u.device)
-    return UOp(Ops.MULTI, u.dtype, tuple(empty(tuple(int(d) for d in s.shape), s.dtype, (str(s.device),)).src[0]  # type: ignore
-                                         for s in u.src), u.arg)
+    from fusegrad.storage import buffer_uop
+    assert u.shape is not None and isinstance(u.device, tuple)
+    if u.op is not Ops.MULTI: return empty(tuple(int(s) for s in u.shape), u.dtype, u.device)
+    parts = []
+    for s in u.src:
+        assert s.shape is not None and isinstance(s.device, str)
+        n = 1
+        for d in s.shape: n *= int(d)
+        parts.append(build.reshape(buffer_uop(Buffer(s.device, n, s.dtype)), s.shape))
+    return UOp(Ops.MULTI, u.dtype, tuple(parts), u.arg)
 
 
 def is_multi_buffer(u: UOp) -> bool:
@@ -93,10 +98,10 @@ def _is_buffer(u: UOp) -> bool:
     return u.op is Ops.BUFFER
 
 
-def multi_grad(ret: UOp, ctx: UOp) -> tuple[UOp, ...]:
+def multi_grad(ret: UOp, ctx: UOp) -> tuple[UOp | None, ...]:
     """Gradient rule of MULTI: shard i gets its slice of the gradient, on its device (a replicated MULTI sends the whole
     gradient to shard 0: the replicas are one value)."""
-    out = []
+    out: list[UOp | None] = []
     b = 0
     for i, s in enumerate(ret.src):
         assert s.shape is not None and ctx.shape is not None
@@ -107,4 +112,4 @@ def multi_grad(ret: UOp, ctx: UOp) -> tuple[UOp, ...]:
         piece = build.shrink(ctx, [(b, b + n) if k == ret.arg else (0, d) for k, d in enumerate(ctx.shape)])
         out.append(UOp(Ops.COPY, ctx.dtype, (piece,), s.device))
         b += n
-    return tuple(out)  # type: ignore[arg-type]
+    return tuple(out)

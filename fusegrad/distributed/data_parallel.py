@@ -129,7 +129,7 @@ class DataParallel:
             flat, off = np.empty(self.sizes[k], np.float32), 0
             for i in self.buckets[k]:
                 n = int(self.params[i].numel())
-                bufs[i].copyout(memoryview(flat[off:off + n]))
+                bufs[i].copyout(flat[off:off + n].data)
                 off += n
             arrs[k] = flat
             if world > 1: reqs.append(mpi.iallreduce(flat, "sum"))

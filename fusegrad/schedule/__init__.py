@@ -97,7 +97,7 @@ def _schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
     held = set(new_targets.values()) | {r for r in rp if r.op is Ops.ASSIGN}
     out_bufs: dict[UOp, Buffer] = {}
     for r in order:
-        assert r.device is not None
+        assert isinstance(r.device, str), "a multi-device node reached the one-device scheduler"
         if r.op is Ops.ASSIGN: out_bufs[r] = buffers[target_buffer(r)]
         elif r in held: out_bufs[r] = Buffer(r.device, smax(r.size), r.dtype)  # symbolic: the largest size
     plan_memory(order, kernels, held, out_bufs)

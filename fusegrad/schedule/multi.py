@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 from fusegrad.dtype import dtypes
 from fusegrad.ir import build
@@ -37,13 +38,19 @@ class Sharded:
         assert self.axis is not None
         out, b = [], 0
         for p in self.parts:
-            n = int(p.shape[self.axis])  # type: ignore[index]
+            n = int(_dims(p)[self.axis])
             out.append((b, b + n))
             b += n
         return out
 
 
 Value = UOp | Sharded
+
+
+def _dims(u: UOp) -> tuple[Any, ...]:
+    """The shape of a tensor-level node (never None here)."""
+    assert u.shape is not None
+    return u.shape
 
 
 def has_multi(root: UOp) -> bool:
@@ -73,11 +80,11 @@ def lower_multi(targets: list[UOp]) -> list[Value]:
 def _cat(pieces: list[UOp], axis: int) -> UOp:
     """Concatenate same-device pieces along `axis` (pad each to the full size and add: one fused kernel)."""
     if len(pieces) == 1: return pieces[0]
-    total = sum(int(p.shape[axis]) for p in pieces)  # type: ignore[index]
+    total = sum(int(_dims(p)[axis]) for p in pieces)
     out, b = None, 0
     for p in pieces:
-        n = int(p.shape[axis])  # type: ignore[index]
-        padded = build.pad(p, [(b, total - b - n) if i == axis else (0, 0) for i in range(len(p.shape))])  # type: ignore
+        n = int(_dims(p)[axis])
+        padded = build.pad(p, [(b, total - b - n) if i == axis else (0, 0) for i in range(len(_dims(p)))])
         out = padded if out is None else build.alu(Ops.OR if p.dtype == dtypes.bool else Ops.ADD, out, padded)
         b += n
     assert out is not None
@@ -106,7 +113,7 @@ def _shard_like(v: Sharded, like: Sharded) -> Sharded:
     """A replicated value split like `like` (each device keeps its own slice: no communication)."""
     assert v.axis is None and like.axis is not None
     ax = like.axis
-    return Sharded(tuple(build.shrink(p, [(b, e) if i == ax else (0, s) for i, s in enumerate(p.shape)])  # type: ignore
+    return Sharded(tuple(build.shrink(p, [(b, e) if i == ax else (0, s) for i, s in enumerate(_dims(p))])
                          for p, (b, e) in zip(v.parts, like.bounds())), ax)
 
 
@@ -240,7 +247,7 @@ def _movement(n: UOp, x: Value) -> Value:
     assert isinstance(x, Sharded)
     ax = x.axis
     if ax is None: return _per_part(n, x)
-    shapes = [p.shape for p in x.parts]
+    shapes = [_dims(p) for p in x.parts]
     if n.op is Ops.PERMUTE: return _per_part(n, x, axis=list(n.arg).index(ax))
     if n.op is Ops.EXPAND:
         return _per_part(n, x, [tuple(s[ax] if i == ax else a for i, a in enumerate(n.arg)) for s in shapes], ax)
@@ -255,8 +262,8 @@ def _movement(n: UOp, x: Value) -> Value:
             if (b, e) == (pb, pe):
                 return build.shrink(x.parts[k], tuple((0, pe - pb) if i == ax else a for i, a in enumerate(n.arg)))
     if n.op is Ops.RESHAPE and (new_ax := _reshape_axis(x, n.arg)) is not None:
-        total = sum(int(s[ax]) for s in shapes)  # type: ignore[index]
-        return _per_part(n, x, [tuple(a * int(s[ax]) // total if i == new_ax else a  # type: ignore[index]
+        total = sum(int(s[ax]) for s in shapes)
+        return _per_part(n, x, [tuple(a * int(s[ax]) // total if i == new_ax else a
                                       for i, a in enumerate(n.arg)) for s in shapes], new_ax)
     return _per_part(n, replicate(x, x.devices))   # the shard boundaries don't survive this op: compute it whole
 
@@ -265,7 +272,7 @@ def _reshape_axis(x: Sharded, new: tuple) -> int | None:
     """The axis of the new shape that carries the shards, if every shard stays one contiguous block along it."""
     ax = x.axis
     assert ax is not None
-    logical = list(x.parts[0].shape)  # type: ignore[arg-type]
+    logical = list(_dims(x.parts[0]))
     logical[ax] = x.bounds()[-1][1]
     if not all_static(tuple(logical)) or not all_static(tuple(new)): return None
     before, inner = 1, 1
