@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import weakref
+from typing import Any
 
 from fusegrad.dtype import dtypes
 from fusegrad.ir import build
@@ -153,7 +154,7 @@ pm_gradient = PatternMatcher([
 ])
 
 
-def _multi_grad(ret: UOp, ctx: UOp) -> tuple[UOp | None, ...]:
+def _multi_grad(ret: UOp, ctx: UOp) -> Any:
     from fusegrad.sharding import multi_grad
     return multi_grad(ret, ctx)
 

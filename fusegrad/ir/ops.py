@@ -190,7 +190,7 @@ class UOp(metaclass=UOpMetaClass):
         """The device name; a tuple of names for a tensor on several devices (MULTI, or a constant made for them)."""
         if self.op is Ops.DEVICE: return self.arg
         if self.op is Ops.COPY: return self.arg
-        if self.op is Ops.MULTI: return tuple(s.device for s in self.src)
+        if self.op is Ops.MULTI: return tuple(str(s.device) for s in self.src)
         for s in self.src:
             if (d := s.device) is not None: return d
         return None
