@@ -1,5 +1,5 @@
-"""Data-parallel step time of the MNIST convnet (examples/mnist_dist.py): 1 and 2 processes (MPI), 1 and 2 devices in one
-process (sharding), with the communication time split out, plus the MPI allreduce bandwidth.
+"""Data-parallel step time of the MNIST convnet (examples/mnist_dist.py): 1 and 2 processes (MPI), 1 and 2 devices in
+one process (sharding), with the communication time split out, plus the MPI allreduce bandwidth.
 
   python bench/distributed.py                   # all rows; launches mpirun -n 2 for the MPI rows
   python bench/distributed.py --bs 64 --steps 8 --markdown
@@ -132,7 +132,8 @@ def main() -> None:
     print(f"MNIST convnet, global batch {args.bs}, median of {args.steps - 2} steps, no TinyJit")
     if args.markdown: print("| setup | step ms | comm ms | compute ms |\n|---|---|---|---|")
     for name, r in rows:
-        line = f"{name:36s} {sep} {r['step_ms']:8.1f} {sep} {r['comm_ms']:8.1f} {sep} {r['step_ms'] - r['comm_ms']:8.1f}"
+        compute = r["step_ms"] - r["comm_ms"]
+        line = f"{name:36s} {sep} {r['step_ms']:8.1f} {sep} {r['comm_ms']:8.1f} {sep} {compute:8.1f}"
         print(f"| {line} |" if args.markdown else line)
     for b in bw: print(f"MPI allreduce {b['mb']:6.3f} MB: {b['ms']:8.2f} ms, bus bandwidth {b['busbw_gbs']:.2f} GB/s")
 

@@ -97,7 +97,8 @@ class DataParallel:
         """One persistent float32 buffer per parameter that the gradient is written into (the engine's item hook
         recognizes a finished gradient by its buffer)."""
         if not hasattr(self, "_dst"):
-            self._dst = [Tensor.empty(int(p.numel()), dtype=dtypes.float32, device=p.device).realize() for p in self.params]
+            self._dst = [Tensor.empty(int(p.numel()), dtype=dtypes.float32, device=p.device).realize()
+                         for p in self.params]
         return self._dst
 
     def sync_grads(self, *also_realize: Tensor) -> None:

@@ -118,7 +118,7 @@ def _meta_row(kind: str, op: str, dtype: DType, shape: tuple[int, ...]) -> np.nd
 
 
 def check_metadata(kind: str, op: str, dtype: DType, shape: tuple[int, ...]) -> None:
-    """Gather every rank's (call number, kind, op, dtype, shape) and raise DistributedError on all ranks if they differ."""
+    """Gather every rank's (call number, kind, op, dtype, shape); raise DistributedError on all ranks if they differ."""
     comm = init()
     shape = tuple(int(s) for s in shape)
     row = _meta_row(kind, op, dtype, shape)
@@ -176,7 +176,8 @@ def broadcast(t: Tensor, root: int = 0) -> Tensor:
     >>> dist.broadcast(Tensor([3, 4]), root=0).tolist()
     [3, 4]
     """
-    if not 0 <= root < world_size(): raise ValueError(f"broadcast root {root} is not a rank (world size {world_size()})")
+    if not 0 <= root < world_size():
+        raise ValueError(f"broadcast root {root} is not a rank (world size {world_size()})")
     check_metadata("broadcast", f"root{root}", t.dtype, t.shape)
     arr = _host(t)
     if world_size() > 1: wait([init().Ibcast(arr, root=root)], f"broadcast from rank {root} of {t.dtype} {t.shape}")

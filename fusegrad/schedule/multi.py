@@ -257,7 +257,8 @@ def _movement(n: UOp, x: Value) -> Value:
         b, e = n.arg[ax]
         bounds = x.bounds()
         if (b, e) == (0, bounds[-1][1]):
-            return _per_part(n, x, [tuple((0, s[ax]) if i == ax else a for i, a in enumerate(n.arg)) for s in shapes], ax)
+            whole = [tuple((0, s[ax]) if i == ax else a for i, a in enumerate(n.arg)) for s in shapes]
+            return _per_part(n, x, whole, ax)
         for k, (pb, pe) in enumerate(bounds):   # exactly one shard: that device's part, a one-device value
             if (b, e) == (pb, pe):
                 return build.shrink(x.parts[k], tuple((0, pe - pb) if i == ax else a for i, a in enumerate(n.arg)))
