@@ -18,6 +18,7 @@ from fusegrad.device import Buffer, Device
 from fusegrad.dtype import DType
 from fusegrad.ir import build
 from fusegrad.ir.ops import Ops, UOp
+from fusegrad.schedule import multi
 
 if TYPE_CHECKING:
     from fusegrad.tensor import Tensor
@@ -28,6 +29,7 @@ def canonical_devices(devices: Any, what: str) -> tuple[str, ...]:
     out = tuple(Device.canonicalize(d) for d in devices)
     if not out: raise ValueError(f"{what}: an empty tuple of devices")
     if len(set(out)) != len(out): raise ValueError(f"{what}: a device appears twice in {out}")
+    multi.seen = True   # the scheduler now looks for multi-device graphs
     return out
 
 

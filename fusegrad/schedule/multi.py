@@ -21,6 +21,9 @@ from fusegrad.ir.ops import GroupOp, Ops, UOp
 from fusegrad.ir.shape import all_static
 
 ALLREDUCE_ALGOS = ("ring", "tree")
+# set by the frontend (sharding.py) once a tuple of devices was used: until then no graph can hold one, and the
+# scheduler skips the walk that looks for them
+seen = False
 
 
 @dataclass(frozen=True)
@@ -55,7 +58,7 @@ def _dims(u: UOp) -> tuple[Any, ...]:
 
 def has_multi(root: UOp) -> bool:
     """Whether a graph holds anything on several devices (only then does the pass run)."""
-    return any(_multi_here(n) for n in root.toposort(gate=lambda u: u.op is not Ops.BUFFER))
+    return seen and any(_multi_here(n) for n in root.toposort(gate=lambda u: u.op is not Ops.BUFFER))
 
 
 def _multi_here(n: UOp) -> bool:
