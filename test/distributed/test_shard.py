@@ -221,3 +221,35 @@ def test_tinyjit_with_sharding_inside():
     with pytest.raises(JitError, match="outputs on several devices"):
         bad2 = TinyJit(lambda x: (x.to(D2) * 2).realize())
         for _ in range(2): bad2(Tensor(rnd(4, 2)))
+
+
+@pytest.mark.parametrize("name,axis,fn", [
+    ("permute", 0, lambda x: x.permute(1, 0, 2) * 2),
+    ("reshape keeps shards", 0, lambda x: x.reshape(4, 15).exp()),
+    ("reshape splits the sharded axis", 0, lambda x: x.reshape(2, 2, 3, 5).sum(1)),
+    ("reshape merges it with the next axis", 0, lambda x: x.permute(1, 0, 2).reshape(3, 20) + 1),
+    ("reshape merges it with the previous axis (gathered)", 1, lambda x: x.reshape(12, 5) + 1),
+    ("pad the sharded axis (gathered)", 0, lambda x: x.pad(((1, 2), None, None)) * 3),
+    ("flip the sharded axis (gathered)", 0, lambda x: x.flip(0) - x),
+    ("shrink one shard", 0, lambda x: x[0:2] * 5),
+    ("shrink across shards", 0, lambda x: x[1:3].sum(0)),
+    ("expand", 0, lambda x: x[:, :1].expand(4, 3, 5) + x),
+    ("cat on the sharded axis", 0, lambda x: x.cat(x * 2, dim=0).sum(1)),
+])
+def test_movement_rules(name: str, axis: int, fn: Callable[[Tensor], Tensor]):
+    """Movement ops that keep the split run per device; the others run on the gathered tensor: same values."""
+    compare(fn, [rnd(4, 3, 5)], [axis])
+
+
+def test_which_ops_stay_split():
+    """The lowering keeps the split where each shard stays one block, and gathers otherwise."""
+    from fusegrad.schedule.multi import Sharded, lower_multi
+    x = Tensor(rnd(4, 3, 5)).shard(D2, 0)
+    cases = {"permute": (x.permute(1, 0, 2), 1), "reshape": (x.reshape(4, 15), 0), "split": (x.reshape(2, 2, 3, 5), 0),
+             "flat": (x.reshape(60), 0), "merge next": (x.permute(1, 0, 2).reshape(3, 20), 1),
+             "pad": (x.pad(((1, 2), None, None)), None), "reduce": (x.sum(0), None), "other reduce": (x.sum(2), 0)}
+    for name, (t, axis) in cases.items():
+        lv = lower_multi([t.uop])[0]
+        assert isinstance(lv, Sharded) and lv.axis == axis, (name, lv)
+    one = lower_multi([x[2:4].uop])[0]    # exactly the second shard: a one-device value on CPU:1
+    assert not isinstance(one, Sharded) and one.device == "CPU:1"
