@@ -4,14 +4,15 @@ one process (sharding), with the communication time split out, plus the MPI allr
   python bench/distributed.py                   # all rows; launches mpirun -n 2 for the MPI rows
   python bench/distributed.py --bs 64 --steps 8 --markdown
 
-Rows (global batch --bs, Adam, no TinyJit in any row so they compare like with like; the median of the steps after
-the first two):
+Rows (global batch --bs, Adam; the median of the steps after the first two, after the first three with TinyJit):
   1 process, 1 device       the whole batch on CPU
   1 process, 1 device, BS/2 half the batch: the compute each worker does in the 2-way rows
   2 processes (MPI)         mpirun -n 2, each rank BS/2, fusegrad.distributed.DataParallel; comm = gradient host copies
                             + allreduce (DataParallel.comm_s)
   1 process, 2 devices      params replicated on (CPU, CPU:1), batch sharded on axis 0; comm = the copies between
                             the devices (GlobalCounters.copy_time_s: batch shards, allreduce chunks)
+  ..., TinyJit              the same step captured and replayed (the batch sharded inside the jitted function); the
+                            MPI step has no TinyJit row: its allreduce runs on the host in the middle of the step
 The allreduce rows time `Iallreduce` of float32 buffers between the 2 ranks (median of 10) -> bus bandwidth
 2(N-1)/N * bytes / time.
 """
@@ -42,10 +43,11 @@ def _convnet() -> Any:
     return mod.ConvNet
 
 
-def run_steps(bs: int, steps: int, devices: tuple[str, ...] | None, dp: Any = None, rank: int = 0, world: int = 1) \
-        -> dict[str, float]:
-    """Train `steps` steps; returns the median step and communication seconds (steps after the first two)."""
-    from fusegrad import GlobalCounters, Tensor, nn
+def run_steps(bs: int, steps: int, devices: tuple[str, ...] | None, dp: Any = None, rank: int = 0, world: int = 1,
+              jit: bool = False) -> dict[str, float]:
+    """Train `steps` steps; returns the median step and communication seconds (steps after the first two; with `jit`,
+    after the first three: TinyJit runs, captures, then replays)."""
+    from fusegrad import GlobalCounters, Tensor, TinyJit, nn
     Tensor.manual_seed(0)
     model = _convnet()()
     params = nn.state.get_parameters(model)
@@ -53,6 +55,19 @@ def run_steps(bs: int, steps: int, devices: tuple[str, ...] | None, dp: Any = No
         for p in params: p.shard_(devices)
     if dp is not None: dp = dp(params)
     opt = nn.optim.Adam(params, lr=1e-3)
+
+    def step(xt: Tensor, yt: Tensor) -> Tensor:
+        if devices is not None: xt, yt = xt.shard(devices, 0), yt.shard(devices, 0)
+        with Tensor.train():
+            opt.zero_grad()
+            loss = model(xt).sparse_categorical_crossentropy(yt).backward()
+            if dp is not None:
+                dp.sync_grads(loss)
+                opt.step()
+                return loss
+            loss = loss.to("CPU") if devices is not None else loss   # TinyJit returns one-device tensors
+            return loss.realize(*opt.schedule_step())   # the loss with the update: no second forward
+    run = TinyJit(step) if jit else step
     rng = np.random.default_rng(0)
     local = bs // world
     step_s, comm_s = [], []
@@ -62,19 +77,11 @@ def run_steps(bs: int, steps: int, devices: tuple[str, ...] | None, dp: Any = No
         GlobalCounters.reset()
         c0 = dp.comm_s if dp is not None else 0.0
         st = time.perf_counter()
-        xt, yt = Tensor(x), Tensor(y)
-        if devices is not None: xt, yt = xt.shard(devices, 0), yt.shard(devices, 0)
-        with Tensor.train():
-            opt.zero_grad()
-            loss = model(xt).sparse_categorical_crossentropy(yt).backward()
-            if dp is not None:
-                dp.sync_grads(loss)
-                opt.step()
-            else: Tensor.realize(loss, *opt.schedule_step())   # the loss with the update: no second forward
-        loss.item()
+        run(Tensor(x), Tensor(y)).item()
         step_s.append(time.perf_counter() - st)
         comm_s.append(dp.comm_s - c0 if dp is not None else GlobalCounters.copy_time_s)
-    return {"step_ms": 1e3 * statistics.median(step_s[2:]), "comm_ms": 1e3 * statistics.median(comm_s[2:])}
+    skip = 3 if jit else 2
+    return {"step_ms": 1e3 * statistics.median(step_s[skip:]), "comm_ms": 1e3 * statistics.median(comm_s[skip:])}
 
 
 def allreduce_bandwidth(sizes_mb: list[float]) -> list[dict[str, float]]:
@@ -128,8 +135,10 @@ def main() -> None:
             rows.append(("2 processes (MPI), BS/2 each", res[0]["row"]))
             bw = res[0]["bw"]
     rows.append(("1 process, 2 devices (CPU, CPU:1)", run_steps(args.bs, args.steps, ("CPU", "CPU:1"))))
+    rows.append(("1 process, 1 device, TinyJit", run_steps(args.bs, args.steps + 1, None, jit=True)))
+    rows.append(("1 process, 2 devices, TinyJit", run_steps(args.bs, args.steps + 1, ("CPU", "CPU:1"), jit=True)))
     sep = "|" if args.markdown else " "
-    print(f"MNIST convnet, global batch {args.bs}, median of {args.steps - 2} steps, no TinyJit")
+    print(f"MNIST convnet, global batch {args.bs}, median of {args.steps - 2} steps")
     if args.markdown: print("| setup | step ms | comm ms | compute ms |\n|---|---|---|---|")
     for name, r in rows:
         compute = r["step_ms"] - r["comm_ms"]
