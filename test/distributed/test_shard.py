@@ -276,3 +276,15 @@ def test_data_parallel_training_under_tinyjit():
                 return (loss.to("CPU") if devices else loss).realize(*opt.schedule_step())
         return [step(Tensor(rnd(8, 12, seed=i)), Tensor(np.arange(8, dtype=np.int32) % 4)).item() for i in range(5)]
     np.testing.assert_allclose(run(D2), run(None), rtol=1e-5)
+
+
+def test_writes_to_sharded_memory_invalidate_cached_results():
+    """A realized multi-device result is cached like a buffer: writing its shards, or the shards it was computed from,
+    makes the same expression compute again."""
+    a = Tensor(np.ones((4, 2), np.float32)).shard(D2, 0).realize()
+    s = (a * 2).realize()
+    assert s.numpy().sum() == 16
+    s.assign(Tensor(np.zeros((4, 2), np.float32)).shard(D2, 0)).realize()
+    assert (a * 2).numpy().sum() == 16 and s.numpy().sum() == 0
+    a.assign(a + 1).realize()
+    assert (a * 2).numpy().sum() == 32 and a.device == D2 and a.uop.arg == 0
