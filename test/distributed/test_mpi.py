@@ -102,6 +102,7 @@ def test_dead_rank_ends_the_job(mode: str):
     if mode == "exit": assert "exited with non-zero status" in out and "Exit code:    3" in out, out
     if mode == "raise": assert "rank 1 raised an uncaught exception" in out and "rank 1 failed on purpose" in out, out
     if mode == "hang":
+        assert r.returncode == 124, f"mpirun should exit with MPI_Abort's status 124, got {r.returncode}"
         assert "rank 0/2: metadata exchange of allreduce call #0 did not complete within 3 s" in out, out
         assert "FUSEGRAD_DIST_TIMEOUT" in out
 
