@@ -8,7 +8,8 @@ import hashlib
 import json
 import os
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from fusegrad.device import Device, diskcache_get, diskcache_put
 from fusegrad.renderer import ProgramSpec

@@ -11,7 +11,7 @@ from fusegrad.helpers import argsort
 from fusegrad.ir.ops import GroupOp, Ops, UOp
 
 
-def const(val: "ConstType | UOp", dtype: DType, device: "str | tuple[str, ...]", shape: tuple = ()) -> UOp:
+def const(val: "ConstType | UOp", dtype: DType, device: str | tuple[str, ...], shape: tuple = ()) -> UOp:
     """A tensor constant broadcast to `shape`. `val` may be a symbolic int (a bound Variable, or an expression of one):
     the kernel then reads the variable's value. A tuple of devices makes it for each of them."""
     arg = val if isinstance(val, UOp) else dtypes.as_const(val, dtype)

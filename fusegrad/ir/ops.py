@@ -186,7 +186,7 @@ class UOp(metaclass=UOpMetaClass):
         return sprod(self.shape)
 
     @functools.cached_property
-    def device(self) -> "str | tuple[str, ...] | None":
+    def device(self) -> str | tuple[str, ...] | None:
         """The device name; a tuple of names for a tensor on several devices (MULTI, or a constant made for them)."""
         if self.op is Ops.DEVICE: return self.arg
         if self.op is Ops.COPY: return self.arg
