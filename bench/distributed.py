@@ -11,8 +11,8 @@ Rows (global batch --bs, Adam; the median of the steps after the first two, afte
                             + allreduce (DataParallel.comm_s)
   1 process, 2 devices      params replicated on (CPU, CPU:1), batch sharded on axis 0; comm = the copies between
                             the devices (GlobalCounters.copy_time_s: batch shards, allreduce chunks)
-  ..., TinyJit              the same step captured and replayed (the batch sharded inside the jitted function); the
-                            MPI step has no TinyJit row: its allreduce runs on the host in the middle of the step
+  ..., TinyJit              the same step captured and replayed (the batch sharded inside the jitted function); for
+                            MPI two captures, gradients then update, around the host allreduce (DataParallel.average)
 The allreduce rows time `Iallreduce` of float32 buffers between the 2 ranks (median of 10) -> bus bandwidth
 2(N-1)/N * bytes / time.
 """
@@ -67,7 +67,25 @@ def run_steps(bs: int, steps: int, devices: tuple[str, ...] | None, dp: Any = No
                 return loss
             loss = loss.to("CPU") if devices is not None else loss   # TinyJit returns one-device tensors
             return loss.realize(*opt.schedule_step())   # the loss with the update: no second forward
-    run = TinyJit(step) if jit else step
+    @TinyJit
+    def grad_step(xt: Tensor, yt: Tensor) -> list[Tensor]:
+        with Tensor.train():
+            opt.zero_grad()
+            loss = model(xt).sparse_categorical_crossentropy(yt).backward()
+            grads = [p.grad if p.grad is not None else p.zeros_like() for p in params]
+            return [loss.realize(*grads), *grads]
+
+    @TinyJit
+    def update_step(*grads: Tensor) -> None:
+        with Tensor.train():
+            for p, g in zip(params, grads): p.grad = g
+            Tensor.realize(*opt.schedule_step())
+
+    def dp_jit_step(xt: Tensor, yt: Tensor) -> Tensor:   # MPI + TinyJit: two captures around the host allreduce
+        loss, *grads = grad_step(xt, yt)
+        update_step(*dp.average(grads))
+        return loss
+    run = (dp_jit_step if dp is not None else TinyJit(step)) if jit else step
     rng = np.random.default_rng(0)
     local = bs // world
     step_s, comm_s = [], []
@@ -107,8 +125,9 @@ def worker_mpi(bs: int, steps: int) -> None:
     from fusegrad import distributed as dist
     dist.init()
     row = run_steps(bs, steps, None, dp=dist.DataParallel, rank=dist.rank(), world=dist.world_size())
+    row_jit = run_steps(bs, steps + 1, None, dp=dist.DataParallel, rank=dist.rank(), world=dist.world_size(), jit=True)
     bw = allreduce_bandwidth([0.004, 0.35, 4.0, 32.0])
-    if dist.rank() == 0: print("RESULT " + json.dumps({"row": row, "bw": bw}), flush=True)
+    if dist.rank() == 0: print("RESULT " + json.dumps({"row": row, "row_jit": row_jit, "bw": bw}), flush=True)
 
 
 def main() -> None:
@@ -124,6 +143,7 @@ def main() -> None:
     mpirun = pathlib.Path(sys.executable).parent / "mpirun"
     mpirun_cmd = str(mpirun) if mpirun.exists() else shutil.which("mpirun")
     bw: list[dict[str, float]] = []
+    mpi_jit_row: tuple[str, dict[str, float]] | None = None
     if mpirun_cmd is None: print("no mpirun: skipping the MPI rows (pip install 'fusegrad[dist]')")
     else:
         r = subprocess.run([mpirun_cmd, "--allow-run-as-root", "--oversubscribe", "-n", "2", sys.executable, __file__,
@@ -133,16 +153,18 @@ def main() -> None:
         if r.returncode or not res: print(f"the MPI run failed:\n{r.stdout}\n{r.stderr}")
         else:
             rows.append(("2 processes (MPI), BS/2 each", res[0]["row"]))
+            mpi_jit_row = ("2 processes (MPI), BS/2 each, TinyJit", res[0]["row_jit"])
             bw = res[0]["bw"]
     rows.append(("1 process, 2 devices (CPU, CPU:1)", run_steps(args.bs, args.steps, ("CPU", "CPU:1"))))
     rows.append(("1 process, 1 device, TinyJit", run_steps(args.bs, args.steps + 1, None, jit=True)))
     rows.append(("1 process, 2 devices, TinyJit", run_steps(args.bs, args.steps + 1, ("CPU", "CPU:1"), jit=True)))
+    if mpi_jit_row is not None: rows.append(mpi_jit_row)
     sep = "|" if args.markdown else " "
     print(f"MNIST convnet, global batch {args.bs}, median of {args.steps - 2} steps")
     if args.markdown: print("| setup | step ms | comm ms | compute ms |\n|---|---|---|---|")
     for name, r in rows:
         compute = r["step_ms"] - r["comm_ms"]
-        line = f"{name:36s} {sep} {r['step_ms']:8.1f} {sep} {r['comm_ms']:8.1f} {sep} {compute:8.1f}"
+        line = f"{name:40s} {sep} {r['step_ms']:8.1f} {sep} {r['comm_ms']:8.1f} {sep} {compute:8.1f}"
         print(f"| {line} |" if args.markdown else line)
     for b in bw: print(f"MPI allreduce {b['mb']:6.3f} MB: {b['ms']:8.2f} ms, bus bandwidth {b['busbw_gbs']:.2f} GB/s")
 

@@ -93,6 +93,39 @@ class DataParallel:
             mpi.wait([mpi.init().Ibcast(a, root=root) for a in arrs], f"broadcast of the parameters from rank {root}")
         Tensor.realize(*[t for b, a in zip(self.buckets, arrs) for t in self._unflat(b, a, grads=False)])
 
+    def average(self, tensors: list[Tensor]) -> list[Tensor]:
+        """The average over the ranks of one tensor per parameter (shaped like it), e.g. the gradients a TinyJit'd
+        step returned: packed into the same buckets, one Iallreduce each (started as each bucket is packed). There is
+        no overlap with backward here (the tensors are already computed); `sync_grads` has it.
+
+        >>> from fusegrad import Tensor, distributed as dist
+        >>> w = Tensor([1.0, 2.0], requires_grad=True)
+        >>> dist.DataParallel([w]).average([Tensor([3.0, 4.0])])[0].tolist()   # 1 process: unchanged
+        [3.0, 4.0]
+        """
+        if len(tensors) != len(self.params) or any(t.shape != p.shape for t, p in zip(tensors, self.params)):
+            raise ValueError("average() needs one tensor per parameter, shaped like it")
+        srcs = [t.detach().cast(dtypes.float32).contiguous() for t in tensors]
+        Tensor.realize(*srcs)
+        st, world = time.perf_counter(), mpi.world_size()
+        if world > 1: mpi.check_metadata("average", "mean", dtypes.float32, (len(self.buckets), sum(self.sizes)))
+        arrs, reqs = [], []
+        for b in self.buckets:
+            arrs.append(self._pack(b, srcs))
+            if world > 1: reqs.append(mpi.iallreduce(arrs[-1], "sum"))
+        if reqs: mpi.wait(reqs, f"allreduce of {len(reqs)} buckets ({sum(self.sizes)} floats)")
+        out: list[Tensor | None] = [None] * len(self.params)
+        for b, arr in zip(self.buckets, arrs):
+            if world > 1: arr *= np.float32(1.0 / world)
+            off = 0
+            for i in b:
+                n = int(self.params[i].numel())
+                out[i] = Tensor(arr[off:off + n].reshape(self.params[i].shape), device=tensors[i].device)\
+                    .cast(tensors[i].dtype)
+                off += n
+        self.comm_s += time.perf_counter() - st
+        return [t for t in out if t is not None]
+
     def _grad_buffers(self) -> list[Tensor]:
         """One persistent float32 buffer per parameter that the gradient is written into (the engine's item hook
         recognizes a finished gradient by its buffer)."""

@@ -61,10 +61,12 @@ def test_allreduce_and_broadcast_values():
         for op, w in want.items(): np.testing.assert_allclose(np.array(got[op]), w, rtol=1e-6, err_msg=op)
 
 
-def test_data_parallel_loss_equals_single_process(tmp_path: pathlib.Path):
+@pytest.mark.parametrize("jit", ["0", "1"])
+def test_data_parallel_loss_equals_single_process(tmp_path: pathlib.Path, jit: str):
     """The MLP variant of examples/mnist_dist.py, 4 steps of a global batch of 64: 2 ranks of 32 images each give the
-    single process's loss curve. BUCKET_MB=0.1 splits the gradients into several buckets (the 784x128 weight alone)."""
-    env = {"MODEL": "mlp", "STEPS": "4", "BS": "64", "BUCKET_MB": "0.1"}
+    single process's loss curve. BUCKET_MB=0.1 splits the gradients into several buckets (the 784x128 weight alone).
+    JIT=1: TinyJit'd gradient and update steps around DataParallel.average (steps 3 and 4 are replays)."""
+    env = {"MODEL": "mlp", "STEPS": "4", "BS": "64", "BUCKET_MB": "0.1", "JIT": jit}
     single = subprocess.run([sys.executable, str(ROOT / "examples" / "mnist_dist.py")], capture_output=True, text=True,
                             timeout=120, cwd=ROOT, check=False,
                             env={**os.environ, "PYTHONPATH": str(ROOT), **env, "LOSS_FILE": str(tmp_path / "1.json")})
