@@ -90,16 +90,6 @@ def empty_like(u: UOp) -> UOp:
     return UOp(Ops.MULTI, u.dtype, tuple(parts), u.arg)
 
 
-def is_multi_buffer(u: UOp) -> bool:
-    """A realized multi-device tensor: MULTI of whole buffers."""
-    return u.op is Ops.MULTI and all(_is_buffer(s) for s in u.src)
-
-
-def _is_buffer(u: UOp) -> bool:
-    while u.op is Ops.RESHAPE: u = u.src[0]
-    return u.op is Ops.BUFFER
-
-
 def multi_grad(ret: UOp, ctx: UOp) -> tuple[UOp | None, ...]:
     """Gradient rule of MULTI: shard i gets its slice of the gradient, on its device (a replicated MULTI sends the whole
     gradient to shard 0: the replicas are one value)."""

@@ -42,7 +42,9 @@ class DataParallel:
         size = 0
         for i in reversed(range(len(self.params))):
             n = int(self.params[i].numel())
-            if self.buckets[-1] and size + n > cap: self.buckets.append([]); size = 0
+            if self.buckets[-1] and size + n > cap:
+                self.buckets.append([])
+                size = 0
             self.buckets[-1].append(i)
             size += n
         self.comm_s = 0.0
@@ -52,14 +54,6 @@ class DataParallel:
         mpi.check_metadata("DataParallel(params): (count, crc of the shapes)", "sum", dtypes.int64,
                            (len(self.params), shapes_crc))
         if broadcast_params: self.broadcast_params()
-
-    def _sources(self, grads: bool) -> list[Tensor]:
-        """Per parameter, the tensor whose values are exchanged (a missing gradient counts as zeros)."""
-        out = []
-        for p in self.params:
-            src = p if not grads else (p.grad if p.grad is not None else Tensor.zeros(*p.shape, device=p.device))
-            out.append(src.detach().cast(dtypes.float32).contiguous())
-        return out
 
     def _pack(self, bucket: list[int], srcs: list[Tensor]) -> np.ndarray:
         """One flat host buffer for a bucket, filled by each (realized) tensor's copy-out. Packing on the host, not
@@ -85,7 +79,7 @@ class DataParallel:
 
     def broadcast_params(self, root: int = 0) -> None:
         """Overwrite every rank's parameters with rank `root`'s."""
-        srcs = self._sources(grads=False)
+        srcs = [p.detach().cast(dtypes.float32).contiguous() for p in self.params]
         Tensor.realize(*srcs)
         arrs = [self._pack(b, srcs) for b in self.buckets]
         if mpi.world_size() > 1:
