@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import weakref
+from typing import Any
 
 from fusegrad.dtype import dtypes
 from fusegrad.ir import build
@@ -149,7 +150,13 @@ pm_gradient = PatternMatcher([
     (UPat(Ops.CONTIGUOUS), lambda ctx: (ctx,)),
     (UPat(Ops.COPY, name="ret"), lambda ret, ctx: (UOp(Ops.COPY, ctx.dtype, (ctx,), ret.src[0].device),)),
     (UPat(Ops.DETACH, name="ret"), lambda ret, ctx: (None,) if ret.arg is None else (None, *ret.arg.backward(ctx, ret))),
+    (UPat(Ops.MULTI, name="ret"), lambda ret, ctx: _multi_grad(ret, ctx)),              # each shard gets its slice
 ])
+
+
+def _multi_grad(ret: UOp, ctx: UOp) -> Any:
+    from fusegrad.sharding import multi_grad
+    return multi_grad(ret, ctx)
 
 
 class GradFn:

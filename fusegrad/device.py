@@ -77,16 +77,17 @@ Device = _Device()
 
 
 def single_device(device: Any, what: str) -> Any:
-    """`device` itself; a tuple/list of devices (tinygrad's sharded tensors) raises NotImplementedError."""
+    """`device` itself, or a tuple/list of devices (a tensor on several devices, fusegrad/sharding.py) canonicalized."""
     if isinstance(device, (tuple, list)):
-        raise NotImplementedError(f"{what}(): a tuple of devices {tuple(device)}: fusegrad has no multi-device "
-                                  "(sharded) tensors; pass one device")
+        from fusegrad.sharding import canonical_devices
+        return canonical_devices(device, what)
     return device
 
 
-def canonical_device(device: Any, what: str = "Tensor") -> str:
-    """The canonical name of one device (None: the default device)."""
-    return Device.canonicalize(single_device(device, what))
+def canonical_device(device: Any, what: str = "Tensor") -> Any:
+    """The canonical name of one device (None: the default device), or a tuple of them."""
+    d = single_device(device, what)
+    return d if isinstance(d, tuple) else Device.canonicalize(d)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -115,6 +115,8 @@ class GlobalCounters:
     global_mem: int = 0
     time_sum_s: float = 0.0
     kernel_count: int = 0
+    copy_time_s: float = 0.0   # the part of time_sum_s spent in copies between devices (and their byte count)
+    copy_bytes: int = 0
     mem_used: int = 0
     mem_used_per_device: dict[str, int] = {}
 
@@ -122,6 +124,7 @@ class GlobalCounters:
     def reset() -> None:
         GlobalCounters.global_ops, GlobalCounters.global_mem = 0, 0
         GlobalCounters.time_sum_s, GlobalCounters.kernel_count = 0.0, 0
+        GlobalCounters.copy_time_s, GlobalCounters.copy_bytes = 0.0, 0
 
 
 # ---------------------------------------------------------------------------------------------------------------------

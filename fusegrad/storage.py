@@ -41,7 +41,8 @@ class ResultCache:
         if (v := self.get(key)) is None: raise KeyError(key)
         return v
     def __setitem__(self, key: UOp, value: UOp) -> None:
-        self._d[key] = weakref.ref(value) if value.base.op is Ops.BUFFER else value
+        # a multi-device result (MULTI of buffers) owns memory too: held weakly like a buffer
+        self._d[key] = weakref.ref(value) if value.base.op in (Ops.BUFFER, Ops.MULTI) else value
     def pop(self, key: UOp, default: Any = None) -> Any:
         v = self.get(key, default)
         self._d.pop(key, None)
@@ -139,7 +140,8 @@ def cache_result(key: UOp, value: UOp, written_now: set[int] | None) -> None:
         if _shared and any(is_shared(b) for b in reads): return   # memory written from outside: never cached
     realized[key] = value
     ref = weakref.ref(key)
-    if value.base.op is Ops.BUFFER and value.base in buffers: mems.add(memory_of(buffers[value.base]))
+    for held in (value.src if value.op is Ops.MULTI else (value,)):   # a multi-device result holds one per device
+        if held.base.op is Ops.BUFFER and held.base in buffers: mems.add(memory_of(buffers[held.base]))
     for m in mems: _cache_deps.setdefault(m, []).append(ref)
     _recorded += 1
     if _recorded % 4096 == 0: prune()

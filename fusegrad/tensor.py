@@ -51,8 +51,6 @@ _unique_ids = iter(range(1, 1 << 62))
 
 
 
-
-
 def _half_memoryview() -> bool:
     """Whether memoryview.cast accepts float16 ('e'): Python 3.12 and later."""
     try:
@@ -68,7 +66,7 @@ _HALF_MEMORYVIEW = _half_memoryview()
 def _make_unique(u: UOp) -> UOp:
     """Nodes are hash-consed, so two Tensor.zeros(3) share a node (and would share a gradient). A tensor that asks for
     its own gradient gets a node of its own: a CONTIGUOUS with a unique tag (it is materialized on first use)."""
-    if u.op is Ops.BUFFER or (u.op is Ops.RESHAPE and u.src[0].op is Ops.BUFFER): return u
+    if u.op is Ops.BUFFER or (u.op is Ops.RESHAPE and u.src[0].op is Ops.BUFFER) or _is_contiguous_buffer(u): return u
     if u.op is Ops.CONTIGUOUS and isinstance(u.arg, int): return u  # already unique
     return UOp(Ops.CONTIGUOUS, u.dtype, (u,), next(_unique_ids))
 
@@ -224,9 +222,12 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
         _all_tensors.add(self)
 
     @staticmethod
-    def _from_bytes(data: bytes, dtype: DType, shape: tuple[int, ...], device: str) -> UOp:
+    def _from_bytes(data: bytes, dtype: DType, shape: tuple[int, ...], device: Any) -> UOp:
         n = prod(shape)
         if len(data) != n * dtype.itemsize: raise ValueError(f"{len(data)} bytes don't make {n} elements of {dtype}")
+        if isinstance(device, tuple):   # one copy per device
+            from fusegrad.sharding import from_bytes
+            return from_bytes(data, dtype, shape, device)
         if device.startswith("DISK:"):   # data for a file: written (by a COPY) only if it is realized there
             return UOp(Ops.COPY, dtype, (Tensor._from_bytes(data, dtype, shape, Device.DEFAULT),), device)
         buf = Buffer(device, n, dtype).copyin(data)
@@ -266,7 +267,8 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
     def dtype(self) -> DType: return self.uop.dtype
 
     @property
-    def device(self) -> str:
+    def device(self) -> Any:
+        """The device name (a str), or a tuple of names for a tensor on several devices (fusegrad/sharding.py)."""
         d = self.uop.device
         assert d is not None
         return d
@@ -437,6 +439,7 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
         if capturing:
             raise JitError("reading tensor data (.item()/.numpy()/.tolist()) inside a TinyJit function: the value "
                            "would be frozen into the capture. Return the tensor instead and read it outside")
+        if isinstance(self.device, tuple): return self.to(self.device[0])._buffer()   # gathered on the first device
         self.realize()
         t = self if _is_contiguous_buffer(self.uop) else Tensor._wrap(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)))
         t.realize()
@@ -545,11 +548,22 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
         return _custom_grad(self.detach(), [self], lambda g, x: (g.contiguous(),), "contiguous_backward")
 
     def shard(self, devices: Any, axis: int | None = None) -> "Tensor":
-        raise NotImplementedError("shard: fusegrad has no multi-device (sharded) tensors; use .to(device)")
+        """This tensor on several devices: split along `axis` into one slice per device, or whole on each (None).
+
+        >>> t = Tensor([[1, 2], [3, 4]]).shard(("CPU", "CPU:1"), axis=0)
+        >>> (t.device, (t + 1).tolist())
+        (('CPU', 'CPU:1'), [[2, 3], [4, 5]])
+        """
+        from fusegrad.sharding import shard
+        return shard(self, devices, axis)
     def shard_(self, devices: Any, axis: int | None = None) -> "Tensor":
-        raise NotImplementedError("shard_: fusegrad has no multi-device (sharded) tensors; use .to_(device)")
+        """`shard` in place: this tensor now lives on `devices`."""
+        self.uop = self.shard(devices, axis).uop
+        return self
     def shard_like(self, y: "Tensor") -> "Tensor":
-        raise NotImplementedError("shard_like: fusegrad has no multi-device (sharded) tensors; use .to(y.device)")
+        """Shard like `y` (its devices and axis); a one-device `y` means `.to(y.device)`."""
+        if not isinstance(y.device, tuple): return self.to(y.device)
+        return self.shard(y.device, y.uop.arg if y.uop.op is Ops.MULTI else None)
 
     def replace(self, x: "Tensor") -> "Tensor":
         """Make this tensor compute what `x` computes (its graph node is swapped for x's); shapes must match."""
@@ -558,16 +572,21 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
         self.uop = x.uop
         return self
 
-    def to(self, device: str | None) -> "Tensor":
-        device = Device.canonicalize(_single_device(device, "to"))
+    def to(self, device: str | tuple[str, ...] | None) -> "Tensor":
+        """This tensor on `device`; a tuple of devices puts a whole copy on each (see `shard` to split it).
+
+        >>> Tensor([1, 2]).to(("CPU", "CPU:1")).device
+        ('CPU', 'CPU:1')
+        """
+        device = _canonical_device(device, "to")
         if device == self.device: return self
         return Tensor._wrap(UOp(Ops.COPY, self.dtype, (self.uop,), device), self)
 
     def clone(self, device: str | None = None) -> "Tensor":
-        _single_device(device, "clone")
+        device = _canonical_device(device, "clone") if device is not None else None
         # a clone is a new tensor with an identity of its own: two clones of equal constants (hash-consed to one node)
         # made trainable must not share a gradient
-        return self.to(device) if device is not None and Device.canonicalize(device) != self.device \
+        return self.to(device) if device is not None and device != self.device \
             else Tensor._wrap(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,), next(_unique_ids)), self)
 
     # ----- internal helpers -----
@@ -831,6 +850,7 @@ def _unpickle_tensor(data: bytes, dtype: DType, shape: tuple[int, ...], device: 
 
 
 def _is_contiguous_buffer(u: UOp) -> bool:
+    if u.op is Ops.MULTI: return all(_is_contiguous_buffer(s) for s in u.src)   # one buffer per device
     while u.op is Ops.RESHAPE: u = u.src[0]
     if u.op is Ops.SHRINK and u.src[0].op is Ops.BUFFER and u.arg[0][0] == 0 and isinstance(u.arg[0][1], UOp):
         return True  # a symbolic shape: a prefix of a buffer allocated at its largest size

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
+import time
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, Iterator, TypeVar
@@ -157,7 +158,10 @@ class CapturedJit:
             if ln.prg is None:  # copy between devices
                 bufs = list(ln.args)
                 for k, i in ln.slots: bufs[k] = per_call[i]
+                t0 = time.perf_counter()
                 bufs[0].copy_from(bufs[1])
+                GlobalCounters.copy_time_s += time.perf_counter() - t0
+                GlobalCounters.copy_bytes += bufs[1].nbytes
                 continue
             args = list(ln.args)
             for k, i in ln.slots: args[k] = per_call[i].opaque
@@ -227,6 +231,9 @@ class TinyJit(Generic[ReturnType]):
         copied into one; the caller's tensor stays what it was (a view stays a view of its base)."""
         from fusegrad.storage import buffers
         from fusegrad.tensor import Tensor, _is_contiguous_buffer
+        if (multi := [t for t in tensors if isinstance(t.device, tuple)]):
+            raise JitError(f"TinyJit inputs on several devices ({multi[0].device}) are not supported yet: pass the "
+                           "one-device tensor and shard it inside the function, or run the step without TinyJit")
         Tensor.realize(*tensors) if tensors else None
         whole = [t if _is_contiguous_buffer(t.uop) else t.contiguous() for t in tensors]
         Tensor.realize(*whole) if whole else None
@@ -265,6 +272,9 @@ class TinyJit(Generic[ReturnType]):
                                    "computed): TinyJit passes it as a copy, so the write would be lost. Pass a "
                                    "realized, whole tensor (.contiguous().realize())")
                 out_tensors = _flatten_ret(ret)
+                if (multi := [t for t in out_tensors if isinstance(t.device, tuple)]):
+                    raise JitError(f"TinyJit outputs on several devices ({multi[0].device}) are not supported yet: "
+                                   "return a one-device tensor (e.g. .to(device)), or run the step without TinyJit")
                 from fusegrad.tensor import Tensor
                 # writes the function left pending (x += y, BatchNorm's running stats) are part of what it does
                 written = [t for r in capturing.assigns[-1] if (t := r()) is not None]

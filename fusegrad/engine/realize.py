@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from fusegrad.device import Device, diskcache_get, diskcache_put
@@ -135,6 +136,11 @@ def var_values(spec: ProgramSpec, var_vals: dict[UOp, int]) -> tuple[int, ...]:
     except KeyError as e: raise ValueError(f"kernel {spec.name} needs a value for variable {e.args[0].arg[0]!r}") from None
 
 
+# called with each ScheduleItem right after it ran (eager runs only, not TinyJit replays): lets fusegrad.distributed
+# start a gradient bucket's allreduce while the rest of the backward pass still runs
+item_hooks: list[Callable[[ScheduleItem], None]] = []
+
+
 def run_schedule(items: list[ScheduleItem]) -> None:
     from fusegrad.engine.jit import capturing
     if capturing: capturing[-1].extend(items)
@@ -154,6 +160,8 @@ def run_schedule(items: list[ScheduleItem]) -> None:
             dst.copy_from(src)
             et = time.perf_counter() - t0
             name, ops, mem = f"copy {src.nbytes:8d} bytes {src.device} -> {dst.device}", 0, src.nbytes
+            GlobalCounters.copy_time_s += et
+            GlobalCounters.copy_bytes += src.nbytes
         else:
             prg = get_runner(si.ast, dev)
             et = prg(*[b.opaque for b in si.bufs], vals=var_values(prg.spec, si.var_vals), wait=True) or 0.0
@@ -166,6 +174,7 @@ def run_schedule(items: list[ScheduleItem]) -> None:
         GlobalCounters.global_ops += ops
         GlobalCounters.global_mem += mem
         GlobalCounters.time_sum_s += et
+        for hook in item_hooks: hook(si)
         if show:
             gflops = ops / et * 1e-9 if et > 0 else 0
             gbs = mem / et * 1e-9 if et > 0 else 0

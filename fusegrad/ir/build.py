@@ -11,9 +11,9 @@ from fusegrad.helpers import argsort
 from fusegrad.ir.ops import GroupOp, Ops, UOp
 
 
-def const(val: "ConstType | UOp", dtype: DType, device: str, shape: tuple = ()) -> UOp:
+def const(val: "ConstType | UOp", dtype: DType, device: str | tuple[str, ...], shape: tuple = ()) -> UOp:
     """A tensor constant broadcast to `shape`. `val` may be a symbolic int (a bound Variable, or an expression of one):
-    the kernel then reads the variable's value."""
+    the kernel then reads the variable's value. A tuple of devices makes it for each of them."""
     arg = val if isinstance(val, UOp) else dtypes.as_const(val, dtype)
     c = UOp(Ops.CONST, dtype, (UOp(Ops.DEVICE, arg=device),), arg)
     return expand(reshape(c, (1,) * len(shape)), shape) if shape else c

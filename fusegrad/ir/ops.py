@@ -26,6 +26,8 @@ class Ops(enum.Enum):
     REDUCE_AXIS = enum.auto()   # arg = (reduce op, axes); reduced axes keep size 1
     ASSIGN = enum.auto()        # src = (target buffer view, value), arg = unique id: write value into target's memory
     GATHER = enum.auto()        # src = (x, idx), arg = axis: out[I] = x[I with I[axis] = idx[I]]; 0 where out of range
+    MULTI = enum.auto()         # one tensor on several devices: src = one shard per device, arg = the sharded axis
+                                # (None: every src holds the whole tensor); schedule/multi.py lowers it per device
 
     # --- movement: views, folded into index math at codegen ---
     RESHAPE = enum.auto()
@@ -100,7 +102,7 @@ class GroupOp:
     Comparison = {Ops.CMPLT, Ops.CMPNE}
     Reduce = {Ops.ADD, Ops.MUL, Ops.MAX}  # the ALU ops a reduction may use
     TensorOnly = {Ops.SINK, Ops.DEVICE, Ops.BUFFER, Ops.COPY, Ops.CONTIGUOUS, Ops.DETACH, Ops.IOTA, Ops.REDUCE_AXIS,
-                  Ops.GATHER, Ops.ASSIGN, Ops.BIND} | Movement
+                  Ops.GATHER, Ops.ASSIGN, Ops.BIND, Ops.MULTI} | Movement
     # ops of the linear program (the backend contract); see docs/runtime.md
     Linear = {Ops.PARAM, Ops.DEFINE_VAR, Ops.DEFINE_REG, Ops.DEFINE_LOCAL, Ops.RANGE, Ops.END, Ops.IF, Ops.ENDIF,
               Ops.BARRIER, Ops.SPECIAL, Ops.INDEX, Ops.LOAD, Ops.STORE, Ops.CONST, Ops.CAST, Ops.BITCAST, Ops.VECTORIZE,
@@ -184,9 +186,11 @@ class UOp(metaclass=UOpMetaClass):
         return sprod(self.shape)
 
     @functools.cached_property
-    def device(self) -> str | None:
+    def device(self) -> str | tuple[str, ...] | None:
+        """The device name; a tuple of names for a tensor on several devices (MULTI, or a constant made for them)."""
         if self.op is Ops.DEVICE: return self.arg
         if self.op is Ops.COPY: return self.arg
+        if self.op is Ops.MULTI: return tuple(str(s.device) for s in self.src)
         for s in self.src:
             if (d := s.device) is not None: return d
         return None

@@ -128,6 +128,11 @@ def infer_shape(u: "UOp") -> tuple[int, ...] | None:
     if op is Ops.ASSIGN:
         if u.src[1].shape != ss: raise ValueError(f"assign of shape {u.src[1].shape} to {ss}")
         return ss
+    if op is Ops.MULTI:
+        if arg is None: return ss
+        shapes = [s.shape for s in u.src]
+        if any(s is None or len(s) != len(ss) for s in shapes): raise ValueError(f"MULTI of mismatched shapes {shapes}")
+        return tuple(sum(s[arg] for s in shapes if s is not None) if i == arg else d for i, d in enumerate(ss))
     if op is Ops.GATHER:
         xs, ids = ss, u.src[1].shape
         if ids is None or len(ids) != len(xs) or any(i > x for d, (i, x) in enumerate(zip(ids, xs)) if d != arg):

@@ -42,7 +42,10 @@ class CreationMixin:
     def empty(cls: "type[Tensor]", *shape: Any, device: str | None = None, dtype: DTypeLike | None = None) -> "Tensor":
         s = cls._shape_arg(shape)
         dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
-        return cls(buffer_view(buffer_uop(Buffer(canonical_device(device), smax(sprod(s)), dt)), s))
+        if isinstance(dev := canonical_device(device), tuple):   # one buffer per device (sharding.py)
+            from fusegrad.sharding import empty
+            return cls(empty(s, dt, dev))
+        return cls(buffer_view(buffer_uop(Buffer(dev, smax(sprod(s)), dt)), s))
 
     @classmethod
     def full(cls: "type[Tensor]", shape: tuple[int, ...] | int, fill_value: ConstType, dtype: DTypeLike | None = None,

@@ -399,7 +399,10 @@ class MovementMixin:
             from fusegrad.device import Buffer
             from fusegrad.ir.shape import smax, sprod
             from fusegrad.storage import buffer_uop, buffer_view
-            target = buffer_view(buffer_uop(Buffer(self.device, smax(sprod(self.shape)), self.dtype)), self.shape)
+            if isinstance(self.device, tuple):   # on several devices: a buffer on each (fusegrad/sharding.py)
+                from fusegrad.sharding import empty_like
+                target = empty_like(self.uop)
+            else: target = buffer_view(buffer_uop(Buffer(self.device, smax(sprod(self.shape)), self.dtype)), self.shape)
         self.uop = UOp(Ops.ASSIGN, self.dtype, (target, val.uop), next(_unique_ids))
         _assign_owner[self.uop] = weakref.ref(self)
         from fusegrad.engine.jit import note_assign

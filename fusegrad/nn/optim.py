@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import math
 
-from fusegrad.dtype import dtypes, least_upper_dtype, to_dtype
+from fusegrad.dtype import DType, dtypes, least_upper_dtype, to_dtype
 from fusegrad.helpers import TRAINING, dedup, getenv
+from fusegrad.ir.ops import Ops
 from fusegrad.tensor import Tensor
 
 FUSE_OPTIM = getenv("FUSE_OPTIM", 0)
@@ -78,7 +79,14 @@ class Optimizer:
         return out
 
     def _zeros_like_params(self) -> list[Tensor]:
-        return [_state(Tensor.zeros(*t.shape, dtype=self.state_dtype, device=t.device).contiguous()) for t in self.params]
+        return [_state(_zeros_like(t, self.state_dtype)) for t in self.params]
+
+
+def _zeros_like(t: Tensor, dtype: DType) -> Tensor:
+    """Zeros shaped like a parameter; for a sharded one, split the same way (its update then needs no gather)."""
+    if isinstance(t.device, tuple) and t.uop.op is Ops.MULTI and t.uop.arg is not None:
+        return Tensor.zeros(*t.shape, dtype=dtype, device=t.device[0]).contiguous().shard_like(t).contiguous()
+    return Tensor.zeros(*t.shape, dtype=dtype, device=t.device).contiguous()
 
 
 def _state(t: Tensor) -> Tensor:

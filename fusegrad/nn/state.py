@@ -100,7 +100,8 @@ def load_state_dict(model: Any, state_dict: Mapping[str, Tensor], strict: bool =
     for k, t in model_sd.items():
         if k not in state_dict: continue
         v = state_dict[k]
-        t.assign(v.detach().to(t.device).cast(t.dtype).reshape(t.shape))  # detach: no autograd link to the source
+        v = v.detach().cast(t.dtype).reshape(t.shape)   # detach: no autograd link to the source
+        t.assign(v.shard_like(t) if isinstance(t.device, tuple) else v.to(t.device))  # a sharded model: each its slice
         loaded.append(t)
         if consume: del state_dict[k]  # type: ignore[attr-defined]
         if realize: t.realize()

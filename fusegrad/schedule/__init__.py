@@ -44,7 +44,25 @@ def _is_buffer_view(u: UOp) -> bool:
 
 def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
     """Schedule the computation of `targets`. Returns the items in execution order and, per target, the node of the
-    buffer holding its result (BUFFER reshaped to the target's shape)."""
+    buffer holding its result (BUFFER reshaped to the target's shape; MULTI of those for a multi-device target).
+    Graphs on several devices are first lowered to one graph per device (multi.py)."""
+    from fusegrad.schedule.multi import has_multi, lower_multi
+    from fusegrad.storage import realized
+    sink = UOp(Ops.SINK, src=tuple(targets))
+    if not has_multi(sink): return _schedule(targets)
+    memo = substitute_memo(sink, {n: realized[n] for n in sink.toposort() if n in realized})
+    lowered = lower_multi(list(memo[sink].src))
+    flat = list(dict.fromkeys(p for lv in lowered for p in ((lv,) if isinstance(lv, UOp) else lv.parts)))
+    items, res = _schedule(flat)
+    results: dict[UOp, UOp] = {}
+    for orig, lv in zip(targets, lowered):
+        if isinstance(lv, UOp): results[orig] = res[lv]
+        else: results[orig] = UOp(Ops.MULTI, orig.dtype, tuple(res[p] for p in lv.parts), lv.axis)
+    return items, results
+
+
+def _schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
+    """create_schedule for graphs on one device each."""
     from fusegrad.runtime.ops_disk import lower_disk
     from fusegrad.storage import buffer_uop, buffer_view, buffers, executed, realized, target_buffer
     # graphs may contain nodes computed by an earlier realize: read their buffers instead of recomputing
@@ -80,7 +98,7 @@ def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, U
     held = set(new_targets.values()) | {r for r in rp if r.op is Ops.ASSIGN}
     out_bufs: dict[UOp, Buffer] = {}
     for r in order:
-        assert r.device is not None
+        assert isinstance(r.device, str), "a multi-device node reached the one-device scheduler"
         if r.op is Ops.ASSIGN: out_bufs[r] = buffers[target_buffer(r)]
         elif r in held: out_bufs[r] = Buffer(r.device, smax(r.size), r.dtype)  # symbolic: the largest size
     plan_memory(order, kernels, held, out_bufs)

@@ -25,7 +25,7 @@ def plan_memory(order: list[UOp], kernels: dict[UOp, Any], held: set[UOp], out_b
     planned = total = 0
     for r in order:
         if r in held: continue
-        assert r.device is not None
+        assert isinstance(r.device, str), "a multi-device node reached the memory planner"
         size = smax(r.size)   # a symbolic size is allocated at its largest value
         nbytes = size * r.dtype.itemsize
         total += nbytes

@@ -1,7 +1,7 @@
 """Data access and graph helpers: realize, numpy, item, tolist, contiguous, detach (stops the gradient), properties,
 backward with an explicit gradient, gradient accumulation over two backward passes. Then the rest of the Tensor API vs
 torch / NumPy: div(rounding_mode=), reverse shifts, const / invalids / from_blob / from_url / random_bits, max_shape,
-schedule_linear / linear_with_vars, replace, the multi-device NotImplementedErrors, contiguous_backward, backward of
+schedule_linear / linear_with_vars, replace, creation on a tuple of devices, contiguous_backward, backward of
 a no_grad result, second-order gradients, and pad-mode gradients."""
 import numpy as np
 import pytest
@@ -412,19 +412,29 @@ def test_replace():
     with pytest.raises(TypeError): a.replace([1.0, 2.0])
 
 
-def test_multi_device_is_not_implemented():
+def test_multi_device_creation():
+    """Every constructor takes a tuple of devices: a whole copy on each (docs/distributed.md), equal on every device
+    (random ones too: each device hashes the same counters). A device named twice is a ValueError."""
+    d2 = ("CPU", "CPU:1")
     t = Tensor([1.0, 2.0])
-    for fn in (lambda: t.shard(("CPU", "CPU")), lambda: t.shard(("CPU", "CPU"), axis=0), lambda: t.shard_(("CPU",)),
-               lambda: t.shard_like(t), lambda: t.to(("CPU", "CPU")), lambda: t.to(["CPU", "PYTHON"]),
-               lambda: t.to_(("CPU",)), lambda: t.clone(("CPU", "CPU"))):
-        with pytest.raises(NotImplementedError, match="multi-device"): fn()
-    # creating a tensor on a tuple of devices too
-    for fn in (lambda: Tensor([1.0], device=("CPU", "CPU")), lambda: Tensor.empty(2, device=("CPU", "CPU")),
-               lambda: Tensor.zeros(2, device=("CPU", "CPU")), lambda: Tensor.full((2,), 1, device=("CPU",)),
-               lambda: Tensor.rand(2, device=("CPU", "CPU")), lambda: Tensor.randn(2, device=("CPU", "CPU")),
-               lambda: Tensor.arange(3, device=("CPU", "CPU")), lambda: Tensor.invalids(2, device=("CPU",)),
-               lambda: t.full_like(3.0, device=("CPU", "CPU")), lambda: t.empty_like(device=("CPU", "CPU"))):
-        with pytest.raises(NotImplementedError, match="multi-device"): fn()
+    made = {"list": (Tensor([1.0], device=d2), [1.0]), "zeros": (Tensor.zeros(2, device=d2), [0.0, 0.0]),
+            "full": (Tensor.full((2,), 1, device=d2), [1, 1]), "arange": (Tensor.arange(3, device=d2), [0, 1, 2]),
+            "full_like": (t.full_like(3.0, device=d2), [3.0, 3.0]), "clone": (t.clone(d2), [1.0, 2.0]),
+            "to": (t.to(list(d2)), [1.0, 2.0]), "rand": (Tensor.rand(2, device=d2), None),
+            "randn": (Tensor.randn(2, device=d2), None)}
+    for name, (x, want) in made.items():
+        assert x.device == d2, name
+        on0, on1 = x.to("CPU").tolist(), x.to("CPU:1").tolist()
+        assert on0 == on1, name
+        if want is not None: assert on0 == want, name
+    for x in (Tensor.empty(2, device=d2), Tensor.invalids(2, device=d2), t.empty_like(device=d2)):
+        assert x.device == d2 and x.shape == (2,)
+    u = Tensor([5.0])
+    u.to_(d2)
+    assert u.device == d2 and u.tolist() == [5.0]
+    for fn in (lambda: t.shard(("CPU", "CPU")), lambda: t.to(("CPU", "cpu:0")),
+               lambda: Tensor([1.0], device=("CPU", "CPU"))):
+        with pytest.raises(ValueError, match="twice"): fn()
     assert t.tolist() == [1.0, 2.0] and t.device == "CPU"   # untouched
     assert t.clone("PYTHON").device == "PYTHON" and t.to("CPU") is t
 
