@@ -315,7 +315,7 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
         """
         shape = self._concrete_shape()
         data = self._buffer().as_bytes()[:prod(shape) * self.dtype.itemsize]
-        device = Device.DEFAULT if self.device.startswith("DISK:") else self.device
+        device = Device.DEFAULT if isinstance(self.device, str) and self.device.startswith("DISK:") else self.device
         return _unpickle_tensor, (data, self.dtype, shape, device, self.requires_grad, self.is_param)
 
     def __repr__(self) -> str:

@@ -373,7 +373,7 @@ class MovementMixin:
         memory, sees the new value; lazy tensors built before keep the value they were built with. Writing to a view
         (a slice, transpose, reshape, flip, detach or same-size bitcast of another tensor) writes into that tensor."""
         Tensor = _T()
-        if self.device.startswith("DISK:"):   # a write into a file: runtime/ops_disk.py
+        if isinstance(self.device, str) and self.device.startswith("DISK:"):   # a write into a file: runtime/ops_disk.py
             from fusegrad.runtime.ops_disk import disk_assign
             return disk_assign(self, x)
         if not isinstance(x, Tensor): x = Tensor(x, device=self.device, dtype=self.dtype)
