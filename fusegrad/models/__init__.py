@@ -4,7 +4,8 @@ Vision: `EfficientNet` (B0-B7, Lite0-4) and `ResNet` (18/34/50/101/152); `imagen
 """
 from fusegrad.models.efficientnet import EfficientNet
 from fusegrad.models.imagenet import imagenet_labels, preprocess
+from fusegrad.models.resnet import ResNet
 from fusegrad.models.weights import WeightsNotFound, find_weights, load_weights, read_checkpoint
 
-__all__ = ["EfficientNet", "WeightsNotFound", "find_weights", "imagenet_labels", "load_weights", "preprocess",
-           "read_checkpoint"]
+__all__ = ["EfficientNet", "ResNet", "WeightsNotFound", "find_weights", "imagenet_labels", "load_weights",
+           "preprocess", "read_checkpoint"]

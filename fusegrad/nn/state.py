@@ -139,8 +139,11 @@ def load_state_dict(model: Any, state_dict: Mapping[str, Tensor], strict: bool =
         v = state_dict[k]
         t.assign(v.detach().to(t.device).cast(t.dtype).reshape(t.shape))  # detach: no autograd link to the source
         loaded.append(t)
-        if consume: del state_dict[k]  # type: ignore[attr-defined]
-        if realize: t.realize()
+        if consume:
+            del state_dict[k]  # type: ignore[attr-defined]
+            if realize: t.realize()   # one at a time, so each source tensor can be freed as it is copied
+    # otherwise all in one realize: each realize scans the live tensors, so one per tensor is quadratic in model size
+    if realize and not consume and loaded: Tensor.realize(*loaded)
     return loaded
 
 
