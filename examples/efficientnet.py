@@ -26,6 +26,7 @@ import numpy as np
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from fusegrad import Device, Tensor, TinyJit  # noqa: E402
 from fusegrad.models import EfficientNet, imagenet_labels, preprocess  # noqa: E402
+from fusegrad.models.imagenet import load_image  # noqa: E402
 from fusegrad.runtime.ops_cpu import cpu_threads  # noqa: E402
 
 
@@ -126,12 +127,12 @@ def main(argv: list[str] | None = None) -> None:
             torch.set_num_threads(args.threads)
         except ImportError:
             pass
+    images: list[tuple[str, Any]] = []
+    for path in args.images:   # read every image first: a bad file fails before the model loads
+        if not pathlib.Path(path).is_file(): raise SystemExit(f"error: {path}: no such file")
+        images.append((path, load_image(path)))
     model = EfficientNet.from_pretrained(args.model, weights=args.weights)
     print(f"EfficientNet-{model.name} weights: {model.weights_path}")
-    images: list[tuple[str, Any]] = []
-    for path in args.images:
-        if not pathlib.Path(path).is_file(): raise SystemExit(f"{path}: no such file")
-        images.append((path, path))
     classify(model, images or [default_image()])
     if args.bench: bench(model, images[0][1] if images else default_image()[1], args.bench)
 
