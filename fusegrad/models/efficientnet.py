@@ -47,20 +47,32 @@ LITE_FILES = {"lite0": "efficientnet-lite0-57934424.pth"}   # the one in efficie
 
 
 def round_filters(channels: int, width: float, divisor: int = 8) -> int:
-    """channels x width rounded to a multiple of `divisor`, never down by more than 10% (the TF reference's rule)."""
+    """channels x width rounded to a multiple of `divisor`, never down by more than 10% (the TF reference's rule).
+
+    >>> round_filters(40, 1.1), round_filters(1280, 2.0)
+    (48, 2560)
+    """
     scaled = channels * width
     out = max(divisor, int(scaled + divisor / 2) // divisor * divisor)
     return out + divisor if out < 0.9 * scaled else out
 
 
 def same_padding(size: int, kernel: int, stride: int) -> tuple[int, int]:
-    """TensorFlow's "SAME" padding of one axis (before, after): output ceil(size/stride); any odd pixel goes after."""
+    """TensorFlow's "SAME" padding of one axis (before, after): output ceil(size/stride); any odd pixel goes after.
+
+    >>> same_padding(224, 3, 2), same_padding(15, 5, 2)
+    ((0, 1), (2, 2))
+    """
     total = max((math.ceil(size / stride) - 1) * stride + kernel - size, 0)
     return total // 2, total - total // 2
 
 
 def conv_same(conv: nn.Conv2d, x: Tensor) -> Tensor:
-    """`conv` applied with SAME padding for this input's height and width."""
+    """`conv` applied with SAME padding for this input's height and width.
+
+    >>> conv_same(nn.Conv2d(3, 4, 3, stride=2), Tensor.zeros(1, 3, 15, 15)).shape
+    (1, 4, 8, 8)
+    """
     (kh, kw), s = conv.kernel_size, conv.stride
     top, bottom = same_padding(x.shape[2], kh, s)
     left, right = same_padding(x.shape[3], kw, s)
@@ -69,7 +81,11 @@ def conv_same(conv: nn.Conv2d, x: Tensor) -> Tensor:
 
 class MBConvBlock:
     """Mobile inverted bottleneck: 1x1 expand, depthwise kxk (stride s), optional squeeze-and-excite, 1x1 project,
-    and a residual when the shape is kept. Attribute names are the ports' state-dict names."""
+    and a residual when the shape is kept. Attribute names are the ports' state-dict names.
+
+    >>> MBConvBlock(16, 24, 3, 2, 6, True, Tensor.swish)(Tensor.zeros(1, 16, 8, 8)).shape
+    (1, 24, 4, 4)
+    """
 
     def __init__(self, cin: int, cout: int, kernel: int, stride: int, expand: int, se: bool,
                  act: Callable[[Tensor], Tensor]):

@@ -19,7 +19,11 @@ TORCHVISION_URL = "https://download.pytorch.org/models/"
 
 
 class BasicBlock:
-    """Two 3x3 convolutions (the first with the stride) and a residual; ResNet-18/34's block."""
+    """Two 3x3 convolutions (the first with the stride) and a residual; ResNet-18/34's block.
+
+    >>> BasicBlock(64, 128, stride=2)(Tensor.zeros(1, 64, 8, 8)).shape
+    (1, 128, 4, 4)
+    """
     expansion = 1
 
     def __init__(self, cin: int, planes: int, stride: int = 1, groups: int = 1, base_width: int = 64):
@@ -37,7 +41,11 @@ class BasicBlock:
 
 
 class Bottleneck:
-    """1x1 reduce, 3x3 (with the stride, torchvision's "v1.5" placement), 1x1 expand x4, and a residual; ResNet-50+."""
+    """1x1 reduce, 3x3 (with the stride, torchvision's "v1.5" placement), 1x1 expand x4, and a residual; ResNet-50+.
+
+    >>> Bottleneck(256, 128, stride=2)(Tensor.zeros(1, 256, 8, 8)).shape
+    (1, 512, 4, 4)
+    """
     expansion = 4
 
     def __init__(self, cin: int, planes: int, stride: int = 1, groups: int = 1, base_width: int = 64):

