@@ -75,12 +75,12 @@ def preprocess(image: str | os.PathLike | Any, size: int = 224, resize: int | No
     short = size if resize is None else resize
     if short < size: raise ValueError(f"resize ({short}) must be at least the crop size ({size})")
     scale = short / min(w, h)
-    img = img.resize((max(short, round(w * scale)), max(short, round(h * scale))), Image.BILINEAR)
+    img = img.resize((max(short, round(w * scale)), max(short, round(h * scale))), Image.Resampling.BILINEAR)
     w, h = img.size
     left, top = (w - size) // 2, (h - size) // 2
-    x = np.asarray(img.crop((left, top, left + size, top + size)), dtype=np.float32) / 255.0   # (S, S, 3)
-    x = (x - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)
-    return np.ascontiguousarray(x.transpose(2, 0, 1)[None])                                    # (1, 3, S, S)
+    pixels = np.asarray(img.crop((left, top, left + size, top + size)), dtype=np.float32) / 255.0   # (S, S, 3)
+    x = (pixels - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)
+    return np.ascontiguousarray(x.transpose(2, 0, 1)[None])                                         # (1, 3, S, S)
 
 
 __all__ = ["MEAN", "STD", "imagenet_classes", "imagenet_labels", "load_image", "preprocess"]

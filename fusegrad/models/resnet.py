@@ -106,7 +106,8 @@ class ResNet:
         """(N, 3, H, W) -> layer4's (N, C, H/32, W/32) feature map."""
         if x.ndim != 4 or x.shape[1] != 3: raise ValueError(f"ResNet expects (N, 3, H, W) images, got shape {x.shape}")
         x = self.bn1(self.conv1(x)).relu().max_pool2d(kernel_size=3, stride=2, padding=1)   # (N, 64, H/4, W/4)
-        for stage in (self.layer1, self.layer2, self.layer3, self.layer4): x = x.sequential(stage)
+        for stage in (self.layer1, self.layer2, self.layer3, self.layer4):
+            for block in stage: x = block(x)
         return x
 
     def __call__(self, x: Tensor) -> Tensor:

@@ -46,7 +46,7 @@ def test_preprocess_is_a_center_crop_normalized() -> None:
 def test_preprocess_resizes_like_pillow() -> None:
     img = np.random.default_rng(1).integers(0, 256, (100, 150, 3), dtype=np.uint8)
     x = preprocess(img, 64, resize=80)
-    pil = PIL.fromarray(img).resize((120, 80), PIL.BILINEAR)
+    pil = PIL.fromarray(img).resize((120, 80), PIL.Resampling.BILINEAR)
     crop = np.asarray(pil, np.float32)[8:72, 28:92] / 255
     np.testing.assert_allclose(x[0].transpose(1, 2, 0), (crop - np.float32(MEAN)) / np.float32(STD), atol=1e-6)
     with pytest.raises(ValueError, match="resize .40. must be at least the crop size .64."): preprocess(img, 64, 40)
