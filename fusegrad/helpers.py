@@ -379,8 +379,10 @@ def _gunzip_to(src: pathlib.Path, dest: pathlib.Path, what: str) -> None:
         raise
 
 
-def _stream_to(url: str, dest: pathlib.Path, label: str, headers: dict[str, str] | None, timeout: float) -> str:
-    """Download `url` into `dest` (a temporary name in the same folder, then an atomic rename); returns its sha256."""
+def _stream_to(url: str, dest: pathlib.Path, label: str, headers: dict[str, str] | None, timeout: float,
+               sha256: str | None) -> None:
+    """Download `url` into `dest` through a temporary file in the same folder, renamed into place only once complete
+    (and, given `sha256`, checked)."""
     import tempfile
     import urllib.request
     h = hashlib.sha256()
@@ -400,11 +402,13 @@ def _stream_to(url: str, dest: pathlib.Path, label: str, headers: dict[str, str]
                         last = time.monotonic()
             if show: _download_progress(label, done, total, final=True)
             if total and done != total: raise OSError(f"the connection closed after {done} of {total} bytes")
+            if sha256 is not None and h.hexdigest() != sha256.lower():
+                raise ValueError(f"fetch: sha256 mismatch for {url}: expected {sha256.lower()}, got {h.hexdigest()}; "
+                                 "the download was deleted")
             os.replace(tmp, dest)
         except BaseException:
             os.unlink(tmp)
             raise
-    return h.hexdigest()
 
 
 def fetch(url: str | os.PathLike, name: str | os.PathLike | None = None, subdir: str | None = None,
@@ -416,7 +420,8 @@ def fetch(url: str | os.PathLike, name: str | os.PathLike | None = None, subdir:
     defaults to a hash of the URL and its last path part. A `name` that is a Path or holds a "/" is the whole
     destination. A later call finds the file there and doesn't download again (unless allow_caching=False or
     $DISABLE_HTTP_CACHE is set). Downloads are written to a temporary file, then renamed into place, with a progress
-    bar on stderr. `sha256` (hex) checks the bytes as served: a mismatch removes the file and raises ValueError.
+    bar on stderr. `sha256` (hex) checks the bytes as served: a mismatch removes the file and raises ValueError (a
+    cached file is checked too, and downloaded again if it fails, except a gunzipped one, checked only on download).
     `gunzip` stores the decompressed data. A local path (or a file:// URL) is returned as it is (gunzip=True
     decompresses it into the cache instead). A failed download raises DownloadError naming the URL and where to put
     the file by hand.
@@ -446,16 +451,12 @@ def fetch(url: str | os.PathLike, name: str | os.PathLike | None = None, subdir:
     fp.parent.mkdir(parents=True, exist_ok=True)
     raw = fp.with_name(f".{fp.name}.gz") if gunzip else fp
     try:
-        digest = _stream_to(url, raw, fp.name if name is not None else last, headers, timeout)
+        _stream_to(url, raw, fp.name if name is not None else last, headers, timeout, sha256)
     except OSError as e:
         import urllib.error
         why = f"HTTP {e.code} {e.reason}" if isinstance(e, urllib.error.HTTPError) else str(getattr(e, "reason", e))
         raise DownloadError(f"fetch: could not download {url} ({why}). If you have the file, pass its path instead of "
                             f"the URL, or put it at {fp}", why) from None
-    if sha256 is not None and digest != sha256.lower():
-        raw.unlink(missing_ok=True)
-        raise ValueError(f"fetch: sha256 mismatch for {url}: expected {sha256.lower()}, got {digest}; the download "
-                         "was deleted")
     if gunzip:
         try:
             _gunzip_to(raw, fp, url)

@@ -94,7 +94,8 @@ def test_sha256_ok_and_mismatch(server: Server) -> None:
     assert fetch(server.url + "/weights.bin", sha256=good.upper()).read_bytes() == FILES["/weights.bin"]
     with pytest.raises(ValueError, match="sha256 mismatch.*expected 0{64}.*deleted"):
         fetch(server.url + "/weights.bin", name="bad.bin", sha256="0" * 64)
-    assert not (pathlib.Path(fusegrad.helpers.cache_dir()) / "downloads" / "bad.bin").exists()
+    downloads = pathlib.Path(fusegrad.helpers.cache_dir()) / "downloads"
+    assert not (downloads / "bad.bin").exists() and not list(downloads.glob(".*"))   # nor a temporary file
 
 
 def test_cached_file_failing_sha256_is_downloaded_again(server: Server) -> None:
