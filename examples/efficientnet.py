@@ -140,5 +140,5 @@ def main(argv: list[str] | None = None) -> None:
 if __name__ == "__main__":
     try:
         main()
-    except ValueError as e:   # a file that isn't an image, weights for another model, ...
+    except (ValueError, OSError) as e:   # not an image, weights for another model, no weights found, ...
         raise SystemExit(f"error: {e}") from None

