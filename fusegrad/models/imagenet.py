@@ -62,7 +62,7 @@ def preprocess(image: str | os.PathLike | Any, size: int = 224, resize: int | No
                mean: tuple[float, ...] = MEAN, std: tuple[float, ...] = STD) -> Any:
     """An image -> a (1, 3, size, size) float32 numpy array: the short side resized to `resize` (default `size`;
     bilinear), the center `size` x `size` crop, pixels scaled to [0, 1], then (x - mean) / std per channel.
-    EfficientNet's ports evaluate with resize = size; torchvision's ResNets with resize=256, size=224.
+    EfficientNet's ports resize to their resolution (and skip the crop); torchvision's ResNets use resize=256, size=224.
 
     >>> import numpy as np
     >>> preprocess(np.zeros((300, 400, 3), np.uint8)).shape
