@@ -379,6 +379,34 @@ def _gunzip_to(src: pathlib.Path, dest: pathlib.Path, what: str) -> None:
         raise
 
 
+def _open_within(request: Any, timeout: float) -> Any:
+    """urlopen(request) that gives up after `timeout` seconds in all. urlopen's own timeout bounds each socket
+    operation but not the name lookup, which can block for minutes on a machine with no DNS server answering; so the
+    opening runs in a thread that is abandoned (and closes what it opened, if it ever gets an answer) at the deadline."""
+    import threading
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+    result: dict[str, Any] = {}
+    gave_up = threading.Event()
+
+    def opener() -> None:
+        try:
+            result["response"] = urllib.request.urlopen(request, timeout=timeout)
+            if gave_up.is_set(): result["response"].close()
+        except Exception as e:  # noqa: BLE001 - raised again in the caller's thread
+            result["error"] = e
+    worker = threading.Thread(target=opener, name="fusegrad-fetch", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        gave_up.set()
+        url = request if isinstance(request, str) else request.full_url
+        raise urllib.error.URLError(f"no answer from {urllib.parse.urlsplit(url).netloc} within {timeout:g} s")
+    if "error" in result: raise result["error"]
+    return result["response"]
+
+
 def _stream_to(url: str, dest: pathlib.Path, label: str, headers: dict[str, str] | None, timeout: float,
                sha256: str | None) -> None:
     """Download `url` into `dest` through a temporary file in the same folder, renamed into place only once complete
@@ -386,7 +414,7 @@ def _stream_to(url: str, dest: pathlib.Path, label: str, headers: dict[str, str]
     import tempfile
     import urllib.request
     h = hashlib.sha256()
-    with urllib.request.urlopen(urllib.request.Request(url, headers=headers) if headers else url, timeout=timeout) as r:
+    with _open_within(urllib.request.Request(url, headers=headers) if headers else url, timeout) as r:
         total = int(r.headers.get("Content-Length") or 0)
         show = bool(total) or sys.stderr.isatty()
         fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
@@ -423,8 +451,8 @@ def fetch(url: str | os.PathLike, name: str | os.PathLike | None = None, subdir:
     bar on stderr. `sha256` (hex) checks the bytes as served: a mismatch removes the file and raises ValueError (a
     cached file is checked too, and downloaded again if it fails, except a gunzipped one, checked only on download).
     `gunzip` stores the decompressed data. A local path (or a file:// URL) is returned as it is (gunzip=True
-    decompresses it into the cache instead). A failed download raises DownloadError naming the URL and where to put
-    the file by hand.
+    decompresses it into the cache instead). `timeout` (seconds) bounds the whole opening, name lookup included, and
+    each read. A failed download raises DownloadError naming the URL and where to put the file by hand.
 
     >>> import tempfile, pathlib
     >>> p = pathlib.Path(tempfile.mkdtemp(), "w.bin"); _ = p.write_bytes(b"hi")

@@ -11,10 +11,12 @@ import os
 import pathlib
 import struct
 import sys
-import urllib.request  # noqa: F401 - tests replace urllib.request.urlopen through this module
+import tempfile
+import urllib.error
+import urllib.request
 
 from fusegrad.dtype import dtypes
-from fusegrad.helpers import DownloadError, cache_dir, fetch
+from fusegrad.helpers import cache_dir
 from fusegrad.tensor import Tensor
 
 MNIST_FILES = {"train_images": "train-images-idx3-ubyte", "train_labels": "train-labels-idx1-ubyte",
@@ -81,17 +83,45 @@ def _load_idx_set(files: dict[str, pathlib.Path], device: str | None) -> tuple[T
 # ---------------------------------------------------------------------------------------------------------------------
 # downloads
 
+def _download(url: str, dest: pathlib.Path, timeout: float = 30.0) -> None:
+    """Fetch `url` to `dest` (through a temporary file), drawing a progress bar on stderr."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        total = int(r.headers.get("Content-Length") or 0)
+        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                done = 0
+                while chunk := r.read(1 << 16):
+                    f.write(chunk)
+                    done += len(chunk)
+                    _progress(dest.name, done, total)
+            os.replace(tmp, dest)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+        finally:
+            sys.stderr.write("\n")
+
+
+def _progress(name: str, done: int, total: int, width: int = 30) -> None:
+    if total:
+        filled = width * done // total
+        sys.stderr.write(f"\r{name}: [{'#' * filled}{'.' * (width - filled)}] {done / 1e6:.1f}/{total / 1e6:.1f} MB")
+    else:
+        sys.stderr.write(f"\r{name}: {done / 1e6:.1f} MB")
+    sys.stderr.flush()
+
+
 def _download_set(fashion: bool, dest: pathlib.Path) -> str | None:
     """Download the four files into `dest`; returns None, or why it failed."""
     base = MNIST_URLS[fashion]
     try:
         for stem in MNIST_FILES.values():
             target = dest / f"{stem}.gz"
-            if not target.is_file(): fetch(base + f"{stem}.gz", name=target)
-    except DownloadError as e:
-        return e.reason
-    except (OSError, ValueError) as e:
-        return f"{type(e).__name__}: {e}"
+            if not target.is_file(): _download(base + f"{stem}.gz", target)
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        return f"{type(e).__name__}: {getattr(e, 'reason', e)}"
     return None
 
 

@@ -6,7 +6,9 @@ import hashlib
 import http.server
 import os
 import pathlib
+import socket
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -120,6 +122,33 @@ def test_offline_error(server: Server) -> None:
     server.close()   # nothing listens on the port any more
     with pytest.raises(DownloadError, match=r"could not download http://127\.0\.0\.1:\d+/weights\.bin"):
         fetch(server.url + "/weights.bin", timeout=5)
+
+
+def test_a_silent_server_costs_the_timeout(server: Server) -> None:
+    """A server that accepts the connection and never answers: the error comes after about `timeout` seconds."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}/weights.bin"
+    try:
+        st = time.monotonic()
+        with pytest.raises(DownloadError, match="timed out|within 1 s"): fetch(url, timeout=1)
+        assert time.monotonic() - st < 10
+    finally:
+        listener.close()
+
+
+def test_a_hanging_name_lookup_costs_the_timeout(server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """urlopen's timeout doesn't bound the name lookup; fetch's deadline does (here urlopen just never returns)."""
+    release = threading.Event()
+    monkeypatch.setattr("urllib.request.urlopen", lambda *a, **k: release.wait(30))
+    st = time.monotonic()
+    try:
+        with pytest.raises(DownloadError, match=r"no answer from weights\.invalid within 1 s"):
+            fetch("http://weights.invalid/w.pth", timeout=1)
+        assert time.monotonic() - st < 10
+    finally:
+        release.set()
 
 
 def test_gunzip(server: Server) -> None:
