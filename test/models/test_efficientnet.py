@@ -54,7 +54,7 @@ def test_bad_name() -> None:
 
 
 @needs_lite0
-def test_lite0_pretrained_matches_reference_on_a_photo() -> None:
+def test_lite0_pretrained_matches_reference_on_a_photo(no_network: pathlib.Path) -> None:
     """The real Lite0 weights on skimage's cat photo: logits as the torch port's, and a cat class on top."""
     skimage_data = pytest.importorskip("skimage.data", reason="the photo comes from scikit-image")
     from efficientnet_lite_pytorch import EfficientNet as RefEfficientNet

