@@ -10,6 +10,7 @@ import functools
 import hashlib
 import math
 import os
+import pathlib
 import platform
 import sys
 import time
@@ -423,3 +424,195 @@ def strip_parens(s: str) -> str:
 
 def is_finite_number(x: float) -> bool:
     return not (math.isinf(x) or math.isnan(x))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# fetch: a URL -> a file in the cache (downloaded once, atomically, optionally checked and gunzipped)
+
+class DownloadError(OSError):
+    """fetch could not download a URL. The message names the URL and where to put the file by hand; `reason` is why."""
+    def __init__(self, message: str, reason: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+def _is_url(s: str) -> bool:
+    import re
+    return re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", s) is not None
+
+
+def _local_path(url: str | os.PathLike) -> pathlib.Path | None:
+    """The path `url` names on this machine (a path, or a file:// URL), or None for a URL to download."""
+    if isinstance(url, os.PathLike): return pathlib.Path(url)
+    if not isinstance(url, str): raise TypeError(f"fetch: expected a URL or a path, got {type(url).__name__}")
+    if url.startswith("file://"):
+        import urllib.parse
+        import urllib.request
+        return pathlib.Path(urllib.request.url2pathname(urllib.parse.urlparse(url).path))
+    return None if _is_url(url) else pathlib.Path(url)
+
+
+def _download_progress(label: str, done: int, total: int, final: bool = False, width: int = 30) -> None:
+    if total:
+        filled = width * min(done, total) // total
+        line = f"{label}: [{'#' * filled}{'.' * (width - filled)}] {done / 1e6:.1f}/{total / 1e6:.1f} MB"
+    else:
+        line = f"{label}: {done / 1e6:.1f} MB"
+    sys.stderr.write(f"\r{line}" + ("\n" if final else ""))
+    sys.stderr.flush()
+
+
+def _check_sha256(actual: str, expected: str, what: str) -> None:
+    if actual.lower() != expected.lower():
+        raise ValueError(f"fetch: sha256 mismatch for {what}: expected {expected.lower()}, got {actual}")
+
+
+def _file_sha256(path: pathlib.Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20): h.update(chunk)
+    return h.hexdigest()
+
+
+def _gunzip_to(src: pathlib.Path, dest: pathlib.Path, what: str) -> None:
+    """Decompress `src` into `dest` through a temporary file next to it."""
+    import gzip
+    import shutil
+    import tempfile
+    import zlib
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
+    try:
+        with os.fdopen(fd, "wb") as out, gzip.open(src, "rb") as f: shutil.copyfileobj(f, out, 1 << 20)
+        os.replace(tmp, dest)
+    except (OSError, EOFError, zlib.error) as e:
+        os.unlink(tmp)
+        if isinstance(e, (gzip.BadGzipFile, EOFError, zlib.error)):
+            raise ValueError(f"fetch: {what} is not valid gzip data ({e}), but gunzip=True was passed") from None
+        raise
+
+
+def _open_within(request: Any, timeout: float) -> Any:
+    """urlopen(request) that gives up after `timeout` seconds in all. urlopen's own timeout bounds each socket
+    operation but not the name lookup, which can block for minutes on a machine with no DNS server answering; so the
+    opening runs in a thread that is abandoned (and closes what it opened, if it ever gets an answer) at the deadline."""
+    import threading
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+    result: dict[str, Any] = {}
+    gave_up = threading.Event()
+
+    def opener() -> None:
+        try:
+            result["response"] = urllib.request.urlopen(request, timeout=timeout)
+            if gave_up.is_set(): result["response"].close()
+        except Exception as e:  # noqa: BLE001 - raised again in the caller's thread
+            result["error"] = e
+    worker = threading.Thread(target=opener, name="fusegrad-fetch", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        gave_up.set()
+        url = request if isinstance(request, str) else request.full_url
+        raise urllib.error.URLError(f"no answer from {urllib.parse.urlsplit(url).netloc} within {timeout:g} s")
+    if "error" in result: raise result["error"]
+    return result["response"]
+
+
+def _stream_to(url: str, dest: pathlib.Path, label: str, headers: dict[str, str] | None, timeout: float,
+               sha256: str | None) -> None:
+    """Download `url` into `dest` through a temporary file in the same folder, renamed into place only once complete
+    (and, given `sha256`, checked)."""
+    import tempfile
+    import urllib.request
+    h = hashlib.sha256()
+    with _open_within(urllib.request.Request(url, headers=headers) if headers else url, timeout) as r:
+        total = int(r.headers.get("Content-Length") or 0)
+        show = bool(total) or sys.stderr.isatty()
+        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                done, last = 0, 0.0
+                while chunk := r.read(1 << 16):
+                    f.write(chunk)
+                    h.update(chunk)
+                    done += len(chunk)
+                    if show and time.monotonic() - last > 0.1:
+                        _download_progress(label, done, total)
+                        last = time.monotonic()
+            if show: _download_progress(label, done, total, final=True)
+            if total and done != total: raise OSError(f"the connection closed after {done} of {total} bytes")
+            if sha256 is not None and h.hexdigest() != sha256.lower():
+                raise ValueError(f"fetch: sha256 mismatch for {url}: expected {sha256.lower()}, got {h.hexdigest()}; "
+                                 "the download was deleted")
+            os.replace(tmp, dest)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+
+
+def fetch(url: str | os.PathLike, name: str | os.PathLike | None = None, subdir: str | None = None,
+          gunzip: bool = False, allow_caching: bool | None = None, headers: dict[str, str] | None = None,
+          sha256: str | None = None, timeout: float = 60.0) -> pathlib.Path:
+    """Download `url` once into fusegrad's cache and return the file's path (tinygrad's `fetch` signature).
+
+    The file goes to `cache_dir()/downloads/[subdir/]name` ($XDG_CACHE_HOME/fusegrad or ~/.cache/fusegrad); `name`
+    defaults to a hash of the URL and its last path part. A `name` that is a Path or holds a "/" is the whole
+    destination. A later call finds the file there and doesn't download again (unless allow_caching=False or
+    $DISABLE_HTTP_CACHE is set). Downloads are written to a temporary file, then renamed into place, with a progress
+    bar on stderr. `sha256` (hex) checks the bytes as served: a mismatch removes the file and raises ValueError (a
+    cached file is checked too, and downloaded again if it fails, except a gunzipped one, checked only on download).
+    `gunzip` stores the decompressed data. A local path (or a file:// URL) is returned as it is (gunzip=True
+    decompresses it into the cache instead). `timeout` (seconds) bounds the whole opening, name lookup included, and
+    each read. A failed download raises DownloadError naming the URL and where to put the file by hand.
+
+    >>> import tempfile, pathlib
+    >>> p = pathlib.Path(tempfile.mkdtemp(), "w.bin"); _ = p.write_bytes(b"hi")
+    >>> fetch(p) == p
+    True
+    """
+    local = _local_path(url)
+    if allow_caching is None: allow_caching = not os.getenv("DISABLE_HTTP_CACHE")
+    if local is not None: return _fetch_local(local, gunzip, sha256)
+    assert isinstance(url, str)
+    last = url.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
+    if name is not None and (isinstance(name, os.PathLike) or "/" in name or os.sep in name):
+        fp = pathlib.Path(name).expanduser()
+    else:
+        default = f"{hash_bytes(url)[:16]}-{last or 'download'}" + (".gunzip" if gunzip else "")
+        fp = pathlib.Path(cache_dir(), "downloads", subdir or "", name or default)
+    if allow_caching and fp.is_file():
+        if sha256 is None or gunzip: return fp
+        try:  # a cached file that fails the check (an older version, a hand-copied file) is downloaded again
+            _check_sha256(_file_sha256(fp), sha256, f"the cached {fp}")
+            return fp
+        except ValueError:
+            fp.unlink()
+    fp.parent.mkdir(parents=True, exist_ok=True)
+    raw = fp.with_name(f".{fp.name}.gz") if gunzip else fp
+    try:
+        _stream_to(url, raw, fp.name if name is not None else last, headers, timeout, sha256)
+    except OSError as e:
+        import urllib.error
+        why = f"HTTP {e.code} {e.reason}" if isinstance(e, urllib.error.HTTPError) else str(getattr(e, "reason", e))
+        raise DownloadError(f"fetch: could not download {url} ({why}). If you have the file, pass its path instead of "
+                            f"the URL, or put it at {fp}", why) from None
+    if gunzip:
+        try:
+            _gunzip_to(raw, fp, url)
+        finally:
+            raw.unlink(missing_ok=True)
+    return fp
+
+
+def _fetch_local(path: pathlib.Path, gunzip: bool, sha256: str | None) -> pathlib.Path:
+    if not path.is_file(): raise FileNotFoundError(f"fetch: {path} is not a file")
+    if sha256 is not None: _check_sha256(_file_sha256(path), sha256, str(path))
+    if not gunzip: return path
+    st = path.stat()
+    key = hash_bytes(str(path.resolve()), str(st.st_size), str(st.st_mtime_ns))[:16]
+    dest = pathlib.Path(cache_dir(), "downloads", f"{key}-{path.name}.gunzip")
+    if not dest.is_file():
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        _gunzip_to(path, dest, str(path))
+    return dest

@@ -12,7 +12,10 @@ graph node and a gradient); running statistics are buffers with `requires_grad=F
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
+from collections.abc import Iterator
 from typing import Any
 
 from fusegrad.dtype import dtypes
@@ -33,7 +36,27 @@ def _buffer(t: Tensor) -> Tensor:
     return t
 
 
+_SKIP_INIT: contextvars.ContextVar[bool] = contextvars.ContextVar("fusegrad.nn.skip_init", default=False)
+
+
+@contextlib.contextmanager
+def skip_init() -> Iterator[None]:
+    """Layers made inside this block get uninitialized (`Tensor.empty`) weights instead of random ones: for a model
+    whose weights are loaded right after, this skips computing values that would be overwritten.
+
+    >>> with skip_init(): big = Linear(1024, 1024)
+    >>> big.weight.shape
+    (1024, 1024)
+    """
+    token = _SKIP_INIT.set(True)
+    try:
+        yield
+    finally:
+        _SKIP_INIT.reset(token)
+
+
 def _uniform(*shape: int, bound: float) -> Tensor:
+    if _SKIP_INIT.get(): return _param(Tensor.empty(*shape))
     return _param(Tensor.uniform(*shape, low=-bound, high=bound))
 
 
@@ -285,7 +308,8 @@ class Embedding:
 
     def __init__(self, vocab_size: int, embed_size: int):
         self.vocab_sz, self.embed_sz = vocab_size, embed_size
-        self.weight = _param(Tensor.glorot_uniform(vocab_size, embed_size))
+        self.weight = _param(Tensor.empty(vocab_size, embed_size) if _SKIP_INIT.get() else
+                             Tensor.glorot_uniform(vocab_size, embed_size))
 
     def __call__(self, idx: Tensor) -> Tensor:
         if not dtypes.is_int(idx.dtype): raise TypeError(f"Embedding expects integer indices, got {idx.dtype}")
@@ -338,5 +362,6 @@ __all__ = [
     "RMSNorm",
     "datasets",
     "optim",
+    "skip_init",
     "state",
 ]

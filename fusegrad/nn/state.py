@@ -75,27 +75,66 @@ def _shapes_match(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
     return a == b or {a, b} <= {(), (1,)}
 
 
+class StateDictMismatch(KeyError, ValueError):
+    """A state dict that doesn't fit a model (missing, unexpected or wrongly shaped keys). The message names the first
+    mismatched key in the model's order with both shapes, then counts the rest. A KeyError (missing / unexpected keys,
+    as torch) and a ValueError (shapes) at once, so either `except` catches it."""
+    def __str__(self) -> str: return str(self.args[0]) if self.args else ""
+
+
+def _some(keys: list[str], n: int = 5) -> str:
+    """The first n keys as a list, and how many more there are."""
+    shown = ", ".join(repr(k) for k in keys[:n])
+    return f"[{shown}]" if len(keys) <= n else f"[{shown}, ... and {len(keys) - n} more]"
+
+
+def check_state_dict(model_sd: Mapping[str, Tensor], state_dict: Mapping[str, Any], strict: bool = True) -> None:
+    """Raise StateDictMismatch unless `state_dict` fits `model_sd` (a model's get_state_dict): same shapes for the
+    keys both have and, if strict, the same keys. The message leads with the first mismatch in the model's order.
+
+    >>> from fusegrad import nn
+    >>> check_state_dict(get_state_dict(nn.Linear(2, 3)), {"weight": Tensor.zeros(3, 2), "bias": Tensor.zeros(3)})
+    """
+    missing = [k for k in model_sd if k not in state_dict] if strict else []
+    unexpected = [k for k in state_dict if k not in model_sd] if strict else []
+    shapes: list[str] = []
+    first = None
+    for k, t in model_sd.items():
+        if k not in state_dict:
+            if strict and first is None: first = f"at {k!r}: model has {t.shape}, state_dict has no such key"
+            continue
+        v = state_dict[k]
+        if not isinstance(v, Tensor):
+            raise TypeError(f"load_state_dict: value for {k!r} is a {type(v).__name__}, not a Tensor")
+        if not _shapes_match(t.shape, v.shape):
+            shapes.append(k)
+            if first is None: first = f"at {k!r}: model has {t.shape}, state_dict has {v.shape}"
+    if first is None and unexpected:
+        first = f"at {unexpected[0]!r}: model has no such key, state_dict has {state_dict[unexpected[0]].shape}"
+    if first is None: return
+    counts = [f"shape mismatches {_some(shapes)}"] if len(shapes) > 1 else []
+    if missing: counts.append(f"missing keys {_some(missing)}")
+    if unexpected: counts.append(f"unexpected keys {_some(unexpected)}")
+    raise StateDictMismatch(f"load_state_dict{' (strict)' if strict else ''}: the state dict doesn't fit the model: "
+                            f"first mismatch {first}" + (f"; in all: {', '.join(counts)}" if counts else ""))
+
+
 def load_state_dict(model: Any, state_dict: Mapping[str, Tensor], strict: bool = True, verbose: bool = True,
                     consume: bool = False, realize: bool = True) -> list[Tensor]:
     """Copy `state_dict` values into the model's tensors (cast to each tensor's dtype and device); returns them.
 
     strict: every model tensor must be present and every key used (as torch); otherwise missing ones are reported
-    (if verbose) and skipped. Shapes must match, except that () and (1,) are interchangeable. consume: delete each key
-    from `state_dict` once loaded (frees memory while loading big checkpoints). realize: compute the tensors now.
+    (if verbose) and skipped. Shapes must match, except that () and (1,) are interchangeable. A state dict that doesn't
+    fit raises StateDictMismatch (a KeyError and a ValueError) naming the first mismatched key and both shapes.
+    consume: delete each key from `state_dict` once loaded (frees memory while loading big checkpoints). realize:
+    compute the tensors now.
     """
     model_sd = get_state_dict(model)
+    check_state_dict(model_sd, state_dict, strict)
     missing = [k for k in model_sd if k not in state_dict]
     unexpected = [k for k in state_dict if k not in model_sd]
-    if strict and (missing or unexpected):
-        raise KeyError(f"load_state_dict (strict): missing keys {missing}, unexpected keys {unexpected}")
     if verbose and (missing or unexpected):
         print(f"load_state_dict: skipped missing keys {missing}; ignored unexpected keys {unexpected}")
-    for k, t in model_sd.items():
-        if k not in state_dict: continue
-        v = state_dict[k]
-        if not isinstance(v, Tensor): raise TypeError(f"load_state_dict: value for {k!r} is a {type(v).__name__}, not a Tensor")
-        if not _shapes_match(t.shape, v.shape):
-            raise ValueError(f"load_state_dict: shape mismatch for {k!r}: model has {t.shape}, state_dict has {v.shape}")
     loaded = []
     for k, t in model_sd.items():
         if k not in state_dict: continue
@@ -103,8 +142,11 @@ def load_state_dict(model: Any, state_dict: Mapping[str, Tensor], strict: bool =
         v = v.detach().cast(t.dtype).reshape(t.shape)   # detach: no autograd link to the source
         t.assign(v.shard_like(t) if isinstance(t.device, tuple) else v.to(t.device))  # a sharded model: each its slice
         loaded.append(t)
-        if consume: del state_dict[k]  # type: ignore[attr-defined]
-        if realize: t.realize()
+        if consume:
+            del state_dict[k]  # type: ignore[attr-defined]
+            if realize: t.realize()   # one at a time, so each source tensor can be freed as it is copied
+    # otherwise all in one realize: each realize scans the live tensors, so one per tensor is quadratic in model size
+    if realize and not consume and loaded: Tensor.realize(*loaded)
     return loaded
 
 
@@ -231,11 +273,13 @@ def _read_tensor(src: Source, name: str, dt: DType, shape: tuple[int, ...], star
 __all__ = [
     "FormatError",
     "LazyStateDict",
+    "StateDictMismatch",
     "TensorIO",
     "accept_filename",
     "tar_extract",
     "zip_extract",
     "UnsafePickleError",
+    "check_state_dict",
     "get_parameters",
     "get_state_dict",
     "ggml_data_to_tensor",
