@@ -13,15 +13,11 @@ import os
 import pathlib
 import struct
 import sys
-import tempfile
-import threading
 import urllib.error
-import urllib.parse
 import urllib.request
-from typing import Any
 
 from fusegrad.dtype import dtypes
-from fusegrad.helpers import cache_dir
+from fusegrad.helpers import cache_dir, fetch
 from fusegrad.tensor import Tensor
 
 MNIST_FILES = {"train_images": "train-images-idx3-ubyte", "train_labels": "train-labels-idx1-ubyte",
@@ -100,58 +96,10 @@ def _download_timeout() -> float:
     return value
 
 
-def _open_url(url: str, timeout: float) -> Any:
-    """urlopen(url) with a deadline on the whole opening: name lookup, connect, TLS and the response headers. The
-    socket timeout alone doesn't bound the name lookup, which blocks for much longer when no DNS server answers. A
-    late response to an abandoned attempt is closed by its thread."""
-    box: dict[str, Any] = {}
-    abandoned = threading.Event()
-
-    def attempt() -> None:
-        try:
-            box["response"] = urllib.request.urlopen(url, timeout=timeout)
-            if abandoned.is_set(): box["response"].close()
-        except Exception as e:  # noqa: BLE001 - re-raised in the caller's thread
-            box["error"] = e
-    th = threading.Thread(target=attempt, name="fusegrad-download", daemon=True)
-    th.start()
-    th.join(timeout)
-    if th.is_alive():
-        abandoned.set()
-        raise urllib.error.URLError(f"no answer from {urllib.parse.urlsplit(url).netloc} within {timeout:g} s "
-                                    "(DOWNLOAD_TIMEOUT)")
-    if "error" in box: raise box["error"]
-    return box["response"]
-
-
 def _download(url: str, dest: pathlib.Path, timeout: float | None = None) -> None:
-    """Fetch `url` to `dest` (through a temporary file), drawing a progress bar on stderr."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with _open_url(url, _download_timeout() if timeout is None else timeout) as r:
-        total = int(r.headers.get("Content-Length") or 0)
-        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                done = 0
-                while chunk := r.read(1 << 16):
-                    f.write(chunk)
-                    done += len(chunk)
-                    _progress(dest.name, done, total)
-            os.replace(tmp, dest)
-        except BaseException:
-            os.unlink(tmp)
-            raise
-        finally:
-            sys.stderr.write("\n")
-
-
-def _progress(name: str, done: int, total: int, width: int = 30) -> None:
-    if total:
-        filled = width * done // total
-        sys.stderr.write(f"\r{name}: [{'#' * filled}{'.' * (width - filled)}] {done / 1e6:.1f}/{total / 1e6:.1f} MB")
-    else:
-        sys.stderr.write(f"\r{name}: {done / 1e6:.1f} MB")
-    sys.stderr.flush()
+    """Fetch `url` to `dest` with fusegrad.fetch: a temporary file renamed into place, a progress bar on stderr, and
+    `timeout` bounding the opening (name lookup included) and each read."""
+    fetch(url, name=dest, timeout=_download_timeout() if timeout is None else timeout)
 
 
 def mirror_url(fashion: bool) -> str:
