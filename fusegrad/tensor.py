@@ -17,7 +17,8 @@ from fusegrad.dtype import ConstType, DType, DTypeLike, dtypes, least_upper_dtyp
 from fusegrad.helpers import PROFILE, TRAINING, VIZ, argfix, dedup, make_tuple, prod
 from fusegrad.ir import build
 from fusegrad.ir.ops import Ops, UOp, sym_infer
-from fusegrad.ir.shape import all_static, is_sym_int as _is_sym_int, sle, smax, sprod, sym_eq
+from fusegrad.ir.shape import (all_static, canonical_shape, is_sym_int as _is_sym_int, sle, smax, sprod, sym_eq,
+                               sym_value_dtype)
 from fusegrad.mixin.alu import ALUMixin
 from fusegrad.mixin.creation import CreationMixin
 from fusegrad.mixin.math import MathMixin
@@ -151,7 +152,7 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
         dt = to_dtype(dtype) if dtype is not None else None
         dev = _canonical_device(device)
         if isinstance(data, UOp) and data.shape is None and dtypes.is_int(data.dtype) and data.op is not Ops.CONST:
-            self.uop = build.const(data, dt or dtypes.default_int, dev)   # a symbolic int: a 0-d tensor of its value
+            self.uop = build.const(data, dt or sym_value_dtype(data), dev)   # a symbolic int: a 0-d tensor of its value
         elif isinstance(data, UOp):
             self.uop = data
         elif data is None or isinstance(data, (int, float, bool)):
@@ -548,6 +549,7 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
         new = argfix(shape, *args)
         if any(not isinstance(s, int) and not _is_sym_int(s) for s in new):
             raise TypeError(f"reshape takes ints, got {new}")
+        new = canonical_shape(new)
         if new.count(-1) > 1: raise RuntimeError("only one dimension can be inferred")
         if -1 in new and not (all_static(new) and all_static(self.shape)):
             raise NotImplementedError(f"reshape to {new}: -1 with a symbolic shape ({self.shape}); give every size")

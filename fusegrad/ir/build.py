@@ -9,6 +9,7 @@ from typing import Sequence
 from fusegrad.dtype import ConstType, DType, dtypes
 from fusegrad.helpers import argsort
 from fusegrad.ir.ops import GroupOp, Ops, UOp
+from fusegrad.ir.shape import canonical, canonical_shape
 
 
 def const(val: "ConstType | UOp", dtype: DType, device: str, shape: tuple = ()) -> UOp:
@@ -18,9 +19,11 @@ def const(val: "ConstType | UOp", dtype: DType, device: str, shape: tuple = ()) 
     c = UOp(Ops.CONST, dtype, (UOp(Ops.DEVICE, arg=device),), arg)
     return expand(reshape(c, (1,) * len(shape)), shape) if shape else c
 
+# symbolic sizes in movement args are kept in canonical form (shape.canonical), so equal sizes are the same node
+
 
 def reshape(x: UOp, shape: Sequence[int]) -> UOp:
-    shape = tuple(shape)
+    shape = canonical_shape(shape)
     if x.shape == shape: return x
     return UOp(Ops.RESHAPE, x.dtype, (x,), shape)
 
@@ -32,12 +35,12 @@ def permute(x: UOp, order: Sequence[int]) -> UOp:
 
 
 def expand(x: UOp, shape: Sequence[int]) -> UOp:
-    shape = tuple(shape)
+    shape = canonical_shape(shape)
     return x if x.shape == shape else UOp(Ops.EXPAND, x.dtype, (x,), shape)
 
 
 def _sint(x: "int | UOp") -> "int | UOp":
-    return x if isinstance(x, UOp) else int(x)
+    return canonical(x) if isinstance(x, UOp) else int(x)
 
 
 def pad(x: UOp, arg: Sequence[tuple[int, int]]) -> UOp:

@@ -120,10 +120,25 @@ def build_sum(terms: dict[UOp, int], const: int, dtype: Any) -> UOp:
     return out if const == 0 else UOp(Ops.ADD, dtype, (out, UOp.const(dtype, const)))
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def order_key(u: UOp) -> tuple:
+    """A total order on expressions, used to put the operands of sums and products of sizes in one canonical order
+    (variables by name), so `i + j` and `j + i` simplify to the same node."""
+    return (u.op.value, repr(u.arg), tuple(order_key(s) for s in u.src))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def range_free(u: UOp) -> bool:
+    """Whether `u` is a size expression (no loop index in it). Only those are reordered: index math keeps the order
+    that codegen built it in."""
+    return u.op not in (Ops.RANGE, Ops.SPECIAL) and all(range_free(s) for s in u.src)
+
+
 def fold_sum(x: UOp) -> UOp | None:
     """Combine like terms of an integer sum and fold (a//c)*c + a%c -> a; rebuild it in canonical order."""
     if not _is_int(x): return None
     terms, const = split_terms(x)
+    if range_free(x): terms = dict(sorted(terms.items(), key=lambda tc: order_key(tc[0])))
     # (a//c)*(k*c) + a%c*k -> a*k
     changed = True
     while changed:
@@ -140,6 +155,24 @@ def fold_sum(x: UOp) -> UOp | None:
                     break
     ret = build_sum(terms, const, x.dtype)
     return ret if ret is not x else None
+
+
+def fold_prod(x: UOp) -> UOp | None:
+    """A product of sizes in canonical order, constant last: j*(i*2) -> (i*j)*2 (so i*j and j*i are one node)."""
+    if not _is_int(x) or not range_free(x): return None
+    factors, const, stack = [], 1, [x]
+    while stack:
+        f = stack.pop()
+        if f.op is Ops.MUL: stack.extend(f.src)
+        elif f.op is Ops.CONST: const *= f.arg
+        else: factors.append(f)
+    if len(factors) < 2: return None   # x*c: the sum rules own it
+    if const == 0: return UOp.const(x.dtype, 0)
+    factors.sort(key=order_key)
+    out = factors[0]
+    for f in factors[1:]: out = UOp(Ops.MUL, x.dtype, (out, f))
+    if const != 1: out = UOp(Ops.MUL, x.dtype, (out, UOp.const(x.dtype, const)))
+    return out if out is not x else None
 
 
 def div_mod_fold(x: UOp, c: int, is_mod: bool, dtype: Any) -> UOp | None:
@@ -237,6 +270,7 @@ pm_symbolic = PatternMatcher([
     (UPat(Ops.MAX, src=[x_, y_]), lambda x, y: x if _is_int(x) and x.vmin >= y.vmax else None),  # max(x,y) -> x if x>=y
     # integer sums: combine like terms and reassociate constants
     (UPat(Ops.ADD, name="x"), fold_sum),                                              # x*2+y+x*3+1+2 -> x*5+y+3
+    (UPat(Ops.MUL, name="x"), fold_prod),                                              # j*(i*2) -> (i*j)*2
     ((x_ + c_) * c2_, lambda x, c, c2: x * c2.arg + c.arg * c2.arg if _is_int(x) else None),  # (x+c)*c2 -> x*c2+c*c2
     ((x_ * c_) * c2_, lambda x, c, c2: x * (c.arg * c2.arg) if _is_int(x) else None),  # (x*c)*c2 -> x*(c*c2)
     # division and modulo by constants

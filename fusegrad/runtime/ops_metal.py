@@ -129,8 +129,9 @@ class MetalProgram:
             enc = msg(cb, "computeCommandEncoder")
             msg(enc, "setComputePipelineState:", (self.pipeline, _H), restype=None)
             for i, b in enumerate(bufs): msg(enc, "setBuffer:offset:atIndex:", (b, _H), (0, _U), (i, _U), restype=None)
-            for i, v in enumerate(vals, len(bufs)):
-                msg(enc, "setBytes:length:atIndex:", (ctypes.byref(ctypes.c_int32(v)), _H), (4, _U), (i, _U),
+            for i, (v, var) in enumerate(zip(vals, self.spec.vars), len(bufs)):
+                arg = ctypes.c_int64(v) if var.dtype.itemsize == 8 else ctypes.c_int32(v)   # `constant long&` if 64-bit
+                msg(enc, "setBytes:length:atIndex:", (ctypes.byref(arg), _H), (ctypes.sizeof(arg), _U), (i, _U),
                     restype=None)
             msg(enc, "dispatchThreadgroups:threadsPerThreadgroup:", (self.groups, MTLSize), (self.threads, MTLSize),
                 restype=None)
