@@ -22,7 +22,7 @@ def const(val: "ConstType | UOp", dtype: DType, device: str, shape: tuple = ()) 
 # symbolic sizes in movement args are kept in canonical form (shape.canonical), so equal sizes are the same node
 
 
-def reshape(x: UOp, shape: Sequence[int]) -> UOp:
+def reshape(x: UOp, shape: "Sequence[int | UOp]") -> UOp:
     shape = canonical_shape(shape)
     if x.shape == shape: return x
     return UOp(Ops.RESHAPE, x.dtype, (x,), shape)
@@ -34,7 +34,7 @@ def permute(x: UOp, order: Sequence[int]) -> UOp:
     return UOp(Ops.PERMUTE, x.dtype, (x,), order)
 
 
-def expand(x: UOp, shape: Sequence[int]) -> UOp:
+def expand(x: UOp, shape: "Sequence[int | UOp]") -> UOp:
     shape = canonical_shape(shape)
     return x if x.shape == shape else UOp(Ops.EXPAND, x.dtype, (x,), shape)
 
@@ -43,12 +43,12 @@ def _sint(x: "int | UOp") -> "int | UOp":
     return canonical(x) if isinstance(x, UOp) else int(x)
 
 
-def pad(x: UOp, arg: Sequence[tuple[int, int]]) -> UOp:
+def pad(x: UOp, arg: "Sequence[tuple[int | UOp, int | UOp]]") -> UOp:
     arg = tuple((_sint(b), _sint(a)) for b, a in arg)
     return x if all(b == 0 and a == 0 for b, a in arg) else UOp(Ops.PAD, x.dtype, (x,), arg)
 
 
-def shrink(x: UOp, arg: Sequence[tuple[int, int]]) -> UOp:
+def shrink(x: UOp, arg: "Sequence[tuple[int | UOp, int | UOp]]") -> UOp:
     arg = tuple((_sint(b), _sint(e)) for b, e in arg)
     assert x.shape is not None
     if all(b == 0 and (e is s or e == s) for (b, e), s in zip(arg, x.shape)): return x

@@ -257,14 +257,14 @@ class UOp(metaclass=UOpMetaClass):
         assert) an AssertionError."""
         if self.op is not Ops.DEFINE_VAR: raise TypeError(f"only a Variable can be bound, not {self.op}")
         name, lo, hi = self.arg[:3]
-        if isinstance(val, UOp) and val.op is Ops.CONST: val = val.arg
-        if not _is_pyint(val):
-            raise TypeError(f"Variable {name!r} must be bound to an int, got {type(val).__name__}")
-        val = int(val)
-        if not lo <= val <= hi: raise BindError(f"Variable {name!r} bound to {val}, outside its range [{lo}, {hi}]")
-        if len(self.arg) > 3 and val % self.arg[3]:
-            raise BindError(f"Variable {name!r}: bind {val} not divisible by {self.arg[3]}")
-        return UOp(Ops.BIND, self.dtype, (self, UOp.const(self.dtype, val)))
+        raw: Any = val.arg if isinstance(val, UOp) and val.op is Ops.CONST else val
+        if not _is_pyint(raw):
+            raise TypeError(f"Variable {name!r} must be bound to an int, got {type(raw).__name__}")
+        v = operator.index(raw)
+        if not lo <= v <= hi: raise BindError(f"Variable {name!r} bound to {v}, outside its range [{lo}, {hi}]")
+        if len(self.arg) > 3 and v % self.arg[3]:
+            raise BindError(f"Variable {name!r}: bind {v} not divisible by {self.arg[3]}")
+        return UOp(Ops.BIND, self.dtype, (self, UOp.const(self.dtype, v)))
 
     def unbind(self) -> tuple["UOp", int]:
         """(variable, value) of a bound variable."""

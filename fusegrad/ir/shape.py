@@ -145,9 +145,10 @@ def canonical(x: sint) -> sint:
     """A size in canonical form: an int stays an int; a symbolic size is simplified (sums and products of variables
     in one fixed order), so sizes equal by commutativity are the same node and shapes holding them compare equal with
     `==` (`Tensor.ones(i + j).shape == Tensor.ones(j + i).shape`)."""
-    if isinstance(x, int): return x
+    from fusegrad.ir.ops import Ops, UOp
+    if not isinstance(x, UOp): return x
     if x.dtype.itemsize > 4:   # index math is 32-bit: a size can't hold a variable whose range needs 64 bits
-        names = sorted({n.arg[0] for n in x.toposort() if n.op.name == "DEFINE_VAR" and n.dtype.itemsize > 4})
+        names = sorted({n.arg[0] for n in x.toposort() if n.op is Ops.DEFINE_VAR and n.dtype.itemsize > 4})
         raise ValueError(f"a size or slice bound can't use the 64-bit variable {', '.join(map(repr, names)) or x}: "
                          "sizes and indices are 32-bit; give the variable a range inside [-2**31, 2**31)")
     return _static(_simp(x))

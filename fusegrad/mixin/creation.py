@@ -31,7 +31,7 @@ def _mix32(x: "Tensor") -> "Tensor":
 class CreationMixin:
     __slots__ = ()
     @classmethod
-    def _shape_arg(cls: "type[Tensor]", shape: tuple[Any, ...]) -> tuple[int, ...]:
+    def _shape_arg(cls: "type[Tensor]", shape: tuple[Any, ...]) -> tuple[Any, ...]:
         s = argfix(*shape)
         if not all(isinstance(x, int) or is_sym_int(x) for x in s): raise TypeError(f"shape must be ints, got {s}")
         if any(x < 0 if isinstance(x, int) else x.vmin < 0 for x in s):
@@ -51,7 +51,7 @@ class CreationMixin:
         """A tensor of `shape` filled with `fill_value`. fusegrad keeps it a broadcast constant until it is used
         (no buffer is allocated either way); `buffer` is accepted for tinygrad compatibility."""
         s = cls._shape_arg((shape,) if isinstance(shape, int) else tuple(shape))
-        if is_sym_int(fill_value):   # a bound Variable (or an expression of one): the kernel reads its value
+        if isinstance(fill_value, UOp) and is_sym_int(fill_value):   # a bound Variable (or an expression of one): the kernel reads its value
             dt = to_dtype(dtype) if dtype is not None else sym_value_dtype(fill_value)
         else: dt = to_dtype(dtype) if dtype is not None else dtypes.from_py(fill_value)
         return cls(build.const(fill_value, dt, canonical_device(device), s), requires_grad=requires_grad)

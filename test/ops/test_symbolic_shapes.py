@@ -309,6 +309,10 @@ def test_variable_api():
     with pytest.raises(TypeError): b.bind(3)
     with pytest.raises(TypeError): Tensor.ones(3).uop.unbind()
     assert n.bind(np.int64(4)).val == 4
+    from fusegrad import Context
+    with Context(SPEC=2):   # a variable with multiple_of passes the IR checks and runs
+        for k in (0, 4, 8):
+            np.testing.assert_equal(Tensor(A.reshape(-1))[:m.bind(k)].sum().numpy(), A.reshape(-1)[:k].sum())
     rows = np.arange(40, dtype=np.float32).reshape(10, 4)
     t = Tensor(rows)[:b] * 2
     assert t.linear_with_vars()[1] == {n: 3}
@@ -336,3 +340,22 @@ def test_tinyjit_one_capture_for_every_value():
     assert len(realize._programs) == compiled, "a replay with a new value compiled a kernel"
     for k, p, o in outs:
         np.testing.assert_allclose(o, (A[:k] @ B).sum(0) + A[p:p + 2].sum(), rtol=1e-5, atol=1e-5)
+
+
+def test_tinyjit_variable_values_and_int64():
+    """Bound variables passed to a jitted function as values (an add, a fill, a 64-bit fill, a symbolic size) replay
+    with each call's values."""
+    from fusegrad import TinyJit
+    n, big = Variable("n", 1, 6), Variable("big", 0, 2**40)
+    x = Tensor(A).realize()
+
+    @TinyJit
+    def f(a: Tensor, v, w) -> tuple[Tensor, Tensor, Tensor]:
+        return (a + v).sum(0).realize(), (Tensor.full((2,), w) * 2).realize(), Tensor.full((v, 2), 1.5).sum().realize()
+    for k in (1, 3, 5, 2, 6):
+        val = 2**33 + k
+        o1, o2, o3 = f(x[:n.bind(k)], n.bind(k), big.bind(val))
+        np.testing.assert_allclose(o1.numpy(), (A[:k] + k).sum(0), rtol=1e-5)
+        np.testing.assert_equal(o2.numpy(), np.full(2, 2 * val, np.int64))
+        assert o3.item() == 1.5 * 2 * k
+    assert f.cnt == 5 and f.captured is not None
