@@ -16,7 +16,7 @@ from fusegrad.dtype import ConstType, DType, DTypeLike, dtypes, least_upper_dtyp
     strong_dtype, to_dtype, weak_dtype
 from fusegrad.helpers import PROFILE, TRAINING, VIZ, argfix, dedup, make_tuple, prod
 from fusegrad.ir import build
-from fusegrad.ir.ops import Ops, UOp, sym_infer
+from fusegrad.ir.ops import Ops, UOp, VarVals, sym_infer
 from fusegrad.ir.shape import (all_static, canonical_shape, is_sym_int as _is_sym_int, sle, smax, sprod, sym_eq,
                                sym_value_dtype)
 from fusegrad.mixin.alu import ALUMixin
@@ -321,9 +321,10 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
         return self.schedule(*lst)
 
     def linear_with_vars(self, *lst: "Tensor") -> tuple[list[Any], dict[Any, int]]:
-        """`(schedule_linear(*lst), {variable: bound value})` for the bound Variables the graphs use."""
+        """`(schedule_linear(*lst), {variable: bound value})` for the bound Variables the graphs use (a `VarVals`:
+        a lookup also takes the variable's name, `var_vals["n"]`, like tinygrad's newer releases)."""
         items = self.schedule(*lst)
-        return items, {v: val for si in items for v, val in si.var_vals.items()}
+        return items, VarVals({v: val for si in items for v, val in si.var_vals.items()})
 
     def realize(self, *lst: "Tensor", do_update_stats: bool = True) -> "Tensor":
         """Compute this tensor (and `lst`) now; later uses read the stored result. (`do_update_stats` is accepted

@@ -390,6 +390,18 @@ def ssimplify(u: UOp) -> UOp:
     return simplify(u)
 
 
+class VarVals(dict):
+    """`{Variable: value}`, as `Tensor.linear_with_vars()` returns it. A lookup also takes the variable's name, the
+    key tinygrad's newer releases use: `var_vals[n] == var_vals["n"]`."""
+    def _key(self, k: Any) -> Any:
+        if isinstance(k, str) and not super().__contains__(k):
+            return next((v for v in self if isinstance(v, UOp) and v.arg[0] == k), k)
+        return k
+    def __getitem__(self, k: Any) -> int: return super().__getitem__(self._key(k))
+    def __contains__(self, k: Any) -> bool: return super().__contains__(self._key(k))
+    def get(self, k: Any, default: Any = None) -> Any: return super().get(self._key(k), default)
+
+
 def sym_infer(u: UOp | int, var_vals: "dict[UOp, int] | dict[str, int] | None" = None) -> int:
     """Evaluate an integer expression given values for its variables (bound variables carry their own value)."""
     if isinstance(u, int): return u
@@ -412,4 +424,4 @@ def iter_nodes(roots: list[UOp]) -> Iterator[UOp]:
                 yield n
 
 
-__all__ = ["Ops", "GroupOp", "UOp", "BindError", "PtrDType", "print_tree", "pretty", "sym_infer", "math"]
+__all__ = ["Ops", "GroupOp", "UOp", "BindError", "VarVals", "PtrDType", "print_tree", "pretty", "sym_infer", "math"]

@@ -46,14 +46,20 @@ class CreationMixin:
 
     @classmethod
     def full(cls: "type[Tensor]", shape: tuple[Any, ...] | int, fill_value: "ConstType | UOp",
-             dtype: DTypeLike | None = None,
-             device: str | None = None, requires_grad: bool | None = None, buffer: bool = True) -> "Tensor":
+             dtype: DTypeLike | None = None, device: str | None = None, requires_grad: bool | None = None,
+             buffer: bool = True) -> "Tensor":
         """A tensor of `shape` filled with `fill_value`. fusegrad keeps it a broadcast constant until it is used
-        (no buffer is allocated either way); `buffer` is accepted for tinygrad compatibility."""
+        (no buffer is allocated either way); `buffer` is accepted for tinygrad compatibility. `fill_value` may be a
+        bound Variable (or an expression of one): the kernel reads its value.
+
+        >>> from fusegrad import Tensor, Variable
+        >>> Tensor.full((2,), Variable("n", 1, 9).bind(4)).tolist()
+        [4, 4]
+        """
         s = cls._shape_arg((shape,) if isinstance(shape, int) else tuple(shape))
-        if isinstance(fill_value, UOp) and is_sym_int(fill_value):   # a bound Variable (or an expression of one): the kernel reads its value
-            dt = to_dtype(dtype) if dtype is not None else sym_value_dtype(fill_value)
-        else: dt = to_dtype(dtype) if dtype is not None else dtypes.from_py(fill_value)
+        if dtype is not None: dt = to_dtype(dtype)
+        elif isinstance(fill_value, UOp) and is_sym_int(fill_value): dt = sym_value_dtype(fill_value)
+        else: dt = dtypes.from_py(fill_value)
         return cls(build.const(fill_value, dt, canonical_device(device), s), requires_grad=requires_grad)
 
     @classmethod

@@ -129,10 +129,10 @@ class MetalProgram:
             enc = msg(cb, "computeCommandEncoder")
             msg(enc, "setComputePipelineState:", (self.pipeline, _H), restype=None)
             for i, b in enumerate(bufs): msg(enc, "setBuffer:offset:atIndex:", (b, _H), (0, _U), (i, _U), restype=None)
-            for i, (v, var) in enumerate(zip(vals, self.spec.vars), len(bufs)):
-                arg = ctypes.c_int64(v) if var.dtype.itemsize == 8 else ctypes.c_int32(v)   # `constant long&` if 64-bit
-                msg(enc, "setBytes:length:atIndex:", (ctypes.byref(arg), _H), (ctypes.sizeof(arg), _U), (i, _U),
-                    restype=None)
+            for j, v in enumerate(vals):
+                arg = ctypes.c_int64(v) if self.spec.var_is_64bit(j) else ctypes.c_int32(v)   # 64-bit: `constant long&`
+                msg(enc, "setBytes:length:atIndex:", (ctypes.byref(arg), _H), (ctypes.sizeof(arg), _U),
+                    (len(bufs) + j, _U), restype=None)
             msg(enc, "dispatchThreadgroups:threadsPerThreadgroup:", (self.groups, MTLSize), (self.threads, MTLSize),
                 restype=None)
             msg(enc, "endEncoding", restype=None)
