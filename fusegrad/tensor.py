@@ -116,7 +116,9 @@ def _broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
     padded = [(1,) * (n - len(s)) + s for s in shapes]
     out = []
     for i, dims in enumerate(zip(*padded)):
-        non1 = {d for d in dims if d != 1}
+        non1: set[Any] = set()
+        for d in dims:   # symbolic sizes that are equal as expressions count once (sym_eq)
+            if d != 1 and not any(sym_eq(d, e) for e in non1): non1.add(d)
         if len(non1) > 1:
             a, b = [d for d in dims if d != 1][:2]
             raise RuntimeError(f"The size of tensor a ({a}) must match the size of tensor b ({b}) at non-singleton "

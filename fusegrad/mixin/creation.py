@@ -12,7 +12,7 @@ from fusegrad.dtype import ConstType, DType, DTypeLike, dtypes, to_dtype
 from fusegrad.helpers import argfix, prod
 from fusegrad.ir import build
 from fusegrad.ir.ops import Ops, UOp
-from fusegrad.ir.shape import canonical_shape, is_sym_int, smax, sprod, ssub, sym_value_dtype
+from fusegrad.ir.shape import canonical, canonical_shape, is_sym_int, smax, sprod, ssub, sym_value_dtype
 from fusegrad.storage import buffer_uop, buffer_view
 
 if TYPE_CHECKING:
@@ -118,7 +118,7 @@ class CreationMixin:
         if isinstance(start, UOp) or isinstance(stop, UOp):   # symbolic bounds: n = stop - start values
             if step != 1: raise NotImplementedError(f"arange with symbolic bounds needs step 1, got {step}")
             dev = canonical_device(device)
-            n = ssub(stop, start)
+            n = canonical(ssub(stop, start))
             iota = cls(UOp(Ops.IOTA, to_dtype(dtype) if dtype is not None else dtypes.default_int,
                               (UOp(Ops.DEVICE, arg=dev),), n))
             return iota + start if not (isinstance(start, int) and start == 0) else iota

@@ -194,6 +194,9 @@ def test_commutative_sizes_are_one_size():
         flat = Tensor(np.arange(16, dtype=np.float32))[:bi * bj]
         np.testing.assert_equal(flat.reshape(bj, bi).numpy(), np.arange(ki * kj, dtype=np.float32).reshape(kj, ki))
         assert flat.reshape(bj, bi).reshape(bj * bi).shape == flat.shape
+        np.testing.assert_equal((Tensor.ones(bi, bj).flatten() + Tensor.arange(bj * bi)).numpy(),
+                                np.arange(ki * kj) + 1)
+        assert Tensor.ones(1 + bi).shape == Tensor.ones(bi + 1).shape
 
 
 def test_full_with_a_variable_value():
