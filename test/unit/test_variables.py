@@ -83,3 +83,23 @@ def test_64bit_variable_is_a_64bit_kernel_argument():
         assert arg64 in to_program(ast_of(big), r).src
         assert f"{r.arg_int_prefix} small" in to_program(ast_of(small), r).src
     with pytest.raises((NotImplementedError, RuntimeError), match="64"): to_program(ast_of(big), WGSLRenderer())
+
+
+def test_canonical_sizes():
+    """Sums and products of variables have one normal form (terms ordered by variable name, products multiplied
+    out), so sizes equal as polynomials are the same node; each form is checked on every value against Python ints."""
+    import itertools
+
+    from fusegrad.ir.ops import sym_infer
+    from fusegrad.ir.shape import canonical
+    i, j, k = Variable("i", 1, 4), Variable("j", 0, 3), Variable("k", 2, 5)
+    pairs = [(i + j, j + i), (i * j, j * i), (k * (j * i), i * (k * j)), (2 * j + i * 3, i * 3 + j * 2),
+             (i * (j + 1), i * j + i), ((i + j) * (i - j), i * i - j * j),
+             ((i + 1) * (k + 2) * 3, 3 * i * k + 6 * i + 3 * k + 6)]
+    for a, b in pairs:
+        assert canonical(a) is canonical(b) and sym_eq(a, b), (a, b)
+        for vi, vj, vk in itertools.product(range(1, 5), range(0, 4), range(2, 6)):
+            env = {i: vi, j: vj, k: vk}
+            assert sym_infer(canonical(a), env) == sym_infer(a, env) == sym_infer(b, env)
+    assert not sym_eq(i + j, i + k) and not sym_eq(i * j, i * k)
+    assert canonical(i * j * 0) == 0 and canonical(i - i) == 0
