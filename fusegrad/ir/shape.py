@@ -150,7 +150,8 @@ def canonical(x: sint) -> sint:
     if x.dtype.itemsize > 4:   # index math is 32-bit: a size can't hold a variable whose range needs 64 bits
         names = sorted({n.arg[0] for n in x.toposort() if n.op is Ops.DEFINE_VAR and n.dtype.itemsize > 4})
         raise ValueError(f"a size or slice bound can't use the 64-bit variable {', '.join(map(repr, names)) or x}: "
-                         "sizes and indices are 32-bit; give the variable a range inside [-2**31, 2**31)")
+                         "sizes and indices are 32-bit; a variable in a size needs an int32 dtype (the default for a "
+                         "range inside [-2**31, 2**31))")
     return _static(_simp(x))
 
 
