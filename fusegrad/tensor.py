@@ -16,8 +16,9 @@ from fusegrad.dtype import ConstType, DType, DTypeLike, dtypes, least_upper_dtyp
     strong_dtype, to_dtype, weak_dtype
 from fusegrad.helpers import PROFILE, TRAINING, VIZ, argfix, dedup, make_tuple, prod
 from fusegrad.ir import build
-from fusegrad.ir.ops import Ops, UOp, sym_infer
-from fusegrad.ir.shape import all_static, is_sym_int as _is_sym_int, sle, smax, sprod, sym_eq
+from fusegrad.ir.ops import Ops, UOp, VarVals, sym_infer
+from fusegrad.ir.shape import (all_static, canonical_shape, is_sym_int as _is_sym_int, sle, smax, sprod, sym_eq,
+                               sym_value_dtype)
 from fusegrad.mixin.alu import ALUMixin
 from fusegrad.mixin.creation import CreationMixin
 from fusegrad.mixin.math import MathMixin
@@ -125,7 +126,9 @@ def _broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
     padded = [(1,) * (n - len(s)) + s for s in shapes]
     out = []
     for i, dims in enumerate(zip(*padded)):
-        non1 = {d for d in dims if d != 1}
+        non1: set[Any] = set()
+        for d in dims:   # symbolic sizes that are equal as expressions count once (sym_eq)
+            if d != 1 and not any(sym_eq(d, e) for e in non1): non1.add(d)
         if len(non1) > 1:
             a, b = [d for d in dims if d != 1][:2]
             raise RuntimeError(f"The size of tensor a ({a}) must match the size of tensor b ({b}) at non-singleton "
@@ -161,7 +164,7 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
         dt = to_dtype(dtype) if dtype is not None else None
         dev = _canonical_device(device)
         if isinstance(data, UOp) and data.shape is None and dtypes.is_int(data.dtype) and data.op is not Ops.CONST:
-            self.uop = build.const(data, dt or dtypes.default_int, dev)   # a symbolic int: a 0-d tensor of its value
+            self.uop = build.const(data, dt or sym_value_dtype(data), dev)   # a symbolic int: a 0-d tensor of its value
         elif isinstance(data, UOp):
             self.uop = data
         elif data is None or isinstance(data, (int, float, bool)):
@@ -369,9 +372,10 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
         return self.schedule(*lst)
 
     def linear_with_vars(self, *lst: "Tensor") -> tuple[list[Any], dict[Any, int]]:
-        """`(schedule_linear(*lst), {variable: bound value})` for the bound Variables the graphs use."""
+        """`(schedule_linear(*lst), {variable: bound value})` for the bound Variables the graphs use (a `VarVals`:
+        a lookup also takes the variable's name, `var_vals["n"]`, like tinygrad's newer releases)."""
         items = self.schedule(*lst)
-        return items, {v: val for si in items for v, val in si.var_vals.items()}
+        return items, VarVals({v: val for si in items for v, val in si.var_vals.items()})
 
     def realize(self, *lst: "Tensor", do_update_stats: bool = True) -> "Tensor":
         """Compute this tensor (and `lst`) now; later uses read the stored result. (`do_update_stats` is accepted
@@ -652,6 +656,7 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
         new = argfix(shape, *args)
         if any(not isinstance(s, int) and not _is_sym_int(s) for s in new):
             raise TypeError(f"reshape takes ints, got {new}")
+        new = canonical_shape(new)
         if new.count(-1) > 1: raise RuntimeError("only one dimension can be inferred")
         if -1 in new and not (all_static(new) and all_static(self.shape)):
             raise NotImplementedError(f"reshape to {new}: -1 with a symbolic shape ({self.shape}); give every size")

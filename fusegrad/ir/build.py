@@ -9,6 +9,7 @@ from typing import Sequence
 from fusegrad.dtype import ConstType, DType, dtypes
 from fusegrad.helpers import argsort
 from fusegrad.ir.ops import GroupOp, Ops, UOp
+from fusegrad.ir.shape import canonical, canonical_shape
 
 
 def const(val: "ConstType | UOp", dtype: DType, device: str | tuple[str, ...], shape: tuple = ()) -> UOp:
@@ -18,9 +19,11 @@ def const(val: "ConstType | UOp", dtype: DType, device: str | tuple[str, ...], s
     c = UOp(Ops.CONST, dtype, (UOp(Ops.DEVICE, arg=device),), arg)
     return expand(reshape(c, (1,) * len(shape)), shape) if shape else c
 
+# symbolic sizes in movement args are kept in canonical form (shape.canonical), so equal sizes are the same node
 
-def reshape(x: UOp, shape: Sequence[int]) -> UOp:
-    shape = tuple(shape)
+
+def reshape(x: UOp, shape: "Sequence[int | UOp]") -> UOp:
+    shape = canonical_shape(shape)
     if x.shape == shape: return x
     return UOp(Ops.RESHAPE, x.dtype, (x,), shape)
 
@@ -31,21 +34,21 @@ def permute(x: UOp, order: Sequence[int]) -> UOp:
     return UOp(Ops.PERMUTE, x.dtype, (x,), order)
 
 
-def expand(x: UOp, shape: Sequence[int]) -> UOp:
-    shape = tuple(shape)
+def expand(x: UOp, shape: "Sequence[int | UOp]") -> UOp:
+    shape = canonical_shape(shape)
     return x if x.shape == shape else UOp(Ops.EXPAND, x.dtype, (x,), shape)
 
 
 def _sint(x: "int | UOp") -> "int | UOp":
-    return x if isinstance(x, UOp) else int(x)
+    return canonical(x) if isinstance(x, UOp) else int(x)
 
 
-def pad(x: UOp, arg: Sequence[tuple[int, int]]) -> UOp:
+def pad(x: UOp, arg: "Sequence[tuple[int | UOp, int | UOp]]") -> UOp:
     arg = tuple((_sint(b), _sint(a)) for b, a in arg)
     return x if all(b == 0 and a == 0 for b, a in arg) else UOp(Ops.PAD, x.dtype, (x,), arg)
 
 
-def shrink(x: UOp, arg: Sequence[tuple[int, int]]) -> UOp:
+def shrink(x: UOp, arg: "Sequence[tuple[int | UOp, int | UOp]]") -> UOp:
     arg = tuple((_sint(b), _sint(e)) for b, e in arg)
     assert x.shape is not None
     if all(b == 0 and (e is s or e == s) for (b, e), s in zip(arg, x.shape)): return x

@@ -8,6 +8,7 @@ from __future__ import annotations
 import enum
 import functools
 import math
+import operator
 import weakref
 from typing import Any, Callable, Iterator
 
@@ -123,6 +124,19 @@ class UOpMetaClass(type):
         return ret
 
 
+class BindError(ValueError, AssertionError):
+    """A Variable bound to a value outside its range. A ValueError; also an AssertionError, since tinygrad's bind
+    asserts, so ported code catching either works."""
+
+
+def _is_pyint(x: Any) -> bool:
+    """An int, or an int-like scalar (numpy's), but not a bool."""
+    if isinstance(x, (bool, UOp)) or type(x).__name__ == "bool_": return False
+    try: operator.index(x)
+    except TypeError: return False
+    return True
+
+
 def _as_uop(x: "UOp | ConstType", dtype: DType) -> "UOp":
     return x if isinstance(x, UOp) else UOp.const(dtype, x)
 
@@ -213,34 +227,48 @@ class UOp(metaclass=UOpMetaClass):
         return UOp(Ops.RANGE, dtypes.int32, (_as_uop(size, dtypes.int32),), (rid, kind))
 
     @staticmethod
-    def variable(name: str, min_val: int, max_val: int, dtype: DType = dtypes.int32) -> "UOp":
+    def variable(name: str, min_val: int, max_val: int, dtype: DType = dtypes.weakint, multiple_of: int = 1,
+                 param: bool = False) -> "UOp":
         """A symbolic integer in [min_val, max_val] (`fusegrad.Variable`). Bind it to use it in a shape.
+
+        `dtype` stays `weakint` (the default) to let the range choose: int32, or int64 when the range needs it. With
+        `multiple_of=k` every bound value must be a multiple of k.
 
         >>> from fusegrad import Tensor, Variable
         >>> n = Variable("n", 1, 10)
         >>> Tensor.arange(10)[:n.bind(3)].tolist()
         [0, 1, 2]
         """
-        if not (isinstance(name, str) and isinstance(min_val, int) and isinstance(max_val, int)):
+        if not (isinstance(name, str) and _is_pyint(min_val) and _is_pyint(max_val)):
             raise TypeError(f"Variable(name: str, min_val: int, max_val: int), got {name!r}, {min_val!r}, {max_val!r}")
         if min_val > max_val:
             raise ValueError(f"Variable {name!r}: need min_val <= max_val, got [{min_val}, {max_val}]")
-        return UOp(Ops.DEFINE_VAR, dtype, (), (name, min_val, max_val))
+        if not _is_pyint(multiple_of) or multiple_of < 1:
+            raise ValueError(f"Variable {name!r}: multiple_of must be a positive int, got {multiple_of!r}")
+        if param: raise NotImplementedError("Variable(param=True) (a kernel PARAM variable) isn't supported")
+        if dtype == dtypes.weakint: dtype = dtypes.int32 if -2**31 <= min_val and max_val < 2**31 else dtypes.int64
+        if not dtypes.is_int(dtype) or dtype.count != 1:
+            raise TypeError(f"Variable {name!r}: dtype must be an int dtype, got {dtype}")
+        if min_val < dtypes.min(dtype) or max_val > dtypes.max(dtype):
+            raise ValueError(f"Variable {name!r}: range [{min_val}, {max_val}] doesn't fit {dtype}")
+        arg = (name, min_val, max_val) if multiple_of == 1 else (name, min_val, max_val, multiple_of)
+        return UOp(Ops.DEFINE_VAR, dtype, (), arg)
 
-    def bind(self, val: int) -> "UOp":
+    def bind(self, val: "int | UOp") -> "UOp":
         """This variable bound to `val`: usable in shapes and slices (`t[:n.bind(3)]`, `Tensor.ones(n.bind(3), 4)`).
-        Kernels are compiled for the variable, so every value of it shares one compiled kernel."""
+        Kernels are compiled for the variable, so every value of it shares one compiled kernel. A value outside the
+        range (or not a multiple of `multiple_of`) raises `BindError`, both a ValueError and (like tinygrad's
+        assert) an AssertionError."""
         if self.op is not Ops.DEFINE_VAR: raise TypeError(f"only a Variable can be bound, not {self.op}")
-        name, lo, hi = self.arg
-        if isinstance(val, UOp) and val.op is Ops.CONST: val = val.arg
-        if not isinstance(val, int) or isinstance(val, bool):
-            raise TypeError(f"Variable {name!r} must be bound to an int, got {type(val).__name__}")
-        if not lo <= val <= hi: raise ValueError(f"Variable {name!r} bound to {val}, outside its range [{lo}, {hi}]")
-        # kernels take variables as 32-bit int arguments: a wider value would be truncated (it read back as 0)
-        if not -2**31 <= val < 2**31:
-            raise ValueError(f"Variable {name!r} bound to {val}: kernels pass variables as 32-bit ints, so a bound "
-                             "value must lie in [-2**31, 2**31)")
-        return UOp(Ops.BIND, self.dtype, (self, UOp.const(self.dtype, val)))
+        name, lo, hi = self.arg[:3]
+        raw: Any = val.arg if isinstance(val, UOp) and val.op is Ops.CONST else val
+        if not _is_pyint(raw):
+            raise TypeError(f"Variable {name!r} must be bound to an int, got {type(raw).__name__}")
+        v = operator.index(raw)
+        if not lo <= v <= hi: raise BindError(f"Variable {name!r} bound to {v}, outside its range [{lo}, {hi}]")
+        if len(self.arg) > 3 and v % self.arg[3]:
+            raise BindError(f"Variable {name!r}: bind {v} not divisible by {self.arg[3]}")
+        return UOp(Ops.BIND, self.dtype, (self, UOp.const(self.dtype, v)))
 
     def unbind(self) -> tuple["UOp", int]:
         """(variable, value) of a bound variable."""
@@ -248,9 +276,39 @@ class UOp(metaclass=UOpMetaClass):
         return self.src[0], int(self.src[1].arg)
 
     @property
+    def val(self) -> int:
+        """The value of a bound variable (`n.bind(3).val == 3`)."""
+        return self.unbind()[1]
+
+    def unbind_all(self) -> tuple["UOp", dict["UOp", int]]:
+        """(this expression with every bound variable unbound, {variable: value})."""
+        binds = {n: n.src[0] for n in self.toposort() if n.op is Ops.BIND}
+        vals: dict[UOp, int] = {}
+        for b, var in binds.items():
+            if vals.setdefault(var, b.val) != b.val:
+                raise ValueError(f"variable {var.arg[0]!r} is bound to both {vals[var]} and {b.val}")
+        if not binds: return self, vals
+        from fusegrad.ir.pattern import substitute
+        return substitute(self, binds), vals
+
+    def variables(self) -> list["UOp"]:
+        """The (unbound) variables this expression uses, sorted by name."""
+        found = {n.src[0] if n.op is Ops.BIND else n for n in self.toposort() if n.op in (Ops.BIND, Ops.DEFINE_VAR)}
+        return sorted(found, key=lambda v: v.arg)
+
+    @property
     def expr(self) -> str:
         """The variable's name (tinygrad spelling)."""
         return (self.src[0] if self.op is Ops.BIND else self).arg[0]
+
+    def simplify(self) -> "UOp":
+        """This int expression simplified to canonical form (`(j + i).simplify() is (i + j).simplify()`)."""
+        from fusegrad.ir.symbolic import simplify
+        return simplify(self)
+
+    def sym_infer(self, var_vals: "dict[UOp, int] | dict[str, int] | None" = None) -> int:
+        """The value of this int expression, with `var_vals` giving variables' values (by Variable or by name)."""
+        return sym_infer(self, var_vals)
 
     def alu(self, op: Ops, *srcs: "UOp | ConstType") -> "UOp":
         out_dtype = dtypes.bool if op in GroupOp.Comparison else self.dtype
@@ -336,15 +394,28 @@ def ssimplify(u: UOp) -> UOp:
     return simplify(u)
 
 
-def sym_infer(u: UOp | int, var_vals: dict[UOp, int] | None = None) -> int:
+class VarVals(dict):
+    """`{Variable: value}`, as `Tensor.linear_with_vars()` returns it. A lookup also takes the variable's name, the
+    key tinygrad's newer releases use: `var_vals[n] == var_vals["n"]`."""
+    def _key(self, k: Any) -> Any:
+        if isinstance(k, str) and not super().__contains__(k):
+            return next((v for v in self if isinstance(v, UOp) and v.arg[0] == k), k)
+        return k
+    def __getitem__(self, k: Any) -> int: return super().__getitem__(self._key(k))
+    def __contains__(self, k: Any) -> bool: return super().__contains__(self._key(k))
+    def get(self, k: Any, default: Any = None) -> Any: return super().get(self._key(k), default)
+
+
+def sym_infer(u: UOp | int, var_vals: "dict[UOp, int] | dict[str, int] | None" = None) -> int:
     """Evaluate an integer expression given values for its variables (bound variables carry their own value)."""
     if isinstance(u, int): return u
     from fusegrad.ir.alu import exec_alu
     if u.op is Ops.CONST: return int(u.arg)
     if u.op is Ops.BIND: return int(u.src[1].arg)
     if u.op is Ops.DEFINE_VAR:
-        if var_vals is None or u not in var_vals: raise ValueError(f"variable {u.arg[0]!r} is not bound to a value")
-        return var_vals[u]
+        if var_vals is not None and u in var_vals: return int(var_vals[u])   # type: ignore[index]
+        if var_vals is not None and u.arg[0] in var_vals: return int(var_vals[u.arg[0]])   # type: ignore[index]
+        raise ValueError(f"variable {u.arg[0]!r} is not bound to a value")
     return int(exec_alu(u.op, u.dtype, [sym_infer(s, var_vals) for s in u.src]))
 
 
@@ -357,4 +428,4 @@ def iter_nodes(roots: list[UOp]) -> Iterator[UOp]:
                 yield n
 
 
-__all__ = ["Ops", "GroupOp", "UOp", "PtrDType", "print_tree", "pretty", "sym_infer", "math"]
+__all__ = ["Ops", "GroupOp", "UOp", "BindError", "VarVals", "PtrDType", "print_tree", "pretty", "sym_infer", "math"]

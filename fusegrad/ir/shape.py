@@ -144,3 +144,28 @@ def infer_shape(u: "UOp") -> tuple[int, ...] | None:
             raise ValueError(f"{op} with mismatched shapes {shapes}")
         return ss
     return ss  # CAST, BITCAST, CONTIGUOUS, DETACH, COPY keep the shape
+
+
+def canonical(x: sint) -> sint:
+    """A size in canonical form: an int stays an int; a symbolic size is simplified (sums and products of variables
+    in one fixed order), so sizes equal by commutativity are the same node and shapes holding them compare equal with
+    `==` (`Tensor.ones(i + j).shape == Tensor.ones(j + i).shape`)."""
+    from fusegrad.ir.ops import Ops, UOp
+    if not isinstance(x, UOp): return x
+    if x.dtype.itemsize > 4:   # index math is 32-bit: a size can't hold a variable whose range needs 64 bits
+        names = sorted({n.arg[0] for n in x.toposort() if n.op is Ops.DEFINE_VAR and n.dtype.itemsize > 4})
+        raise ValueError(f"a size or slice bound can't use the 64-bit variable {', '.join(map(repr, names)) or x}: "
+                         "sizes and indices are 32-bit; a variable in a size needs an int32 dtype (the default for a "
+                         "range inside [-2**31, 2**31))")
+    return _static(_simp(x))
+
+
+def canonical_shape(shape: Sequence[sint]) -> tuple[sint, ...]:
+    return tuple(canonical(s) for s in shape)
+
+
+def sym_value_dtype(x: "UOp") -> Any:
+    """The dtype of a tensor holding the value of a symbolic int (`Tensor(v)`, `Tensor.full(shape, v)`): the default
+    int, or int64 for a variable whose range needs 64 bits."""
+    from fusegrad.dtype import dtypes
+    return dtypes.int64 if x.dtype.itemsize > 4 else dtypes.default_int

@@ -82,7 +82,8 @@ _scalar_rules = [
     (UPat(Ops.PARAM, src=(), name="x"),
      lambda x: isinstance(x.dtype, PtrDType) and isinstance(x.arg, int) and x.arg >= 0),  # a kernel buffer argument
     (UPat(Ops.DEFINE_VAR, src=(), name="x"), lambda x: dtypes.is_int(x.dtype) and isinstance(x.arg, tuple)
-     and len(x.arg) == 3 and isinstance(x.arg[0], str) and x.arg[1] <= x.arg[2]),      # a bounded symbolic int
+     and len(x.arg) in (3, 4) and isinstance(x.arg[0], str) and x.arg[1] <= x.arg[2]
+     and (len(x.arg) == 3 or x.arg[3] >= 1)),          # a bounded symbolic int (name, min, max[, multiple_of])
     (UPat(Ops.SPECIAL, src=(UPat.var("n"),), name="x"),
      lambda x, n: dtypes.is_int(x.dtype) and n.dtype == x.dtype and isinstance(x.arg, str)),  # a hardware index
     (UPat(Ops.INDEX, src=(_BUF, UPat.var("i")), name="x"),                             # buf[i]: ptr base -> element

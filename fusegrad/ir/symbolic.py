@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
+import weakref
 from typing import Any
 
 from fusegrad.dtype import ConstType, dtypes
@@ -120,10 +121,37 @@ def build_sum(terms: dict[UOp, int], const: int, dtype: Any) -> UOp:
     return out if const == 0 else UOp(Ops.ADD, dtype, (out, UOp.const(dtype, const)))
 
 
+_order_keys: "weakref.WeakKeyDictionary[UOp, tuple]" = weakref.WeakKeyDictionary()
+_range_free: "weakref.WeakKeyDictionary[UOp, bool]" = weakref.WeakKeyDictionary()
+
+
+def _memo_walk(u: UOp, memo: Any, fn: Any) -> Any:
+    """fn(node) for u and every node under it not in memo yet, children first (iterative: a deep chain doesn't
+    recurse); fn reads its children's results from memo."""
+    if (r := memo.get(u)) is not None: return r
+    for n in u.toposort(gate=lambda n: n not in memo):
+        if n not in memo: memo[n] = fn(n)
+    return memo[u]
+
+
+def order_key(u: UOp) -> tuple:
+    """A total order on expressions, used to put the operands of sums and products of sizes in one canonical order
+    (variables by name), so `i + j` and `j + i` simplify to the same node."""
+    return _memo_walk(u, _order_keys, lambda n: (n.op.value, repr(n.arg), tuple(_order_keys[s] for s in n.src)))
+
+
+def range_free(u: UOp) -> bool:
+    """Whether `u` is a size expression (no loop index in it). Only those are reordered: index math keeps the order
+    that codegen built it in."""
+    return _memo_walk(u, _range_free,
+                      lambda n: n.op not in (Ops.RANGE, Ops.SPECIAL) and all(_range_free[s] for s in n.src))
+
+
 def fold_sum(x: UOp) -> UOp | None:
     """Combine like terms of an integer sum and fold (a//c)*c + a%c -> a; rebuild it in canonical order."""
     if not _is_int(x): return None
     terms, const = split_terms(x)
+    if range_free(x): terms = dict(sorted(terms.items(), key=lambda tc: order_key(tc[0])))
     # (a//c)*(k*c) + a%c*k -> a*k
     changed = True
     while changed:
@@ -140,6 +168,50 @@ def fold_sum(x: UOp) -> UOp | None:
                     break
     ret = build_sum(terms, const, x.dtype)
     return ret if ret is not x else None
+
+
+def fold_prod(x: UOp) -> UOp | None:
+    """A product of sizes in canonical order, constant last: j*(i*2) -> (i*j)*2 (so i*j and j*i are one node)."""
+    if not _is_int(x) or not range_free(x): return None
+    factors, const, stack = [], 1, [x]
+    while stack:
+        f = stack.pop()
+        if f.op is Ops.MUL: stack.extend(f.src)
+        elif f.op is Ops.CONST: const *= f.arg
+        else: factors.append(f)
+    if len(factors) < 2: return None   # x*c: the sum rules own it
+    if const == 0: return UOp.const(x.dtype, 0)
+    if any(f.op is Ops.ADD for f in factors): return _distribute(factors, const, x.dtype)
+    out = _monomial(factors, x.dtype)
+    if const != 1: out = UOp(Ops.MUL, x.dtype, (out, UOp.const(x.dtype, const)))
+    return out if out is not x else None
+
+
+def _monomial(factors: list[UOp], dtype: Any) -> UOp:
+    """A product of non-constant factors in canonical order."""
+    fs = sorted(factors, key=order_key)
+    out = fs[0]
+    for f in fs[1:]: out = UOp(Ops.MUL, dtype, (out, f))
+    return out
+
+
+def _distribute(factors: list[UOp], const: int, dtype: Any, limit: int = 32) -> UOp | None:
+    """A product of sums of sizes multiplied out into a sum of monomials, i*(j+1) -> i*j + i, so that polynomials in
+    the variables have one normal form (None past `limit` terms: the product stays as it is)."""
+    expanded: list[tuple[tuple[UOp, ...], int]] = [((), const)]
+    for f in factors:
+        terms, c = split_terms(f) if f.op is Ops.ADD else ({f: 1}, 0)
+        parts = list(terms.items()) + ([(None, c)] if c else [])
+        expanded = [(m + ((t,) if t is not None else ()), k * kt) for m, k in expanded for t, kt in parts]
+        if len(expanded) > limit: return None
+    out: dict[UOp, int] = {}
+    total = 0
+    for m, k in expanded:
+        if not m: total += k
+        else:
+            mono = _monomial(list(m), dtype)
+            out[mono] = out.get(mono, 0) + k
+    return build_sum({t: k for t, k in out.items() if k}, total, dtype)
 
 
 def div_mod_fold(x: UOp, c: int, is_mod: bool, dtype: Any) -> UOp | None:
@@ -237,6 +309,7 @@ pm_symbolic = PatternMatcher([
     (UPat(Ops.MAX, src=[x_, y_]), lambda x, y: x if _is_int(x) and x.vmin >= y.vmax else None),  # max(x,y) -> x if x>=y
     # integer sums: combine like terms and reassociate constants
     (UPat(Ops.ADD, name="x"), fold_sum),                                              # x*2+y+x*3+1+2 -> x*5+y+3
+    (UPat(Ops.MUL, name="x"), fold_prod),                                              # j*(i*2) -> (i*j)*2
     ((x_ + c_) * c2_, lambda x, c, c2: x * c2.arg + c.arg * c2.arg if _is_int(x) else None),  # (x+c)*c2 -> x*c2+c*c2
     ((x_ * c_) * c2_, lambda x, c, c2: x * (c.arg * c2.arg) if _is_int(x) else None),  # (x*c)*c2 -> x*(c*c2)
     # division and modulo by constants

@@ -12,7 +12,7 @@ from fusegrad.dtype import ConstType, DType, DTypeLike, dtypes, to_dtype
 from fusegrad.helpers import argfix, prod
 from fusegrad.ir import build
 from fusegrad.ir.ops import Ops, UOp
-from fusegrad.ir.shape import is_sym_int, smax, sprod, ssub
+from fusegrad.ir.shape import canonical, canonical_shape, is_sym_int, smax, sprod, ssub, sym_value_dtype
 from fusegrad.storage import buffer_uop, buffer_view
 
 if TYPE_CHECKING:
@@ -31,12 +31,12 @@ def _mix32(x: "Tensor") -> "Tensor":
 class CreationMixin:
     __slots__ = ()
     @classmethod
-    def _shape_arg(cls: "type[Tensor]", shape: tuple[Any, ...]) -> tuple[int, ...]:
+    def _shape_arg(cls: "type[Tensor]", shape: tuple[Any, ...]) -> tuple[Any, ...]:
         s = argfix(*shape)
         if not all(isinstance(x, int) or is_sym_int(x) for x in s): raise TypeError(f"shape must be ints, got {s}")
         if any(x < 0 if isinstance(x, int) else x.vmin < 0 for x in s):
             raise RuntimeError(f"invalid shape {s}: dimension sizes must be non-negative")
-        return tuple(s)
+        return canonical_shape(s)
 
     @classmethod
     def empty(cls: "type[Tensor]", *shape: Any, device: str | None = None, dtype: DTypeLike | None = None) -> "Tensor":
@@ -48,12 +48,21 @@ class CreationMixin:
         return cls(buffer_view(buffer_uop(Buffer(dev, smax(sprod(s)), dt)), s))
 
     @classmethod
-    def full(cls: "type[Tensor]", shape: tuple[int, ...] | int, fill_value: ConstType, dtype: DTypeLike | None = None,
-             device: str | None = None, requires_grad: bool | None = None, buffer: bool = True) -> "Tensor":
+    def full(cls: "type[Tensor]", shape: tuple[Any, ...] | int, fill_value: "ConstType | UOp",
+             dtype: DTypeLike | None = None, device: str | None = None, requires_grad: bool | None = None,
+             buffer: bool = True) -> "Tensor":
         """A tensor of `shape` filled with `fill_value`. fusegrad keeps it a broadcast constant until it is used
-        (no buffer is allocated either way); `buffer` is accepted for tinygrad compatibility."""
+        (no buffer is allocated either way); `buffer` is accepted for tinygrad compatibility. `fill_value` may be a
+        bound Variable (or an expression of one): the kernel reads its value.
+
+        >>> from fusegrad import Tensor, Variable
+        >>> Tensor.full((2,), Variable("n", 1, 9).bind(4)).tolist()
+        [4, 4]
+        """
         s = cls._shape_arg((shape,) if isinstance(shape, int) else tuple(shape))
-        dt = to_dtype(dtype) if dtype is not None else dtypes.from_py(fill_value)
+        if dtype is not None: dt = to_dtype(dtype)
+        elif isinstance(fill_value, UOp) and is_sym_int(fill_value): dt = sym_value_dtype(fill_value)
+        else: dt = dtypes.from_py(fill_value)
         return cls(build.const(fill_value, dt, canonical_device(device), s), requires_grad=requires_grad)
 
     @classmethod
@@ -112,7 +121,7 @@ class CreationMixin:
         if isinstance(start, UOp) or isinstance(stop, UOp):   # symbolic bounds: n = stop - start values
             if step != 1: raise NotImplementedError(f"arange with symbolic bounds needs step 1, got {step}")
             dev = canonical_device(device)
-            n = ssub(stop, start)
+            n = canonical(ssub(stop, start))
             iota = cls(UOp(Ops.IOTA, to_dtype(dtype) if dtype is not None else dtypes.default_int,
                               (UOp(Ops.DEVICE, arg=dev),), n))
             return iota + start if not (isinstance(start, int) and start == 0) else iota
@@ -168,11 +177,21 @@ class CreationMixin:
         return _mix32(_mix32(ctr ^ k.expand(num)) + 0x85157AF5)
 
     @classmethod
+    def _rand_symbolic(cls: "type[Tensor]", draw: Any, s: tuple[Any, ...], device: str | None, dtype: DTypeLike | None,
+                       requires_grad: bool | None) -> "Tensor":
+        """Samples of a symbolic shape: drawn at the largest shape its variables allow (so the RNG counter advances by
+        the same amount for every bound value, and a TinyJit replay draws like the capture) and shrunk to the
+        bound sizes."""
+        full = draw(*[smax(x) for x in s], device=device, dtype=dtype)
+        return cls(full.shrink(tuple((0, x) for x in s)).uop, requires_grad=requires_grad)
+
+    @classmethod
     def rand(cls: "type[Tensor]", *shape: Any, device: str | None = None, dtype: DTypeLike | None = None,
              requires_grad: bool | None = None, contiguous: bool = True) -> "Tensor":
         """Uniform samples in [0, 1). (`contiguous` is accepted for tinygrad compatibility: fusegrad always draws the
         samples at the call, into their own buffer.)"""
         s = cls._shape_arg(shape)
+        if not all(isinstance(x, int) for x in s): return cls._rand_symbolic(cls.rand, s, device, dtype, requires_grad)
         dev = canonical_device(device)
         bits = cls._random_bits(prod(s), dev)
         dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
@@ -190,6 +209,7 @@ class CreationMixin:
               requires_grad: bool | None = None) -> "Tensor":
         """Standard normal samples (Box-Muller on two uniform draws)."""
         s = cls._shape_arg(shape)
+        if not all(isinstance(x, int) for x in s): return cls._rand_symbolic(cls.randn, s, device, dtype, requires_grad)
         u = cls.rand(2, prod(s), device=device)
         r = (-2.0 * (1.0 - u[0:1]).log()).sqrt()
         z = r * (u[1:2] * (2 * math.pi)).cos()

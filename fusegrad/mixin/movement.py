@@ -597,12 +597,12 @@ def _symbolic_index(i: Any, size: Any) -> bool:
 def _symbolic_bounds(i: Any, size: Any, ax: int) -> tuple[Any, Any]:
     """(begin, end) of a symbolic index or step-1 slice. Python's clamping of out-of-range slices needs the values, so
     here every bound must provably lie in [0, size] (negative ints count from a static end)."""
-    from fusegrad.ir.shape import sadd, sle
+    from fusegrad.ir.shape import canonical, sadd, sle
     if isinstance(i, slice):
         if i.step not in (None, 1): raise NotImplementedError(f"slice step {i.step} with a symbolic shape or bound")
-        b = 0 if i.start is None else i.start
-        e = size if i.stop is None else i.stop
-    else: b, e = i, sadd(i, 1)
+        b = 0 if i.start is None else canonical(i.start)
+        e = size if i.stop is None else canonical(i.stop)
+    else: b, e = canonical(i), sadd(canonical(i), 1)
     if isinstance(i, slice) and isinstance(size, int):  # t[-3:n] counts from the end of a static axis
         if isinstance(b, int) and b < 0: b += size
         if isinstance(e, int) and e < 0: e += size

@@ -22,6 +22,11 @@ class ProgramSpec:
     display_name: str = ""
     thread_size: int = 0    # >0: the kernel takes (core_start, core_end) and may be split over that many iterations
 
+    def var_is_64bit(self, i: int) -> bool:
+        """Whether the i-th variable argument is passed as a 64-bit int (a variable whose range needs 64 bits)."""
+        v = self.vars[i] if i < len(self.vars) else None
+        return getattr(getattr(v, "dtype", None), "itemsize", 4) == 8
+
 
 class Renderer:
     """Base class: a target's name for the device it renders for, and which dtypes it supports."""

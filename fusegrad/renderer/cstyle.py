@@ -214,7 +214,10 @@ class CStyleLanguage(Renderer):
                 args.append(f"{self.buffer_prefix}{self.buffer_type(dt.base)}*{self.buffer_suffix} data{u.arg}")
             elif op is Ops.DEFINE_VAR:
                 r[u] = u.arg[0]
-                args.append(f"{self.arg_int_prefix} {u.arg[0]}")
+                # a variable whose range needs 64 bits is a 64-bit argument (`const long long n`)
+                prefix = self.arg_int_prefix if dt == dtypes.int32 else \
+                    self.arg_int_prefix.replace("int", self.render_dtype(dt))
+                args.append(f"{prefix} {u.arg[0]}")
             elif op is Ops.CONST:
                 r[u] = self.render_const(u.arg, dt.scalar())
                 if dt.count > 1: r[u] = self.render_lanes(dt, [r[u]] * dt.count)

@@ -133,8 +133,9 @@ class _Function:
             self.args.append(f"ptr noalias %data{u.arg}")
             return f"%data{u.arg}"
         if op is Ops.DEFINE_VAR:
-            self.args.append(f"i32 %var_{u.arg[0]}")
-            return self.int_resize(f"%var_{u.arg[0]}", dtypes.int32, dt)
+            wide = dt.itemsize == 8   # a variable whose range needs 64 bits is an i64 argument
+            self.args.append(f"{'i64' if wide else 'i32'} %var_{u.arg[0]}")
+            return self.int_resize(f"%var_{u.arg[0]}", dtypes.int64 if wide else dtypes.int32, dt)
         if op is Ops.CONST: return lconst(u.arg, dt)
         if op is Ops.DEFINE_REG:
             assert isinstance(dt, PtrDType)

@@ -201,6 +201,8 @@ class WGSLRenderer(Renderer):
                 access = "read_write" if u in written else "read"
                 decls.append(f"@group(0) @binding({u.arg}) var<storage, {access}> data{u.arg}: array<{elem}>;")
             elif op is Ops.DEFINE_VAR:  # symbolic sizes: the runtime binds their values as one i32 array after the buffers
+                if dt.itemsize > 4:
+                    raise NotImplementedError(f"WEBGPU: variable {u.arg[0]!r} needs 64 bits (WGSL has no 64-bit ints)")
                 if not n_vars: decls.append(f"@group(0) @binding({n_params}) var<storage, read> fg_vars: array<i32>;")
                 r[u] = u.arg[0]
                 line(f"let {u.arg[0]}: i32 = fg_vars[{n_vars}];")

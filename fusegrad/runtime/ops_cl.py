@@ -215,8 +215,10 @@ class CLProgram:
         cl = libcl()
         for i, b in enumerate(bufs): check(cl.clSetKernelArg(self.kernel, i, ctypes.sizeof(_H), ctypes.byref(b)),
                                            f"clSetKernelArg({self.name}, {i})")
-        for i, v in enumerate(vals, len(bufs)):
-            check(cl.clSetKernelArg(self.kernel, i, 4, ctypes.byref(_int(v))), f"clSetKernelArg({self.name}, {i})")
+        for j, v in enumerate(vals):
+            arg = ctypes.c_int64(v) if self.spec.var_is_64bit(j) else _int(v)   # a 64-bit variable is a `long` arg
+            check(cl.clSetKernelArg(self.kernel, len(bufs) + j, ctypes.sizeof(arg), ctypes.byref(arg)),
+                  f"clSetKernelArg({self.name}, {len(bufs) + j})")
         event = _H()
         check(cl.clEnqueueNDRangeKernel(self.dev.queue, self.kernel, len(self.global_size), None, self.global_size,
                                         self.local_size, 0, None, ctypes.byref(event) if wait else None),

@@ -221,6 +221,11 @@ def _pool(n: int) -> Any:
     return ThreadPoolExecutor(max_workers=n, thread_name_prefix="fusegrad-cpu")
 
 
+def var_ctypes(spec: ProgramSpec) -> list[Any]:
+    """The C types the variables are passed as: int, or long long for one whose range needs 64 bits."""
+    return [ctypes.c_int64 if spec.var_is_64bit(i) else ctypes.c_int for i in range(len(spec.vars))]
+
+
 class CPUProgram:
     """A loaded kernel. Call with buffer addresses; returns the time in seconds when wait=True. A kernel rendered
     with a thread loop takes (core_start, core_end) and is split into one contiguous chunk per thread."""
@@ -242,7 +247,7 @@ class CPUProgram:
             except OSError as e2:
                 raise (_noexec_error(e2) if _noexec(e2) else CompileError(f"kernel {spec.name}: {e2}")) from None
             diskcache_put(comp.table, hash_bytes(spec.src), lib)
-        self.fxn.argtypes = [ctypes.c_void_p] * spec.nbufs + [ctypes.c_int] * len(spec.vars) + \
+        self.fxn.argtypes = [ctypes.c_void_p] * spec.nbufs + var_ctypes(spec) + \
             ([ctypes.c_int, ctypes.c_int] if spec.thread_size else [])
         self.fxn.restype = None
         n = spec.thread_size

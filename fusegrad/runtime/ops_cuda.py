@@ -222,7 +222,8 @@ class CUDAProgram:
 
     def __call__(self, *bufs: int, vals: tuple[int, ...] = (), wait: bool = False) -> float | None:
         self.dev.bind()
-        args = [_u64(b) for b in bufs] + [ctypes.c_int32(v) for v in vals]
+        args = [_u64(b) for b in bufs] + [ctypes.c_int64(v) if self.spec.var_is_64bit(j) else ctypes.c_int32(v)
+                                          for j, v in enumerate(vals)]
         params = (_H * max(len(args), 1))(*[ctypes.addressof(a) for a in args])
         start, end = (self.dev.events if wait else (None, None))
         if wait: cu("cuEventRecord", start, self.dev.stream)

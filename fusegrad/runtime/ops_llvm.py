@@ -15,7 +15,7 @@ from typing import Any
 from fusegrad.device import Compiled, CompileError, Compiler
 from fusegrad.renderer import ProgramSpec
 from fusegrad.renderer.llvmir import LLVMRenderer
-from fusegrad.runtime.ops_cpu import CPUAllocator, CPUProgram, cpu_threads, simd_bytes
+from fusegrad.runtime.ops_cpu import CPUAllocator, CPUProgram, cpu_threads, simd_bytes, var_ctypes
 
 INSTALL_HINT = "`pip install llvmlite` (it bundles LLVM; nothing else to install)"
 _lock = threading.Lock()  # llvmlite locks each call, but a compile or a load is a sequence of calls
@@ -89,7 +89,7 @@ class LLVMProgram(CPUProgram):
             self.engine.finalize_object()
             addr = self.engine.get_function_address(spec.name)
         if not addr: raise CompileError(f"kernel {spec.name} missing from its compiled object")
-        argtypes = [ctypes.c_void_p] * spec.nbufs + [ctypes.c_int] * len(spec.vars) + \
+        argtypes = [ctypes.c_void_p] * spec.nbufs + var_ctypes(spec) + \
             ([ctypes.c_int, ctypes.c_int] if spec.thread_size else [])
         self.fxn = ctypes.CFUNCTYPE(None, *argtypes)(addr)  # a CFUNCTYPE call releases the GIL, so threads overlap
         n = spec.thread_size

@@ -129,9 +129,10 @@ class MetalProgram:
             enc = msg(cb, "computeCommandEncoder")
             msg(enc, "setComputePipelineState:", (self.pipeline, _H), restype=None)
             for i, b in enumerate(bufs): msg(enc, "setBuffer:offset:atIndex:", (b, _H), (0, _U), (i, _U), restype=None)
-            for i, v in enumerate(vals, len(bufs)):
-                msg(enc, "setBytes:length:atIndex:", (ctypes.byref(ctypes.c_int32(v)), _H), (4, _U), (i, _U),
-                    restype=None)
+            for j, v in enumerate(vals):
+                arg = ctypes.c_int64(v) if self.spec.var_is_64bit(j) else ctypes.c_int32(v)   # 64-bit: `constant long&`
+                msg(enc, "setBytes:length:atIndex:", (ctypes.byref(arg), _H), (ctypes.sizeof(arg), _U),
+                    (len(bufs) + j, _U), restype=None)
             msg(enc, "dispatchThreadgroups:threadsPerThreadgroup:", (self.groups, MTLSize), (self.threads, MTLSize),
                 restype=None)
             msg(enc, "endEncoding", restype=None)

@@ -56,6 +56,6 @@ def strip_binds(sink: UOp) -> tuple[UOp, dict[UOp, UOp], dict[UOp, int]]:
             mapping[n] = UOp(n.op, n.dtype, new_src, new_arg)
     unbound = sorted(v.arg[0] for v in ub.used if v not in ub.var_vals)
     if unbound:
-        raise ValueError(f"variable {unbound[0]!r} is used in a shape but not bound to a value; "
+        raise ValueError(f"variable {unbound[0]!r} is used in a shape or as a value but not bound to a value; "
                          f"use {unbound[0]}.bind(value)")
     return mapping.get(sink, sink), mapping, ub.var_vals

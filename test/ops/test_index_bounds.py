@@ -128,11 +128,13 @@ def test_check_oob_setitem():
             y[Tensor([50])] = 9
 
 
-def test_variable_bound_past_int32_raises():
+def test_variable_bound_past_int32_reads_back_exactly():
+    # a 64-bit variable is a 64-bit kernel argument: its value isn't truncated (it once read back as 5 or 0)
     from fusegrad import Variable
     v = Variable("big_v", 0, 2**40, dtypes.int64)
-    with pytest.raises(ValueError, match="32-bit"): v.bind(2**33 + 5)   # read back as 5 (CPU) or 0 (int32 variable)
-    assert (Tensor.zeros(1, dtype=dtypes.int64) + v.bind(2**31 - 1)).tolist() == [2**31 - 1]
+    for val in (2**31 - 1, 2**31, 2**33 + 5):
+        assert (Tensor.zeros(1, dtype=dtypes.int64) + v.bind(val)).tolist() == [val]
+    with pytest.raises(ValueError, match="32-bit"): Tensor.ones(8)[:v.bind(3)]   # sizes and slice bounds stay 32-bit
 
 
 def test_index_sizes_past_int32_raise():

@@ -172,3 +172,204 @@ def test_symbolic_sizes_under_tinyjit(device):
     for k in (3, 5, 16, 2):
         np.testing.assert_allclose(f(x[:n.bind(k)]).numpy(), (xn[:k] * 2 + 1).sum(0), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose((x[:n.bind(7)] * 3).numpy(), xn[:7] * 3)
+
+
+# ----- canonical sizes, creation, slicing, 64-bit values, the Variable API --------------------------------------------
+
+def test_commutative_sizes_are_one_size():
+    """i + j and j + i (and i * j, j * i) are the same size: shapes compare equal and broadcast, cat and reshape
+    accept them; the values are NumPy's on the bound values."""
+    from fusegrad.ir.shape import sym_eq
+    i, j = Variable("i", 1, 4), Variable("j", 1, 4)
+    assert sym_eq(i + j, j + i) and sym_eq(i * j, j * i) and sym_eq(2 * i + j, j + i + i) and not sym_eq(i, j)
+    for ki, kj in ((1, 2), (3, 1), (4, 4)):
+        bi, bj = i.bind(ki), j.bind(kj)
+        a, b = Tensor.ones(bi + bj, 2), Tensor.full((bj + bi, 2), 2.0)
+        assert a.shape == b.shape
+        np.testing.assert_equal((a + b).numpy(), np.full((ki + kj, 2), 3.0, np.float32))
+        x = Tensor(A)[:bi].cat(Tensor(A)[:bj])              # (i + j, 4)
+        y = Tensor(A)[:bj].cat(Tensor(A)[:bi]) * 10         # (j + i, 4)
+        np.testing.assert_allclose((x + y).numpy(), np.concatenate([A[:ki], A[:kj]]) +
+                                   10 * np.concatenate([A[:kj], A[:ki]]), rtol=1e-6)
+        flat = Tensor(np.arange(16, dtype=np.float32))[:bi * bj]
+        np.testing.assert_equal(flat.reshape(bj, bi).numpy(), np.arange(ki * kj, dtype=np.float32).reshape(kj, ki))
+        assert flat.reshape(bj, bi).reshape(bj * bi).shape == flat.shape
+        np.testing.assert_equal((Tensor.ones(bi, bj).flatten() + Tensor.arange(bj * bi)).numpy(),
+                                np.arange(ki * kj) + 1)
+        assert Tensor.ones(1 + bi).shape == Tensor.ones(bi + 1).shape
+
+
+def test_full_with_a_variable_value():
+    """Tensor.full(shape, v) with a bound Variable v: the kernel reads v's value (one kernel for every value)."""
+    check_all_values(lambda b, d: Tensor.full((2, 3), b, device=d), lambda k: np.full((2, 3), k, np.int32), "CPU")
+    check_all_values(lambda b, d: Tensor.full((b, 2), b, device=d) * 2 + Tensor(A, device=d)[:b, :2],
+                     lambda k: np.full((k, 2), 2 * k, np.float32) + A[:k, :2], "CPU")
+    check_all_values(lambda b, d: Tensor.full((), b + 1, dtype="float32", device=d) / 2,
+                     lambda k: np.float32((k + 1) / 2), "PYTHON")
+    assert Tensor.full((2,), Variable("n", 1, 6).bind(2)).dtype == Tensor([1]).dtype   # the default int
+
+
+@pytest.mark.parametrize("device", ["CPU", "PYTHON"])
+def test_creation_with_symbolic_sizes(device):
+    check_all_values(lambda b, d: Tensor.zeros(b, 3, device=d), lambda k: np.zeros((k, 3), np.float32), device)
+    check_all_values(lambda b, d: Tensor.ones((2, b), device=d, dtype="int32"), lambda k: np.ones((2, k), np.int32),
+                     device)
+    check_all_values(lambda b, d: Tensor.full((b,), 7, device=d) + Tensor.arange(6, device=d)[:b],
+                     lambda k: 7 + np.arange(k), device)
+    n = Variable("n", 1, 6)
+    for k in VALUES:
+        assert Tensor.empty(n.bind(k), 3, device=device).numpy().shape == (k, 3)
+        assert Tensor.zeros_like(Tensor(A, device=device)[:n.bind(k)]).numpy().shape == (k, 4)
+
+
+def test_rand_with_symbolic_sizes():
+    """rand/randn of a symbolic shape draw the largest shape and keep the bound part: the same numbers as the
+    static draw of the largest shape under the same seed, for every bound value."""
+    n = Variable("n", 1, 6)
+    for k in VALUES:
+        Tensor.manual_seed(3)
+        r = Tensor.rand(n.bind(k), 3)
+        Tensor.manual_seed(3)
+        ref = Tensor.rand(6, 3).numpy()
+        assert r.shape[0].unbind() == (n, k)
+        np.testing.assert_equal(r.numpy(), ref[:k])
+        Tensor.manual_seed(4)
+        z = Tensor.randn(2, n.bind(k)).numpy()
+        Tensor.manual_seed(4)
+        np.testing.assert_equal(z, Tensor.randn(2, 6).numpy()[:, :k])
+    # under TinyJit the replays draw the same numbers as eager calls (the counter advances by the largest size)
+    from fusegrad import TinyJit
+    ks = (2, 4, 1, 6, 3)
+    Tensor.manual_seed(5)
+    eager = [Tensor.rand(n.bind(k), 2).numpy() for k in ks]
+    f = TinyJit(lambda v: (Tensor.rand(v, 2) * 1).realize())
+    Tensor.manual_seed(5)
+    for k, ref in zip(ks, eager): np.testing.assert_equal(f(n.bind(k)).numpy(), ref)
+
+
+@pytest.mark.parametrize("device", DEVICES[:-1])   # WEBGPU: no int kernel arguments
+def test_slices_with_symbolic_bounds(device):
+    """t[:i], t[i:i+2], t[i:j], shrink with symbolic bounds: NumPy's rows, one kernel for every value."""
+    s = Variable("s", 0, 4)   # s + 2 <= 6: provably inside A's 6 rows
+    x = Tensor(A, device=device)
+    for k in (0, 2, 4):
+        b = s.bind(k)
+        np.testing.assert_equal(x[b:b + 2].numpy(), A[k:k + 2])
+        np.testing.assert_equal(x.shrink(((b, b + 2), None)).numpy(), A[k:k + 2])
+        np.testing.assert_equal(x[:, None][b:b + 2, 0, 1:3].numpy(), A[k:k + 2, 1:3])
+    check_all_values(lambda b, d: Tensor(A, device=d).shrink(((0, b), None)), lambda k: A[:k], device)
+    check_all_values(lambda b, d: Tensor(A, device=d).shrink((None, (0, 4))).shrink(((0, b), (1, 3))),
+                     lambda k: A[:k, 1:3], device)
+    check_all_values(lambda b, d: Tensor(A, device=d)[6 - b:], lambda k: A[6 - k:], device)
+    lo, hi = Variable("lo", 0, 3), Variable("hi", 3, 6)
+    for a, z in ((0, 3), (1, 5), (3, 6)):
+        np.testing.assert_equal(x[lo.bind(a):hi.bind(z)].sum(0).numpy(), A[a:z].sum(0))
+
+
+def test_reduce_matmul_cat_pad_over_symbolic_axes():
+    i, j = Variable("i", 1, 6), Variable("j", 1, 5)
+    for ki, kj in ((1, 5), (4, 2), (6, 1)):
+        bi, bj = i.bind(ki), j.bind(kj)
+        x, w = Tensor(A)[:bi], Tensor(B)[:, :bj]
+        np.testing.assert_allclose((x @ w).numpy(), A[:ki] @ B[:, :kj], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(x.mean(1).numpy(), A[:ki].mean(1), rtol=1e-6)
+        np.testing.assert_allclose(x.max().numpy(), A[:ki].max())
+        np.testing.assert_allclose(w.sum().numpy(), B[:, :kj].sum(), rtol=1e-5)
+        np.testing.assert_allclose(x.T.cat(w, dim=1).numpy(), np.concatenate([A[:ki].T, B[:, :kj]], 1))
+        np.testing.assert_allclose(x.pad(((bj, 1), (0, bi))).numpy(), np.pad(A[:ki], ((kj, 1), (0, ki))))
+        np.testing.assert_allclose(x.pad(((bj, 1), None)).sum(0).numpy(), A[:ki].sum(0), rtol=1e-6)
+
+
+@pytest.mark.parametrize("device", ["CPU", "PYTHON"] + [_optional_device(d) for d in ("CL", "LLVM", "CUDA", "METAL")])
+def test_variable_past_int32(device):
+    """A Variable whose range needs 64 bits is an int64 kernel argument: its value reads back exactly."""
+    v = Variable("big", 0, 2**40)
+    assert v.dtype == np.int64 or str(v.dtype) in ("dtypes.long", "dtypes.int64")
+    for val in (2**31, 2**33 + 5, 2**40):
+        b = v.bind(val)
+        t = Tensor.full((), b, device=device)
+        assert t.item() == val and t.dtype == Tensor([1], dtype="int64").dtype
+        assert (Tensor(b, device=device) * 3 - 1).item() == 3 * val - 1
+        ints = np.array([1, -2**35, 7], np.int64)
+        np.testing.assert_equal((Tensor(ints, device=device) + b).numpy(), ints + val)
+        np.testing.assert_allclose((Tensor.ones(2, device=device) * b).numpy(), np.ones(2, np.float32) * val)
+
+
+def test_variable_past_int32_errors():
+    v = Variable("big", 0, 2**40)
+    with pytest.raises(ValueError, match="64-bit variable 'big'"): Tensor.empty(v.bind(3), 2)
+    with pytest.raises(ValueError, match="64-bit"): Tensor.zeros(4, 4).reshape(v.bind(16))
+    with pytest.raises(ValueError): Variable("huge", 0, 2**64)   # past int64
+    with pytest.raises(ValueError, match="doesn't fit"): Variable("n", 0, 2**31, dtype=Tensor([1]).dtype)
+    assert Variable("n", 0, 2**31 - 1).dtype == Tensor([1], dtype="int32").dtype
+
+
+def test_variable_api():
+    """bind / unbind / val / variables / unbind_all / sym_infer, and tinygrad's exceptions for bad binds."""
+    from fusegrad.ir.ops import BindError
+    n, m = Variable("n", 1, 10), Variable("m", 0, 8, multiple_of=4)
+    b = n.bind(3)
+    assert b.val == 3 and b.unbind() == (n, 3) and b.expr == n.expr == "n"
+    assert m.bind(8).val == 8 and (b + m.bind(4)).variables() == [m, n]
+    expr, vals = (b * 2 + m.bind(4)).unbind_all()
+    assert vals == {n: 3, m: 4} and expr.variables() == [m, n] and expr.sym_infer(vals) == 10
+    assert (n * 2 + m).sym_infer({"n": 5, "m": 4}) == 14 and (b + 1).sym_infer() == 4
+    for bad in (lambda: n.bind(11), lambda: n.bind(0), lambda: m.bind(6)):
+        with pytest.raises(AssertionError): bad()   # tinygrad's bind asserts
+        with pytest.raises(ValueError): bad()
+        with pytest.raises(BindError): bad()
+    with pytest.raises(TypeError): n.bind(True)
+    with pytest.raises(TypeError): b.bind(3)
+    with pytest.raises(TypeError): Tensor.ones(3).uop.unbind()
+    assert n.bind(np.int64(4)).val == 4
+    from fusegrad import Context
+    with Context(SPEC=2):   # a variable with multiple_of passes the IR checks and runs
+        for k in (0, 4, 8):
+            np.testing.assert_equal(Tensor(A.reshape(-1))[:m.bind(k)].sum().numpy(), A.reshape(-1)[:k].sum())
+    rows = np.arange(40, dtype=np.float32).reshape(10, 4)
+    t = Tensor(rows)[:b] * 2
+    var_vals = t.linear_with_vars()[1]
+    assert var_vals == {n: 3} and var_vals[n] == var_vals["n"] == 3 and "n" in var_vals and var_vals.get("m") is None
+    np.testing.assert_equal(t.numpy(), rows[:3] * 2)
+
+
+def test_tinyjit_one_capture_for_every_value():
+    """A jitted function over x[:i] and x[s:s+2] inputs runs its Python body twice (run, capture), then replays the
+    captured kernels for every new bound value: no new compile, NumPy's values."""
+    from fusegrad import TinyJit
+    from fusegrad.engine import realize
+    n, s = Variable("n", 1, 6), Variable("s", 0, 4)
+    x, w = Tensor(A).realize(), Tensor(B).realize()
+    traced = []
+
+    @TinyJit
+    def f(a: Tensor, c: Tensor) -> Tensor:
+        traced.append(1)
+        return ((a @ w).sum(0) + c.sum()).realize()
+    outs, compiled = [], None
+    for k, p in ((2, 0), (5, 3), (1, 4), (6, 1), (3, 2)):
+        if len(traced) == 2 and compiled is None: compiled = len(realize._programs)
+        outs.append((k, p, f(x[:n.bind(k)], x[s.bind(p):s.bind(p) + 2]).numpy()))
+    assert len(traced) == 2 and f.cnt == 5 and f.captured is not None
+    assert len(realize._programs) == compiled, "a replay with a new value compiled a kernel"
+    for k, p, o in outs:
+        np.testing.assert_allclose(o, (A[:k] @ B).sum(0) + A[p:p + 2].sum(), rtol=1e-5, atol=1e-5)
+
+
+def test_tinyjit_variable_values_and_int64():
+    """Bound variables passed to a jitted function as values (an add, a fill, a 64-bit fill, a symbolic size) replay
+    with each call's values."""
+    from fusegrad import TinyJit
+    n, big = Variable("n", 1, 6), Variable("big", 0, 2**40)
+    x = Tensor(A).realize()
+
+    @TinyJit
+    def f(a: Tensor, v, w) -> tuple[Tensor, Tensor, Tensor]:
+        return (a + v).sum(0).realize(), (Tensor.full((2,), w) * 2).realize(), Tensor.full((v, 2), 1.5).sum().realize()
+    for k in (1, 3, 5, 2, 6):
+        val = 2**33 + k
+        o1, o2, o3 = f(x[:n.bind(k)], n.bind(k), big.bind(val))
+        np.testing.assert_allclose(o1.numpy(), (A[:k] + k).sum(0), rtol=1e-5)
+        np.testing.assert_equal(o2.numpy(), np.full(2, 2 * val, np.int64))
+        assert o3.item() == 1.5 * 2 * k
+    assert f.cnt == 5 and f.captured is not None

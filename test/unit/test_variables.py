@@ -64,3 +64,42 @@ def test_variables_are_int_arguments_after_the_buffers_in_name_order():
     assert spec.vars == [a, b]
     assert "float* restrict data1, const int a, const int b)" in spec.src
     assert spec.thread_size == 0   # a symbolic outer loop isn't split across threads
+
+
+def test_64bit_variable_is_a_64bit_kernel_argument():
+    """A variable whose range needs 64 bits is declared as a 64-bit argument by every C-style renderer (the runtimes
+    pass it as int64); one inside int32 stays `int`."""
+    from fusegrad.renderer.cuda import CUDARenderer
+    from fusegrad.renderer.metal import MetalRenderer
+    from fusegrad.renderer.opencl import OpenCLRenderer
+    from fusegrad.renderer.wgsl import WGSLRenderer
+    big, small = Variable("big", 0, 2**40), Variable("small", 0, 100)
+    assert str(big.dtype) in ("dtypes.long", "dtypes.int64") and small.dtype == Tensor([1], dtype="int32").dtype
+
+    def ast_of(v):
+        return [si.ast for si in (Tensor([1.0, 2.0]) + v.bind(7)).schedule() if not si.is_copy][0]
+    for r, arg64 in ((Device["CPU"].renderer, "const long long big"), (CUDARenderer(), "const long long big"),
+                     (MetalRenderer(), "constant long& big"), (OpenCLRenderer(), "const long big")):
+        assert arg64 in to_program(ast_of(big), r).src
+        assert f"{r.arg_int_prefix} small" in to_program(ast_of(small), r).src
+    with pytest.raises((NotImplementedError, RuntimeError), match="64"): to_program(ast_of(big), WGSLRenderer())
+
+
+def test_canonical_sizes():
+    """Sums and products of variables have one normal form (terms ordered by variable name, products multiplied
+    out), so sizes equal as polynomials are the same node; each form is checked on every value against Python ints."""
+    import itertools
+
+    from fusegrad.ir.ops import sym_infer
+    from fusegrad.ir.shape import canonical
+    i, j, k = Variable("i", 1, 4), Variable("j", 0, 3), Variable("k", 2, 5)
+    pairs = [(i + j, j + i), (i * j, j * i), (k * (j * i), i * (k * j)), (2 * j + i * 3, i * 3 + j * 2),
+             (i * (j + 1), i * j + i), ((i + j) * (i - j), i * i - j * j),
+             ((i + 1) * (k + 2) * 3, 3 * i * k + 6 * i + 3 * k + 6)]
+    for a, b in pairs:
+        assert canonical(a) is canonical(b) and sym_eq(a, b), (a, b)
+        for vi, vj, vk in itertools.product(range(1, 5), range(0, 4), range(2, 6)):
+            env = {i: vi, j: vj, k: vk}
+            assert sym_infer(canonical(a), env) == sym_infer(a, env) == sym_infer(b, env)
+    assert not sym_eq(i + j, i + k) and not sym_eq(i * j, i * k)
+    assert canonical(i * j * 0) == 0 and canonical(i - i) == 0
