@@ -213,6 +213,11 @@ INVERSE_DTYPES_DICT: dict[str, str] = {v.name: k for k, v in DTYPES_DICT.items()
 DTypeLike = Union[str, DType]
 
 
+class UnknownDTypeError(TypeError, AttributeError):
+    """A dtype name that doesn't exist: a TypeError (torch's type) and an AttributeError (tinygrad's, which looks the
+    name up on `dtypes`), so porting code that catches either keeps working."""
+
+
 def to_dtype(x: DTypeLike) -> DType:
     """`dtypes.float32` from `dtypes.float32`, `'float32'` or `'float'`; a clear error otherwise."""
     if isinstance(x, DType): return x
@@ -220,7 +225,7 @@ def to_dtype(x: DTypeLike) -> DType:
     # numpy / torch dtype objects
     name = str(x).replace("torch.", "")
     if name in DTYPES_DICT: return DTYPES_DICT[name]
-    raise TypeError(f"unknown dtype {x!r}; valid names: {sorted(DTYPES_DICT)}")
+    raise UnknownDTypeError(f"unknown dtype {x!r}; valid names: {sorted(DTYPES_DICT)}")
 
 
 # promotion lattice among strong dtypes: each dtype lists the dtypes directly above it

@@ -311,3 +311,16 @@ def strip_parens(s: str) -> str:
 
 def is_finite_number(x: float) -> bool:
     return not (math.isinf(x) or math.isnan(x))
+
+
+class ShapeError(RuntimeError, ValueError):
+    """A shape that doesn't fit (reshape to another size, a broadcast or expand that can't be done, malformed padding).
+
+    tinygrad raises ValueError for these and torch RuntimeError; this is both, so porting code that catches either
+    keeps working.
+
+    ```python
+    try: Tensor.ones(2, 3).reshape(4, 2)
+    except ValueError: pass
+    ```
+    """
