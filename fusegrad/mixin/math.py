@@ -211,8 +211,7 @@ class MathMixin:
             assert acc is not None
             return acc
         b, e = self._broadcasted(x, reverse)
-        if dtypes.is_int(b.dtype) and dtypes.is_int(e.dtype):
-            return _pow_value(b._float_or_self(), e._float_or_self()).round().cast(b.dtype)
+        if dtypes.is_int(b.dtype) and dtypes.is_int(e.dtype): return _int_pow(b, e)
         b, e = b._float_or_self(), e._float_or_self()
         if not (b.requires_grad or e.requires_grad): return _pow_value(b, e)
         from fusegrad.mixin.nn import _custom_grad
@@ -241,6 +240,25 @@ def _pow_value(b: "Tensor", e: "Tensor") -> "Tensor":
     out = (neg & is_int.logical_not() & b.isfinite()).where(math.nan, out)   # (-8) ** 0.5; but (-inf) ** 0.5 = inf
     one = (e == 0) | (b == 1) | ((b == -1) & e.isinf())                        # 0 ** 0, 1 ** nan, (-1) ** inf
     return one.where(1.0, out)
+
+
+def _int_pow(b: "Tensor", e: "Tensor") -> "Tensor":
+    """Exact integer b ** e (wrapping on overflow, as torch's), by squaring over the exponent's bits. The products run
+    in an unsigned type, where wrapping is defined. A negative exponent gives 1 / b ** |e| truncated: 0 unless
+    |b| == 1."""
+    wide = dtypes.uint64 if b.dtype.itemsize == 8 else dtypes.uint32
+    bits = 8 * e.dtype.itemsize - (0 if dtypes.is_unsigned(e.dtype) else 1)
+    ee = e if dtypes.is_unsigned(e.dtype) else e.maximum(0)
+    acc, p = b.ones_like(dtype=wide), b.cast(wide)
+    for k in range(bits):
+        acc = (((ee >> k) & 1) == 1).where(acc * p, acc)
+        if k < bits - 1: p = p * p
+    out = acc.cast(b.dtype)
+    if dtypes.is_unsigned(e.dtype): return out
+    odd = (e & 1) == 1
+    neg = (b == 1).where(1, (b == -1).where(odd.where(-1, 1), 0)).cast(b.dtype) if not dtypes.is_unsigned(b.dtype) \
+        else (b == 1).cast(b.dtype)
+    return (e < 0).where(neg, out)
 
 
 def _pow_backward(g: "Tensor", b: "Tensor", e: "Tensor") -> tuple["Tensor", "Tensor"]:

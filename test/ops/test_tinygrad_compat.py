@@ -74,6 +74,24 @@ def test_pow_int_dtypes():
     raises_like_torch(lambda: torch.tensor([2]) ** -1, lambda: Tensor([2]) ** -1)
 
 
+@pytest.mark.parametrize("dt", ["int32", "int64", "uint8", "int16"])
+def test_pow_int_tensor_exact(dt):
+    # exact integers (a float exp2/log2 path gave 7 ** 10 = 282475264), wrapping on overflow like torch
+    signed = dt != "uint8"
+    b = np.array([2, 1, 3, 0, 7, 5, 3, 2] + ([-1, -1, -3, -2] if signed else [1, 2, 3, 4]), dt)
+    e = np.array([3, 0, 2, 3, 10, 9, 20, 31] + ([5, 4, 5, 7] if signed else [2, 7, 5, 3]), dt)
+    check_op(None, lambda x, y: x ** y, vals=[b, e])
+    check_op(None, lambda x, y: x ** y, vals=[b, e], device="PYTHON")
+    if signed:   # a negative exponent truncates 1 / b ** |e|: 0 unless |b| == 1
+        check_op(None, lambda x, y: x ** y,
+                 vals=[np.array([2, 1, -1, -1, 3, -3], dt), np.array([-1, -1, -1, -2, -2, -1], dt)])
+
+
+def test_pow_int_base_float_tensor_exponent():
+    check_op(None, lambda x, y: x ** y,
+             vals=[np.array([1, 2, 3, 0], np.int32), np.array([0.5, -1.0, 2.5, 0.0], np.float32)])
+
+
 def test_pow_negative_infinity_fractional():
     b = np.full(6, -np.inf, np.float32)
     e = np.array([0.5, -0.5, 3.0, -3.0, 2.0, 0.0], np.float32)
