@@ -586,7 +586,7 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
             raise RuntimeError(f"expand: the number of sizes provided ({len(new)}) must be greater or equal to the "
                                f"number of dimensions in the tensor ({self.ndim}), shape {self.shape}")
         old = (1,) * (len(new) - self.ndim) + self.shape
-        new = tuple(o if n == -1 else n for o, n in zip(old, new))
+        new = tuple(o if n == -1 or n is None else n for o, n in zip(old, new))   # None: keep (tinygrad's form)
         for o, n in zip(old, new):
             if o != n and o != 1:
                 raise ShapeError(f"The expanded size of the tensor ({n}) must match the existing size ({o}) at "

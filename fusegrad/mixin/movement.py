@@ -83,7 +83,8 @@ class MovementMixin:
     def chunk(self: "Tensor", chunks: int, dim: int = 0) -> "tuple[Tensor, ...]":
         if chunks <= 0: raise RuntimeError(f"chunk expects a positive number of chunks, got {chunks}")
         n = self.shape[self._axis(dim)]
-        return self.split(-(-n // chunks) if n else 1, dim)
+        if n == 0: return self.split([0] * chunks, dim)   # `chunks` empty pieces, as torch and tinygrad give
+        return self.split(-(-n // chunks), dim)
 
     def repeat(self: "Tensor", repeats: Any, *args: int) -> "Tensor":
         reps = argfix(repeats, *args)
@@ -159,10 +160,16 @@ class MovementMixin:
         if self.ndim == 2: return self.diagonal()
         raise RuntimeError(f"diag expects a 1-d or 2-d tensor, got shape {self.shape}")
 
-    @staticmethod
-    def meshgrid(*args: "Tensor", indexing: str = "ij") -> "list[Tensor]":
+    def meshgrid(self: Any, *args: "Tensor", indexing: str = "ij") -> "tuple[Tensor, ...]":
+        """Coordinate grids from 1-d tensors: `Tensor.meshgrid(x, y)`, `x.meshgrid(y)` (tinygrad's method form) or
+        `Tensor.meshgrid([x, y])`. `indexing="xy"` swaps the first two axes.
+
+        ```python
+        gx, gy = Tensor([1, 2]).meshgrid(Tensor([3, 4, 5]))   # both (2, 3)
+        ```
+        """
         if indexing not in ("ij", "xy"): raise RuntimeError(f"indexing must be 'ij' or 'xy', got {indexing!r}")
-        ts = list(args[0]) if len(args) == 1 and isinstance(args[0], (list, tuple)) else list(args)
+        ts = _tensor_list(self, args, "meshgrid")
         # 'xy' is 'ij' with the first two inputs swapped (so the first axis runs along the second input), and their
         # outputs swapped back
         swap = indexing == "xy" and len(ts) >= 2
@@ -170,7 +177,7 @@ class MovementMixin:
         shape = tuple(t.numel() for t in ts)
         out = [t.reshape(tuple(-1 if i == k else 1 for i in range(len(ts)))).expand(shape) for k, t in enumerate(ts)]
         if swap: out[0], out[1] = out[1], out[0]
-        return out
+        return tuple(out)
 
     def unfold(self: "Tensor", dim: int, size: int, step: int) -> "Tensor":
         ax = self._axis(dim)

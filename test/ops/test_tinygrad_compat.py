@@ -309,6 +309,14 @@ def test_reshape_and_pad_accept_none():
     with pytest.raises(ValueError): Tensor.zeros(2, 3).reshape(None, None, None)
 
 
+def test_expand_none_and_chunk_empty():
+    check_op([(1, 3)], lambda t: t.expand(4, 2, 3), lambda t: t.expand(4, 2, None))
+    check_op([(2, 1)], lambda t: t.expand(2, 5), lambda t: t.expand(None, 5))
+    for shape, chunks, dim in [((0,), 3, 0), ((0, 2), 2, 0), ((3, 0), 4, 1), ((5,), 3, 0)]:
+        ref, out = torch.zeros(shape).chunk(chunks, dim), Tensor.zeros(shape).chunk(chunks, dim)
+        assert [tuple(r.shape) for r in ref] == [o.shape for o in out]
+
+
 def test_repeat_more_repeats_than_dims():
     check_op([(2, 3)], lambda t: t.repeat(2, 1, 2))
     check_op([(3,)], lambda t: t.repeat(2, 2, 1, 3))
@@ -392,6 +400,9 @@ def test_meshgrid_indexing(indexing):
     for i in range(3):
         check_op(None, lambda x, y, z, i=i: torch.meshgrid(x, y, z, indexing=indexing)[i],
                  lambda x, y, z, i=i: Tensor.meshgrid(x, y, z, indexing=indexing)[i], vals=[a, b, c])
+    check_op(None, lambda x, y: torch.meshgrid(x, y, indexing=indexing)[1],
+             lambda x, y: x.meshgrid(y, indexing=indexing)[1], vals=[a, b])          # tinygrad's method form
+    assert isinstance(Tensor.meshgrid([Tensor(a), Tensor(b)]), tuple)
     raises_like_torch(lambda: torch.meshgrid(torch.ones(2), indexing="zz"),
                       lambda: Tensor.meshgrid(Tensor.ones(2), indexing="zz"))
 
