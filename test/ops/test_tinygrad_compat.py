@@ -68,6 +68,8 @@ def test_pow_int_dtypes():
     check_op(None, lambda t: t ** 3, vals=[i])
     check_op(None, lambda t: t ** 0, vals=[i])
     check_op(None, lambda t: t ** 0.5, vals=[np.abs(i)])              # int ** float is float
+    check_op(None, lambda t: t ** 2.0, vals=[i])                      # also an integral float
+    check_op(None, lambda t: t.pow(-1.0), vals=[i[3:]])
     check_op(None, lambda t: 2 ** t, vals=[np.abs(i)])                # 2 ** int tensor stays int
     check_op(None, lambda t: 2.0 ** t, vals=[i])
     check_op(None, lambda t, u: t ** u, vals=[i, np.array([2, 3, 0, 4, 1, 2], np.int32)])
