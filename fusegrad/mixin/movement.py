@@ -111,13 +111,23 @@ class MovementMixin:
         return self.reshape(self.shape[:ax] + sizes + self.shape[ax + 1:])
 
     def shrink_to(self: "Tensor", shape: Any, *args: int) -> "Tensor":
-        """Keep the first `shape[i]` elements of each axis (None keeps the axis whole, as in tinygrad)."""
+        """Keep the first `shape[i]` elements of each axis (None keeps the axis whole, as in tinygrad).
+
+        ```python
+        Tensor.zeros(4, 5).shrink_to(None, 2).shape   # (4, 2)
+        ```
+        """
         new = argfix(shape, *args)
         if len(new) != self.ndim: raise ShapeError(f"shrink_to {new} needs one size per axis of {self.shape}")
         return self.shrink([None if s is None else (0, s) for s in new])
 
     def pad_to(self: "Tensor", shape: Any, *args: int, value: float = 0) -> "Tensor":
-        """Pad each axis at its end up to `shape[i]` (None keeps the axis as is, as in tinygrad)."""
+        """Pad each axis at its end up to `shape[i]` (None keeps the axis as is, as in tinygrad).
+
+        ```python
+        Tensor.ones(2, 3).pad_to(None, 5).shape   # (2, 5)
+        ```
+        """
         new = argfix(shape, *args)
         if len(new) != self.ndim: raise ShapeError(f"pad_to {new} needs one size per axis of {self.shape}")
         return self.pad([(0, 0 if n is None else n - s) for s, n in zip(self.shape, new)], value=value)

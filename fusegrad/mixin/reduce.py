@@ -269,7 +269,12 @@ class ReduceMixin:
         return self._scan(axis, "max"), self._scan_index(axis)
 
     def cummin(self: "Tensor", axis: int = 0) -> tuple["Tensor", "Tensor"]:
-        """Running min along `axis` and where it was found, `(values, indices)`; see `cummax`."""
+        """Running min along `axis` and where it was found, `(values, indices)`; see `cummax`.
+
+        ```python
+        v, i = Tensor([3, 1, 2, 1]).cummin(0)   # v: [3, 1, 1, 1], i: [0, 1, 1, 3]
+        ```
+        """
         # ints: ~x reverses the order without overflow (see Tensor.min)
         inv = ~self if not dtypes.is_float(self.dtype) else -self
         v = inv._scan(axis, "max")

@@ -466,3 +466,26 @@ def test_exception_types_porting_code_catches():
     with pytest.raises(UnknownDTypeError): Tensor([1]).cast("floaty")
     # a dim out of range is IndexError in all three
     raises_like_torch(lambda: torch.ones(2).sum(3), lambda: Tensor.ones(2).sum(3), also=IndexError)
+
+
+# ----- the PYTHON backend (the reference semantics) on the new paths -----
+
+def test_reference_backend_paths():
+    b = np.array([-np.inf, -2.0, -1.0, 0.0, 0.0, 2.0], np.float32)
+    e = np.array([0.5, 0.5, 2.0, 0.0, 1.0, -1.5], np.float32)
+    check_op(None, lambda x, y: x ** y, vals=[b, e], device="PYTHON", forward_only=True)
+    check_op(None, lambda x, y: x ** y, vals=[b[1:], e[1:]], device="PYTHON", upstream="sum")
+    v = np.array([[1.0, 3.0, 3.0, np.nan], [2.0, 2.0, 1.0, 5.0]], np.float32)
+    check_op(None, lambda t: torch.cummax(t, 1).indices.to(torch.int32), lambda t: t.cummax(1)[1], vals=[v],
+             device="PYTHON", forward_only=True)
+    check_op(None, lambda t: t.clamp(-1.0, 1.0), vals=[np.array([-2.0, -1.0, 0.0, 1.0, np.nan], np.float32)],
+             device="PYTHON", upstream="sum")
+    m = np.array([[True, False], [False, False]])
+    check_op([(1, 2, 4), (1, 2, 4), (1, 2, 4)],
+             lambda q, k, w: F.scaled_dot_product_attention(q, k, w, attn_mask=torch.tensor(m)),
+             lambda q, k, w: q.scaled_dot_product_attention(k, w, attn_mask=Tensor(m, device="PYTHON")),
+             device="PYTHON", atol=1e-5)
+    x = np.random.default_rng(3).integers(0, 256, (1, 1, 3, 3)).astype(np.uint8)
+    out = Tensor(x, device="PYTHON").interpolate((4, 5)).numpy()
+    exact = F.interpolate(torch.tensor(x).float(), size=(4, 5), mode="bilinear").numpy()
+    np.testing.assert_array_equal(out, np.clip(np.round(exact), 0, 255).astype(np.uint8))
