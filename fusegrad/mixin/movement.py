@@ -150,6 +150,7 @@ class MovementMixin:
 
     def diagonal(self: "Tensor", offset: int = 0, dim1: int = 0, dim2: int = 1) -> "Tensor":
         d1, d2 = self._axis(dim1), self._axis(dim2)
+        if d1 == d2: raise RuntimeError(f"diagonal dimensions cannot be identical, got {dim1} and {dim2}")
         order = [i for i in range(self.ndim) if i not in (d1, d2)] + [d1, d2]
         x = self.permute(order)
         n1, n2 = x.shape[-2], x.shape[-1]
@@ -541,6 +542,7 @@ class MovementMixin:
 
     def masked_select(self: "Tensor", mask: "Tensor", size: int | None = None, fill_value: Any = 0) -> "Tensor":
         from fusegrad.tensor import _broadcast_shape
+        if not dtypes.is_bool(mask.dtype): raise RuntimeError(f"masked_select: expected a bool mask, got {mask.dtype}")
         shape = _broadcast_shape(self.shape, mask.shape)
         x, m = self._broadcast_to(shape), mask._broadcast_to(shape)
         idx = m.flatten().nonzero(size=size)

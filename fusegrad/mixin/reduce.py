@@ -7,7 +7,7 @@ import math
 from typing import TYPE_CHECKING, Any, Sequence
 
 from fusegrad.dtype import ConstType, DTypeLike, dtypes, least_upper_dtype, sum_acc_dtype, to_dtype
-from fusegrad.helpers import prod
+from fusegrad.helpers import ShapeError, prod
 from fusegrad.ir import build
 from fusegrad.ir.ops import Ops, UOp, ssimplify
 from fusegrad.ir.shape import all_static, sprod
@@ -344,7 +344,8 @@ class ReduceMixin:
         if self.ndim == 0:   # like torch, k=0 and k=1 both return the element
             if k not in (0, 1): raise RuntimeError(f"selected index k={k} out of range for a 0-d tensor")
             return self.sort(ax)
-        if not 0 <= k <= self.shape[ax]: raise RuntimeError(f"selected index k={k} out of range for size {self.shape[ax]}")
+        if not 0 <= k <= self.shape[ax]:   # ShapeError: torch's RuntimeError and tinygrad's ValueError
+            raise ShapeError(f"selected index k={k} out of range for size {self.shape[ax]}")
         v, i = self.sort(ax, descending=largest)
         sl = [(0, s) for s in self.shape]
         sl[ax] = (0, k)

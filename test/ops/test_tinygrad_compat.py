@@ -489,3 +489,12 @@ def test_reference_backend_paths():
     out = Tensor(x, device="PYTHON").interpolate((4, 5)).numpy()
     exact = F.interpolate(torch.tensor(x).float(), size=(4, 5), mode="bilinear").numpy()
     np.testing.assert_array_equal(out, np.clip(np.round(exact), 0, 255).astype(np.uint8))
+
+
+def test_more_argument_errors():
+    t, f = torch.ones(2, 3), Tensor.ones(2, 3)
+    raises_like_torch(lambda: t.topk(5), lambda: f.topk(5), also=ValueError)          # tinygrad: ValueError
+    raises_like_torch(lambda: t.diagonal(0, 1, 1), lambda: f.diagonal(0, 1, 1))
+    raises_like_torch(lambda: t.masked_select(torch.ones(2, 3, dtype=torch.int32)),
+                      lambda: f.masked_select(Tensor.ones(2, 3, dtype=dtypes.int32)))
+    raises_like_torch(lambda: F.gelu(t, approximate="erf"), lambda: f.gelu(approximate="erf"))
