@@ -155,6 +155,15 @@ def test_cum_extreme_empty_and_0d(name, shape, axis):
 
 
 @pytest.mark.parametrize("name", ["cummax", "cummin"])
+@pytest.mark.parametrize("dt", ["bool", "uint8", "int8", "int64"])
+def test_cum_extreme_small_dtypes(name, dt):
+    tv, fv, ti, fi = _cum(name)
+    v = np.array([[0, 1, 0, 1, 1], [1, 0, 0, 1, 0]]).astype(dt)
+    check_op(None, lambda t: tv(t, 1), lambda t: fv(t, 1), vals=[v])
+    check_op(None, lambda t: ti(t, 1), lambda t: fi(t, 1), vals=[v])
+
+
+@pytest.mark.parametrize("name", ["cummax", "cummin"])
 def test_cum_extreme_nan_inf(name):
     tv, fv, ti, fi = _cum(name)
     v = np.array([[1.0, np.nan, 2.0, np.nan, 0.5], [-np.inf, -np.inf, np.inf, 1.0, np.inf]], np.float32)
