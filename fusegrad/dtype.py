@@ -299,6 +299,11 @@ INVERSE_DTYPES_DICT: dict[str, str] = {v.name: k for k, v in DTYPES_DICT.items()
 DTypeLike = Union[str, DType]
 
 
+class UnknownDTypeError(TypeError, AttributeError):
+    """A dtype name that doesn't exist: a TypeError (torch's type) and an AttributeError (tinygrad's, which looks the
+    name up on `dtypes`), so porting code that catches either keeps working."""
+
+
 # numpy / ml_dtypes / torch spellings of our dtypes
 _FOREIGN_NAMES = {"float8_e4m3fn": "fp8e4m3", "float8_e5m2": "fp8e5m2", "float8_e4m3": "fp8e4m3"}
 
@@ -319,7 +324,7 @@ def to_dtype(x: Any) -> DType:
     name = str(x).replace("torch.", "")
     name = _FOREIGN_NAMES.get(name, name)
     if name in DTYPES_DICT: return DTYPES_DICT[name]
-    raise TypeError(f"unknown dtype {x!r}; valid names: {sorted(DTYPES_DICT)}")
+    raise UnknownDTypeError(f"unknown dtype {x!r}; valid names: {sorted(DTYPES_DICT)}")
 
 
 # promotion lattice among strong dtypes: each dtype lists the dtypes directly above it

@@ -616,3 +616,16 @@ def _fetch_local(path: pathlib.Path, gunzip: bool, sha256: str | None) -> pathli
         dest.parent.mkdir(parents=True, exist_ok=True)
         _gunzip_to(path, dest, str(path))
     return dest
+
+
+class ShapeError(RuntimeError, ValueError):
+    """A shape that doesn't fit (reshape to another size, a broadcast or expand that can't be done, malformed padding).
+
+    tinygrad raises ValueError for these and torch RuntimeError; this is both, so porting code that catches either
+    keeps working.
+
+    ```python
+    try: Tensor.ones(2, 3).reshape(4, 2)
+    except ValueError: pass
+    ```
+    """

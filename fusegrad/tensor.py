@@ -14,7 +14,7 @@ from fusegrad import autograd
 from fusegrad.device import Buffer, Device, canonical_device as _canonical_device, single_device as _single_device
 from fusegrad.dtype import ConstType, DType, DTypeLike, dtypes, least_upper_dtype, \
     strong_dtype, to_dtype, weak_dtype
-from fusegrad.helpers import PROFILE, TRAINING, VIZ, argfix, dedup, make_tuple, prod
+from fusegrad.helpers import PROFILE, TRAINING, VIZ, ShapeError, argfix, dedup, make_tuple, prod
 from fusegrad.ir import build
 from fusegrad.ir.ops import Ops, UOp, VarVals, sym_infer
 from fusegrad.ir.shape import (all_static, canonical_shape, is_sym_int as _is_sym_int, sle, smax, sprod, sym_eq,
@@ -131,8 +131,8 @@ def _broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
             if d != 1 and not any(sym_eq(d, e) for e in non1): non1.add(d)
         if len(non1) > 1:
             a, b = [d for d in dims if d != 1][:2]
-            raise RuntimeError(f"The size of tensor a ({a}) must match the size of tensor b ({b}) at non-singleton "
-                               f"dimension {i}: shapes {' and '.join(str(s) for s in shapes)} can't broadcast")
+            raise ShapeError(f"The size of tensor a ({a}) must match the size of tensor b ({b}) at non-singleton "
+                             f"dimension {i}: shapes {' and '.join(str(s) for s in shapes)} can't broadcast")
         out.append(non1.pop() if non1 else 1)
     return tuple(out)
 
@@ -652,8 +652,18 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
 
     # ----- movement (views) -----
     def reshape(self, shape: Any, *args: int) -> "Tensor":
-        """A view with a new shape; one dimension may be -1."""
+        """A view with a new shape; one dimension may be -1, and None keeps that axis's size (tinygrad's form).
+        A size that doesn't match raises `ShapeError` (a ValueError, as in tinygrad, and a RuntimeError, as in torch).
+
+        ```python
+        Tensor.zeros(2, 3, 36).reshape(None, None, 6, 6).shape   # (2, 3, 6, 6)
+        ```
+        """
         new = argfix(shape, *args)
+        if any(s is None for s in new):
+            if len(new) > self.ndim and any(s is None for s in new[self.ndim:]):
+                raise ShapeError(f"reshape {new}: None keeps an existing axis, but {self.shape} has only {self.ndim}")
+            new = tuple(self.shape[i] if s is None else s for i, s in enumerate(new))
         if any(not isinstance(s, int) and not _is_sym_int(s) for s in new):
             raise TypeError(f"reshape takes ints, got {new}")
         new = canonical_shape(new)
@@ -663,10 +673,10 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
         if -1 in new:
             rest = prod(s for s in new if s != -1)
             if rest == 0 or self.numel() % rest:
-                raise RuntimeError(f"shape '{list(new)}' is invalid for input of size {self.numel()}")
+                raise ShapeError(f"shape '{list(new)}' is invalid for input of size {self.numel()}")
             new = tuple(self.numel() // rest if s == -1 else s for s in new)
         if any(isinstance(s, int) and s < 0 for s in new) or not sym_eq(sprod(new), self.numel()):
-            raise RuntimeError(f"shape '{list(new)}' is invalid for input of size {self.numel()} (shape {self.shape})")
+            raise ShapeError(f"shape '{list(new)}' is invalid for input of size {self.numel()} (shape {self.shape})")
         return self._view_apply(lambda u: build.reshape(u, new))
 
     def view(self, shape: Any, *args: int) -> "Tensor": return self.reshape(shape, *args)
@@ -685,10 +695,10 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
             raise RuntimeError(f"expand: the number of sizes provided ({len(new)}) must be greater or equal to the "
                                f"number of dimensions in the tensor ({self.ndim}), shape {self.shape}")
         old = (1,) * (len(new) - self.ndim) + self.shape
-        new = tuple(o if n == -1 else n for o, n in zip(old, new))
+        new = tuple(o if n == -1 or n is None else n for o, n in zip(old, new))   # None: keep (tinygrad's form)
         for o, n in zip(old, new):
             if o != n and o != 1:
-                raise RuntimeError(f"The expanded size of the tensor ({n}) must match the existing size ({o}) at "
+                raise ShapeError(f"The expanded size of the tensor ({n}) must match the existing size ({o}) at "
                                    f"non-singleton dimension: shape {self.shape} to {new}")
         return self.reshape(old)._apply(lambda u: build.expand(u, new)) if old != self.shape else \
             self._view_apply(lambda u: build.expand(u, new))
@@ -704,13 +714,16 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
             raise NotImplementedError(f"pad mode {mode!r}: use 'constant', 'reflect', 'replicate' or 'circular'")
         if all(isinstance(p, int) for p in padding):
             flat = list(padding)
-            if len(flat) % 2: raise RuntimeError(f"Padding length must be divisible by 2, got {padding} for shape {self.shape}")
+            if len(flat) % 2:
+                raise ShapeError(f"Padding length must be divisible by 2, got {padding} for shape {self.shape}")
             if len(flat) // 2 > self.ndim:
-                raise RuntimeError(f"Padding length {len(flat)} is more than two times the {self.ndim} dims of {self.shape}")
+                raise ShapeError(f"Padding length {len(flat)} is more than two times the {self.ndim} dims of "
+                                 f"{self.shape}")
             pairs = [(0, 0)] * self.ndim
             for i in range(len(flat) // 2): pairs[self.ndim - 1 - i] = (flat[2 * i], flat[2 * i + 1])
         else:
-            if len(padding) != self.ndim: raise RuntimeError(f"padding {padding} needs one entry per axis of {self.shape}")
+            if len(padding) != self.ndim:
+                raise ShapeError(f"padding {padding} needs one entry per axis of {self.shape}")
             pairs = [(0, 0) if p is None else tuple(p) for p in padding]  # type: ignore[misc]
         if any(isinstance(v, int) and v < 0 for p in pairs for v in p):  # negative padding crops
             x = self.shrink([(-min(b, 0), s + min(a, 0)) for (b, a), s in zip(pairs, self.shape)])
@@ -758,7 +771,10 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
         return self._view_apply(lambda u: build.shrink(u, a))
 
     def flip(self, axis: Any, *args: int) -> "Tensor":
-        axes = {self._axis(a) for a in argfix(axis, *args)}
+        axes_list = [self._axis(a) for a in argfix(axis, *args)]
+        if len(set(axes_list)) != len(axes_list):
+            raise RuntimeError(f"dim can appear at most once in flip, got {axes_list}")
+        axes = set(axes_list)
         return self._view_apply(lambda u: build.flip(u, [i in axes for i in range(self.ndim)]))
 
     def transpose(self, dim0: int = 1, dim1: int = 0) -> "Tensor":

@@ -115,7 +115,8 @@ class ALUMixin:
             from fusegrad.mixin.nn import _custom_grad
             return _custom_grad(q, [a, b], lambda g, a_, b_: (a_.zeros_like(), b_.zeros_like()), f"div_{rounding_mode}")
         if rounding_mode is not None:
-            raise ValueError(f"div expected rounding_mode to be one of None, 'trunc', or 'floor' but found {rounding_mode!r}")
+            raise RuntimeError(f"div expected rounding_mode to be one of None, 'trunc', or 'floor' but found "
+                               f"{rounding_mode!r}")
         a, b = self._broadcasted(x, reverse)
         a, b = a._float_or_self(), b._float_or_self()
         return a._alu(Ops.MUL, b.reciprocal())

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from fusegrad.device import Buffer, canonical_device
 from fusegrad.dtype import ConstType, DType, DTypeLike, dtypes, to_dtype
-from fusegrad.helpers import argfix, prod
+from fusegrad.helpers import ShapeError, argfix, prod
 from fusegrad.ir import build
 from fusegrad.ir.ops import Ops, UOp
 from fusegrad.ir.shape import canonical, canonical_shape, is_sym_int, smax, sprod, ssub, sym_value_dtype
@@ -35,7 +35,7 @@ class CreationMixin:
         s = argfix(*shape)
         if not all(isinstance(x, int) or is_sym_int(x) for x in s): raise TypeError(f"shape must be ints, got {s}")
         if any(x < 0 if isinstance(x, int) else x.vmin < 0 for x in s):
-            raise RuntimeError(f"invalid shape {s}: dimension sizes must be non-negative")
+            raise ShapeError(f"invalid shape {s}: dimension sizes must be non-negative")
         return canonical_shape(s)
 
     @classmethod
@@ -135,7 +135,7 @@ class CreationMixin:
     def eye(cls: "type[Tensor]", n: int, m: int | None = None, dtype: DTypeLike | None = None,
             device: str | None = None, requires_grad: bool | None = None) -> "Tensor":
         m = n if m is None else m
-        if n < 0 or m < 0: raise ValueError(f"eye of negative size {(n, m)}")
+        if n < 0 or m < 0: raise ShapeError(f"eye of negative size {(n, m)}")
         rows = cls.arange(n, device=device).reshape(n, 1)
         cols = cls.arange(m, device=device).reshape(1, m)
         out = (rows == cols).cast(to_dtype(dtype) if dtype is not None else dtypes.default_float)
@@ -206,8 +206,8 @@ class CreationMixin:
 
     @classmethod
     def randn(cls: "type[Tensor]", *shape: Any, device: str | None = None, dtype: DTypeLike | None = None,
-              requires_grad: bool | None = None) -> "Tensor":
-        """Standard normal samples (Box-Muller on two uniform draws)."""
+              requires_grad: bool | None = None, contiguous: bool = True) -> "Tensor":
+        """Standard normal samples (Box-Muller on two uniform draws); `contiguous` as in `rand`."""
         s = cls._shape_arg(shape)
         if not all(isinstance(x, int) for x in s): return cls._rand_symbolic(cls.randn, s, device, dtype, requires_grad)
         u = cls.rand(2, prod(s), device=device)
@@ -227,14 +227,16 @@ class CreationMixin:
 
     @classmethod
     def randint(cls: "type[Tensor]", *shape: Any, low: int = 0, high: int = 10, dtype: DTypeLike = dtypes.int32,
-                device: str | None = None) -> "Tensor":
-        """Uniform integers in [low, high)."""
+                device: str | None = None, contiguous: bool = True) -> "Tensor":
+        """Uniform integers in [low, high); `contiguous` as in `rand`."""
         if high <= low: raise RuntimeError(f"randint: high ({high}) must be greater than low ({low})")
         u = cls.rand(*cls._shape_arg(shape), device=device)
         return ((u * (high - low)).floor() + low).cast(to_dtype(dtype))
 
     @classmethod
-    def randperm(cls: "type[Tensor]", n: int, device: str | None = None, dtype: DTypeLike = dtypes.int32) -> "Tensor":
+    def randperm(cls: "type[Tensor]", n: int, device: str | None = None, dtype: DTypeLike = dtypes.int32,
+                 contiguous: bool = True) -> "Tensor":
+        """A random permutation of 0..n-1; `contiguous` as in `rand`."""
         return cls.rand(n, device=device).argsort().cast(to_dtype(dtype))
 
     @classmethod
@@ -286,7 +288,7 @@ class CreationMixin:
     @classmethod
     def linspace(cls: "type[Tensor]", start: float, stop: float, steps: int, dtype: DTypeLike | None = None,
                  device: str | None = None) -> "Tensor":
-        if steps < 0: raise RuntimeError("number of steps must be non-negative")
+        if steps < 0: raise ShapeError("number of steps must be non-negative")
         dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
         if steps == 1: return cls([start], dtype=dt, device=device)
         i = cls.arange(steps, device=device, dtype=dtypes.float32)

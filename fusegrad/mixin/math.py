@@ -66,9 +66,18 @@ class MathMixin:
         return self + (end - self) * weight
 
     def clamp(self: "Tensor", min_: Any = None, max_: Any = None) -> "Tensor":
+        """Elementwise bounds (either may be None). Selects rather than max/min, so the gradient is 1 at a bound (like
+        torch), NaN stays NaN, and min_ > max_ gives max_.
+
+        ```python
+        Tensor([-2.0, 0.5, 3.0]).clamp(-1, 1).tolist()   # [-1.0, 0.5, 1.0]
+        ```
+        """
         if min_ is None and max_ is None: raise RuntimeError("clamp needs at least one of min and max")
-        x = self if min_ is None else self.maximum(min_)
-        return x if max_ is None else x.minimum(max_)
+        x = self if min_ is None else (self < min_).where(min_, self)
+        x = x if max_ is None else (x > max_).where(max_, x)
+        # NaN stays NaN with a zero gradient, as in torch (its gradient mask is lo <= x <= hi)
+        return self.isnan().where(self.detach(), x) if dtypes.is_float(x.dtype) else x
 
     def clip(self: "Tensor", min_: Any = None, max_: Any = None) -> "Tensor": return self.clamp(min_, max_)
 
@@ -112,8 +121,16 @@ class MathMixin:
         poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
         return x.sign() * (1.0 - poly * (-(x * x)).exp())
 
-    def gelu(self: "Tensor", approximate: str = "none") -> "Tensor":
-        """torch's default ('none') uses erf; approximate='tanh' the tanh formula."""
+    def gelu(self: "Tensor", approximate: str = "tanh") -> "Tensor":
+        """GELU. The default, approximate="tanh", is tinygrad's default (the tanh formula); approximate="none" is the
+        exact erf form, PyTorch's default. The two differ by less than 1e-3.
+
+        ```python
+        Tensor([1.0]).gelu().item(), Tensor([1.0]).gelu("none").item()   # 0.8412, 0.8413
+        ```
+        """
+        if approximate not in ("tanh", "none"): raise RuntimeError(f"gelu: approximate must be 'tanh' or 'none', "
+                                                                   f"got {approximate!r}")
         if approximate == "tanh":
             return 0.5 * self * (1 + (math.sqrt(2 / math.pi) * (self + 0.044715 * self * self * self)).tanh())
         return 0.5 * self * (1 + (self * (1 / math.sqrt(2))).erf())
@@ -131,7 +148,8 @@ class MathMixin:
     def _log1p(self: "Tensor") -> "Tensor":
         # log(1+x) computed so that tiny x keeps precision: log(u) * x / (u - 1) with u = 1 + x
         u = 1 + self
-        return (u == 1).where(self, u.log() * self / (u - 1))
+        exact = u == 1   # the other branch's 0/0 there must not reach the gradient as NaN * 0
+        return exact.where(self, u.log() * self / exact.where(1, u - 1))
 
     def softsign(self: "Tensor") -> "Tensor": return self / (1 + self.abs())
 
@@ -173,31 +191,41 @@ class MathMixin:
     def __rpow__(self: "Tensor", x: Any) -> "Tensor": return self.pow(x, True)
 
     def pow(self: "Tensor", x: "Tensor | ConstType", reverse: bool = False) -> "Tensor":
-        """self ** x. Small integer exponents multiply exactly; otherwise exp2(x*log2|b|) with torch's sign rules."""
+        """self ** x (x ** self with reverse=True), with torch's values and gradients.
+
+        Small constant integer exponents multiply exactly and keep an int dtype; an int base to a negative constant
+        int power raises RuntimeError (as in torch and tinygrad). Otherwise `0 ** 0 == 1`, a negative finite base with
+        a fractional exponent is NaN, `(-inf) ** 0.5 == inf`, and the gradients are torch's: zero for the base where
+        the exponent is 0 and for the exponent where the base is 0 (and the exponent >= 0).
+
+        ```python
+        (Tensor([0.0, -8.0, 2.0]) ** Tensor([0.0, 0.5, 3.0])).tolist()   # [1.0, nan, 8.0]
+        (2 ** Tensor([1, 2, 3])).tolist()                                 # [2, 4, 8] (int)
+        ```
+        """
         if not reverse and isinstance(x, (int, float)) and not isinstance(x, bool) and float(x).is_integer() \
                 and abs(x) <= 16:
             n = int(x)
-            base = self if n >= 0 or not dtypes.is_int(self.dtype) else self._float_or_self()
+            if isinstance(x, float) and not dtypes.is_float(self.dtype):   # int ** 2.0 is float, as in torch
+                return self._float_or_self().pow(x)
+            if n < 0 and not dtypes.is_float(self.dtype):
+                raise RuntimeError(f"Integers to negative integer powers are not allowed (got {self.dtype} ** {n})")
             # ones everywhere (also at 0, inf, NaN), but kept in the graph so the base gets a zero gradient, like torch
-            if n == 0: return base._zero_grad_through(1)
-            acc, p, k = None, base, abs(n)
+            if n == 0: return self._zero_grad_through(1)
+            # negative: powers of 1/x, so the gradient at 0 is -inf like torch's (1/x**k gave inf * 0 = NaN)
+            acc, p, k = None, (self if n > 0 else self.reciprocal()), abs(n)
             while k:
                 if k & 1: acc = p if acc is None else acc * p
                 k >>= 1
                 if k: p = p * p
             assert acc is not None
-            return acc if n > 0 else acc.reciprocal()
+            return acc
         b, e = self._broadcasted(x, reverse)
-        if dtypes.is_int(b.dtype) and dtypes.is_int(e.dtype):
-            return b._float_or_self().pow(e._float_or_self()).round().cast(b.dtype)
-        bf, ef = b._float_or_self(), e._float_or_self()
-        mag = (ef * bf.abs().log2()).exp2()
-        odd = (ef - 2 * (ef * 0.5).floor()) == 1
-        is_int = ef == ef.trunc()
-        neg = bf < 0
-        out = (neg & odd & is_int).where(-mag, mag)
-        out = (neg & is_int.logical_not()).where(math.nan, out)
-        return (ef == 0).where(1.0, out)
+        if dtypes.is_int(b.dtype) and dtypes.is_int(e.dtype): return _int_pow(b, e)
+        b, e = b._float_or_self(), e._float_or_self()
+        if not (b.requires_grad or e.requires_grad): return _pow_value(b, e)
+        from fusegrad.mixin.nn import _custom_grad
+        return _custom_grad(_pow_value(b.detach(), e.detach()), [b, e], _pow_backward, "pow")
 
     def copysign(self: "Tensor", other: "Tensor | ConstType") -> "Tensor":
         a, b = self._broadcasted(other)
@@ -210,3 +238,41 @@ class MathMixin:
         m = a.maximum(b)
         m = m.isinf().where(0, m)  # both -inf (or an inf): shifting by m would make inf - inf
         return m + ((a - m).exp() + (b - m).exp()).log()
+
+
+def _pow_value(b: "Tensor", e: "Tensor") -> "Tensor":
+    """b ** e for float tensors of one shape: exp2(e * log2|b|) with C's sign and special-value rules."""
+    mag = (e * b.abs().log2()).exp2()
+    is_int = e == e.trunc()
+    odd = is_int & ((e - 2 * (e * 0.5).floor()) == 1)
+    neg = b < 0
+    out = (neg & odd).where(-mag, mag)
+    out = (neg & is_int.logical_not() & b.isfinite()).where(math.nan, out)   # (-8) ** 0.5; but (-inf) ** 0.5 = inf
+    one = (e == 0) | (b == 1) | ((b == -1) & e.isinf())                        # 0 ** 0, 1 ** nan, (-1) ** inf
+    return one.where(1.0, out)
+
+
+def _int_pow(b: "Tensor", e: "Tensor") -> "Tensor":
+    """Exact integer b ** e (wrapping on overflow, as torch's), by squaring over the exponent's bits. The products run
+    in an unsigned type, where wrapping is defined. A negative exponent gives 1 / b ** |e| truncated: 0 unless
+    |b| == 1."""
+    wide = dtypes.uint64 if b.dtype.itemsize == 8 else dtypes.uint32
+    bits = 8 * e.dtype.itemsize - (0 if dtypes.is_unsigned(e.dtype) else 1)
+    ee = e if dtypes.is_unsigned(e.dtype) else e.maximum(0)
+    acc, p = b.ones_like(dtype=wide), b.cast(wide)
+    for k in range(bits):
+        acc = (((ee >> k) & 1) == 1).where(acc * p, acc)
+        if k < bits - 1: p = p * p
+    out = acc.cast(b.dtype)
+    if dtypes.is_unsigned(e.dtype): return out
+    odd = (e & 1) == 1
+    neg = (b == 1).where(1, (b == -1).where(odd.where(-1, 1), 0)).cast(b.dtype) if not dtypes.is_unsigned(b.dtype) \
+        else (b == 1).cast(b.dtype)
+    return (e < 0).where(neg, out)
+
+
+def _pow_backward(g: "Tensor", b: "Tensor", e: "Tensor") -> tuple["Tensor", "Tensor"]:
+    """torch's pow gradients: e * b ** (e - 1) (0 where e == 0) and b ** e * log(b) (0 where b == 0 and e >= 0)."""
+    gb = (e == 0).where(0.0, g * e * _pow_value(b, e - 1))
+    ge = ((b == 0) & (e >= 0)).where(0.0, g * _pow_value(b, e) * b.log())
+    return gb, ge

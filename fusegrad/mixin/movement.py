@@ -8,7 +8,7 @@ import functools
 from typing import TYPE_CHECKING, Any, Sequence
 
 from fusegrad.dtype import dtypes
-from fusegrad.helpers import argfix, prod
+from fusegrad.helpers import ShapeError, argfix, prod
 
 if TYPE_CHECKING:
     from fusegrad.tensor import Tensor
@@ -23,8 +23,16 @@ class MovementMixin:
     __slots__ = ()
 
     # ----- combining and splitting -----
-    def cat(self: "Tensor", *args: "Tensor", dim: int = 0) -> "Tensor":
-        ts = [self, *args]
+    def cat(self: Any, *args: "Tensor", dim: int = 0) -> "Tensor":
+        """Join tensors along axis `dim`: `a.cat(b, c)`, `Tensor.cat(a, b, c)`, or torch's `Tensor.cat([a, b, c])`
+        (any list, tuple or generator of tensors).
+
+        ```python
+        Tensor.cat([Tensor([1]), Tensor([2, 3])]).tolist()   # [1, 2, 3]
+        ```
+        """
+        ts = _tensor_list(self, args, "cat")
+        self = ts[0]
         ax = self._axis(dim)
         for t in ts:
             if t.ndim != self.ndim or any(a != b for i, (a, b) in enumerate(zip(t.shape, self.shape)) if i != ax):
@@ -45,11 +53,13 @@ class MovementMixin:
 
     def stack(self: Any = None, *args: "Tensor", dim: int = 0) -> "Tensor":
         """Join tensors of one shape along a new axis `dim`: `a.stack(b, c)`, `Tensor.stack(a, b, c)` or
-        `Tensor.stack([a, b, c])` (a method, as in tinygrad: `a.stack(b)` includes a)."""
-        if self is None: ts = []
-        elif isinstance(self, (list, tuple)): ts = list(self) + list(args)
-        else: ts = [self] + list(args)
-        if not ts: raise RuntimeError("stack expects a non-empty list of tensors")
+        `Tensor.stack([a, b, c])` (any list, tuple or generator; a method, as in tinygrad: `a.stack(b)` includes a).
+
+        ```python
+        Tensor.stack(Tensor([i, i]) for i in range(3)).shape   # (3, 2)
+        ```
+        """
+        ts = _tensor_list(self, args, "stack")
         if any(t.shape != ts[0].shape for t in ts):
             raise RuntimeError(f"stack expects each tensor to be equal size, got {[t.shape for t in ts]}")
         ax = ts[0]._axis(dim, ts[0].ndim + 1)
@@ -73,7 +83,8 @@ class MovementMixin:
     def chunk(self: "Tensor", chunks: int, dim: int = 0) -> "tuple[Tensor, ...]":
         if chunks <= 0: raise RuntimeError(f"chunk expects a positive number of chunks, got {chunks}")
         n = self.shape[self._axis(dim)]
-        return self.split(-(-n // chunks) if n else 1, dim)
+        if n == 0: return self.split([0] * chunks, dim)   # `chunks` empty pieces, as torch and tinygrad give
+        return self.split(-(-n // chunks), dim)
 
     def repeat(self: "Tensor", repeats: Any, *args: int) -> "Tensor":
         reps = argfix(repeats, *args)
@@ -100,17 +111,32 @@ class MovementMixin:
         return self.reshape(self.shape[:ax] + sizes + self.shape[ax + 1:])
 
     def shrink_to(self: "Tensor", shape: Any, *args: int) -> "Tensor":
+        """Keep the first `shape[i]` elements of each axis (None keeps the axis whole, as in tinygrad).
+
+        ```python
+        Tensor.zeros(4, 5).shrink_to(None, 2).shape   # (4, 2)
+        ```
+        """
         new = argfix(shape, *args)
-        return self.shrink([(0, s) for s in new])
+        if len(new) != self.ndim: raise ShapeError(f"shrink_to {new} needs one size per axis of {self.shape}")
+        return self.shrink([None if s is None else (0, s) for s in new])
 
     def pad_to(self: "Tensor", shape: Any, *args: int, value: float = 0) -> "Tensor":
+        """Pad each axis at its end up to `shape[i]` (None keeps the axis as is, as in tinygrad).
+
+        ```python
+        Tensor.ones(2, 3).pad_to(None, 5).shape   # (2, 5)
+        ```
+        """
         new = argfix(shape, *args)
-        return self.pad([(0, n - s) for s, n in zip(self.shape, new)], value=value)
+        if len(new) != self.ndim: raise ShapeError(f"pad_to {new} needs one size per axis of {self.shape}")
+        return self.pad([(0, 0 if n is None else n - s) for s, n in zip(self.shape, new)], value=value)
 
     def roll(self: "Tensor", shifts: int | tuple[int, ...], dims: int | tuple[int, ...] | None = None) -> "Tensor":
         if dims is None: return self.flatten().roll(shifts, 0).reshape(self.shape)
         sh = (shifts,) if isinstance(shifts, int) else tuple(shifts)
         ds = (dims,) if isinstance(dims, int) else tuple(dims)
+        if len(sh) != len(ds): raise RuntimeError(f"roll: shifts {sh} and dims {ds} must have the same length")
         x = self
         for s, d in zip(sh, ds):
             ax = x._axis(d)
@@ -124,6 +150,7 @@ class MovementMixin:
 
     def diagonal(self: "Tensor", offset: int = 0, dim1: int = 0, dim2: int = 1) -> "Tensor":
         d1, d2 = self._axis(dim1), self._axis(dim2)
+        if d1 == d2: raise RuntimeError(f"diagonal dimensions cannot be identical, got {dim1} and {dim2}")
         order = [i for i in range(self.ndim) if i not in (d1, d2)] + [d1, d2]
         x = self.permute(order)
         n1, n2 = x.shape[-2], x.shape[-1]
@@ -144,10 +171,16 @@ class MovementMixin:
         if self.ndim == 2: return self.diagonal()
         raise RuntimeError(f"diag expects a 1-d or 2-d tensor, got shape {self.shape}")
 
-    @staticmethod
-    def meshgrid(*args: "Tensor", indexing: str = "ij") -> "list[Tensor]":
+    def meshgrid(self: Any, *args: "Tensor", indexing: str = "ij") -> "tuple[Tensor, ...]":
+        """Coordinate grids from 1-d tensors: `Tensor.meshgrid(x, y)`, `x.meshgrid(y)` (tinygrad's method form) or
+        `Tensor.meshgrid([x, y])`. `indexing="xy"` swaps the first two axes.
+
+        ```python
+        gx, gy = Tensor([1, 2]).meshgrid(Tensor([3, 4, 5]))   # both (2, 3)
+        ```
+        """
         if indexing not in ("ij", "xy"): raise RuntimeError(f"indexing must be 'ij' or 'xy', got {indexing!r}")
-        ts = list(args[0]) if len(args) == 1 and isinstance(args[0], (list, tuple)) else list(args)
+        ts = _tensor_list(self, args, "meshgrid")
         # 'xy' is 'ij' with the first two inputs swapped (so the first axis runs along the second input), and their
         # outputs swapped back
         swap = indexing == "xy" and len(ts) >= 2
@@ -155,7 +188,7 @@ class MovementMixin:
         shape = tuple(t.numel() for t in ts)
         out = [t.reshape(tuple(-1 if i == k else 1 for i in range(len(ts)))).expand(shape) for k, t in enumerate(ts)]
         if swap: out[0], out[1] = out[1], out[0]
-        return out
+        return tuple(out)
 
     def unfold(self: "Tensor", dim: int, size: int, step: int) -> "Tensor":
         ax = self._axis(dim)
@@ -415,8 +448,10 @@ class MovementMixin:
         """out[index[i][j]][j] = src[i][j] (dim=0); with reduce='add'/'multiply' combine instead of replace."""
         Tensor = _T()
         ax = self._axis(dim)
-        if index.ndim != self.ndim: raise RuntimeError("Index tensor must have the same number of dimensions as self tensor")
+        if reduce not in (None, "add", "multiply"):
+            raise RuntimeError(f"reduce argument must be 'add' or 'multiply', got {reduce!r}")
         srct = src if isinstance(src, Tensor) else Tensor.full(index.shape, src, dtype=self.dtype, device=self.device)
+        _check_scatter_args("scatter", self, ax, index, srct)
         srct = srct.shrink([(0, s) for s in index.shape]) if srct.shape != index.shape else srct
         n = self.shape[ax]
         _check_oob(index, n, ax)
@@ -443,14 +478,16 @@ class MovementMixin:
             out = moved_self + _pad_lead(hit.where(st_m, 0).sum(-2).cast(self.dtype), pads, lead)
         elif reduce == "multiply":
             out = moved_self * _pad_lead(hit.where(st_m, 1).prod(-2).cast(self.dtype), pads, lead, value=1)
-        else:
-            raise RuntimeError(f"reduce argument must be 'add' or 'multiply', got {reduce!r}")
         return out.transpose(ax, -1) if ax != self.ndim - 1 else out
 
     def scatter_reduce(self: "Tensor", dim: int, index: "Tensor", src: "Tensor", reduce: str,
                        include_self: bool = True) -> "Tensor":
         Tensor = _T()
         ax = self._axis(dim)
+        if reduce not in ("sum", "prod", "mean", "amax", "amin"):
+            raise RuntimeError(f"reduce argument must be one of sum, prod, mean, amax, amin, got {reduce!r}")
+        if not isinstance(src, Tensor): raise TypeError(f"scatter_reduce takes a Tensor src, got {type(src).__name__}")
+        _check_scatter_args("scatter_reduce", self, ax, index, src)
         n = self.shape[ax]
         _check_oob(index, n, ax)
         idx = _wrap_negative(index, n)
@@ -481,8 +518,7 @@ class MovementMixin:
             r = hit.where(sv, big if reduce == "amax" else -big).max(-2)
             r = _pad_lead(r if reduce == "amax" else -r, pads, lead, value=big)
             out = (r.maximum(ms) if reduce == "amax" else r.minimum(ms)) if include_self else has.where(r, ms)
-        else:
-            raise RuntimeError(f"reduce argument must be one of sum, prod, mean, amax, amin, got {reduce!r}")
+        else: raise AssertionError(reduce)   # checked above
         out = out.cast(self.dtype)
         return out.transpose(ax, -1) if ax != self.ndim - 1 else out
 
@@ -512,6 +548,7 @@ class MovementMixin:
 
     def masked_select(self: "Tensor", mask: "Tensor", size: int | None = None, fill_value: Any = 0) -> "Tensor":
         from fusegrad.tensor import _broadcast_shape
+        if not dtypes.is_bool(mask.dtype): raise RuntimeError(f"masked_select: expected a bool mask, got {mask.dtype}")
         shape = _broadcast_shape(self.shape, mask.shape)
         x, m = self._broadcast_to(shape), mask._broadcast_to(shape)
         idx = m.flatten().nonzero(size=size)
@@ -523,7 +560,20 @@ class MovementMixin:
         return vals
 
     def one_hot(self: "Tensor", num_classes: int = -1) -> "Tensor":
+        """int32 one-hot vectors along a new last axis; num_classes=-1 (torch's default) takes max + 1. A float
+        index raises RuntimeError; a value outside [0, num_classes) gives an all-zero row (tinygrad's behaviour; torch
+        raises).
+
+        ```python
+        Tensor([0, 2]).one_hot(3).tolist()   # [[1, 0, 0], [0, 0, 1]]
+        ```
+        """
         Tensor = _T()
+        if not dtypes.is_int(self.dtype): raise RuntimeError(f"one_hot expects an integer tensor, got {self.dtype}")
+        if not isinstance(num_classes, int) or num_classes < -1:
+            raise ValueError(f"num_classes must be a non-negative int (or -1), got {num_classes!r}")
+        if num_classes == -1 and self.numel() == 0:
+            raise RuntimeError("one_hot: can't infer num_classes of an empty tensor")
         if num_classes == -1: num_classes = int(self.max().item()) + 1
         return (self.unsqueeze(-1) == Tensor.arange(num_classes, device=self.device)).cast(dtypes.int32)
 
@@ -576,6 +626,34 @@ def _check_oob(index: "Tensor", n: Any, ax: int) -> None:
     vals = index.numpy().reshape(-1)
     bad = (vals < -n) | (vals >= n)
     if bad.any(): raise IndexError(f"index {int(vals[bad][0])} is out of bounds for dimension {ax} with size {n}")
+
+
+def _tensor_list(first: Any, rest: tuple, name: str) -> list:
+    """The tensors of cat/stack: `first, *rest`, or a list/tuple/generator of tensors passed as `first`."""
+    T = _T()
+    if first is None: ts = list(rest)
+    elif isinstance(first, T): ts = [first, *rest]
+    else:
+        try: ts = list(first) + list(rest)
+        except TypeError: raise TypeError(f"{name} takes tensors, got {type(first).__name__}") from None
+    if not ts: raise RuntimeError(f"{name} expects a non-empty list of tensors")
+    if any(not isinstance(t, T) for t in ts):
+        raise TypeError(f"{name} takes tensors, got {[type(t).__name__ for t in ts if not isinstance(t, T)][0]}")
+    return ts
+
+
+def _check_scatter_args(name: str, x: "Tensor", ax: int, index: "Tensor", src: "Tensor") -> None:
+    """torch's argument checks for scatter/scatter_reduce (RuntimeError, as torch and tinygrad raise)."""
+    if not dtypes.is_int(index.dtype): raise RuntimeError(f"{name}(): Expected an integer index, got {index.dtype}")
+    if not (index.ndim == x.ndim == src.ndim):
+        raise RuntimeError(f"{name}(): index {index.shape}, self {x.shape} and src {src.shape} need the same ndim")
+    for d, (i, s, r) in enumerate(zip(index.shape, x.shape, src.shape)):
+        if (d != ax and i > s) or i > r:
+            raise RuntimeError(f"{name}(): index {index.shape} must be no larger than src {src.shape} in every dim and "
+                               f"than self {x.shape} apart from dim {ax}")
+    if index.device != x.device or src.device != x.device:
+        raise RuntimeError(f"{name}(): index, self and src must be on one device, got {index.device}, {x.device}, "
+                           f"{src.device}")
 
 
 def _pad_lead(t: "Tensor", pads: list[tuple[int, int]], lead: tuple[int, ...], value: Any = 0) -> "Tensor":

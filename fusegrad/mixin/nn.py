@@ -8,7 +8,7 @@ import math
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from fusegrad.dtype import DTypeLike, dtypes
-from fusegrad.helpers import make_tuple, prod
+from fusegrad.helpers import ShapeError, make_tuple, prod
 
 if TYPE_CHECKING:
     from fusegrad.tensor import Tensor
@@ -202,7 +202,9 @@ class NNMixin:
         sp = self.shape[-len(k):]
         pos = Tensor.arange(prod(sp), device=self.device).reshape(sp)
         pw = pos.pad(pads, value=-1)._pool(k, st, dl)                          # (*O, *K) flat input positions
-        hit = w == vals.reshape(vals.shape + (1,) * len(k))
+        vk = vals.reshape(vals.shape + (1,) * len(k))
+        hit = w == vk
+        if dtypes.is_float(self.dtype): hit = hit | (w.isnan() & vk.isnan())   # torch points at the (first) NaN
         big = prod(sp)
         idx = hit.where(pw, big).min(red)
         return vals, idx.cast(dtypes.int64)
@@ -295,7 +297,10 @@ class NNMixin:
             scores = causal.where(scores, -math.inf)
         if attn_mask is not None:
             scores = attn_mask.where(scores, -math.inf) if dtypes.is_bool(attn_mask.dtype) else scores + attn_mask
-        w = scores.softmax(-1)
+        # a row with every key masked attends to nothing: zeros out and a zero gradient, as torch (>= 2.5) gives,
+        # not the NaN of softmax over all -inf
+        empty = scores.max(-1, keepdim=True) == -math.inf
+        w = empty.where(0.0, empty.where(0.0, scores).softmax(-1))
         if dropout_p: w = w.dropout(dropout_p)
         return w.matmul(value)
 
@@ -327,16 +332,29 @@ class NNMixin:
         if reduction == "mean": return loss.sum() / keep.sum().cast(loss.dtype)
         return _reduction(loss, reduction)
 
-    def cross_entropy(self: "Tensor", Y: "Tensor", reduction: str = "mean", label_smoothing: float = 0.0) -> "Tensor":
-        """Logits (N, C, ...) against class indices (N, ...) or class probabilities (N, C, ...), like torch."""
+    def cross_entropy(self: "Tensor", Y: "Tensor", reduction: str = "mean", label_smoothing: float = 0.0,
+                      ignore_index: int = -100) -> "Tensor":
+        """Logits (N, C, ...) against class indices (N, ...) or class probabilities (N, C, ...), like torch's
+        F.cross_entropy. With indices, targets equal to `ignore_index` (torch's keyword; tinygrad has none) count 0
+        and "mean" averages over the others.
+
+        ```python
+        Tensor([[2.0, 0.0], [0.0, 2.0]]).cross_entropy(Tensor([0, -100])).item()   # 0.1269...
+        ```
+        """
+        if not 0.0 <= label_smoothing <= 1.0:
+            raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
         x = self.unsqueeze(0) if self.ndim == 1 else self
         if dtypes.is_int(Y.dtype):
             y = Y.unsqueeze(0) if self.ndim == 1 else Y
+            if y.shape != x.shape[:1] + x.shape[2:]:
+                raise ShapeError(f"cross_entropy: target {Y.shape} doesn't fit logits {self.shape}")
             xl = x._move_axis(1, x.ndim - 1)
-            out = xl.sparse_categorical_crossentropy(y, ignore_index=-100, label_smoothing=label_smoothing,
+            out = xl.sparse_categorical_crossentropy(y, ignore_index=ignore_index, label_smoothing=label_smoothing,
                                                      reduction=reduction)
             return out.squeeze(0) if self.ndim == 1 and reduction == "none" else out
         y = Y.unsqueeze(0) if self.ndim == 1 else Y
+        if y.shape != x.shape: raise ShapeError(f"cross_entropy: target {Y.shape} doesn't fit logits {self.shape}")
         c = x.shape[1]
         y = y * (1 - label_smoothing) + label_smoothing / c
         loss = -(x.log_softmax(1) * y).sum(1)
@@ -362,7 +380,7 @@ class NNMixin:
         ops = list(operands[0]) if len(operands) == 1 and isinstance(operands[0], (list, tuple)) else list(operands)
         lhs, _, rhs = formula.replace(" ", "").partition("->")
         ins = lhs.split(",")
-        if len(ins) != len(ops): raise ValueError(f"einsum: {len(ins)} operand specs for {len(ops)} operands")
+        if len(ins) != len(ops): raise ShapeError(f"einsum: {len(ins)} operand specs for {len(ops)} operands")
         if "..." in formula:
             nb = max(t.ndim - (len(s) - 3) for s, t in zip(ins, ops) if "..." in s)
             dots = "".join(chr(0x100 + i) for i in range(nb))
@@ -377,7 +395,7 @@ class NNMixin:
         sizes: dict[str, int] = {}
         prepared = []
         for spec, t in zip(ins, ops):
-            if len(spec) != t.ndim: raise ValueError(f"einsum: operand spec {spec!r} doesn't match shape {t.shape}")
+            if len(spec) != t.ndim: raise ShapeError(f"einsum: operand spec {spec!r} doesn't match shape {t.shape}")
             while len(set(spec)) != len(spec):  # diagonal for repeated letters
                 c = next(ch for ch in spec if spec.count(ch) > 1)
                 i, j = spec.index(c), spec.index(c, spec.index(c) + 1)
@@ -386,7 +404,7 @@ class NNMixin:
             for c, s in zip(spec, t.shape):
                 prev = sizes.get(c, 1)
                 if prev != s and s != 1 and prev != 1:
-                    raise ValueError(f"einsum: size mismatch for {c!r}: {prev} vs {s}")
+                    raise ShapeError(f"einsum: size mismatch for {c!r}: {prev} vs {s}")
                 sizes[c] = s if prev == 1 else prev   # size 1 broadcasts (also against 0)
             perm = sorted(range(len(spec)), key=lambda a: order.index(spec[a]))
             t = t.permute(perm) if perm else t
@@ -399,8 +417,23 @@ class NNMixin:
         return acc.sum(red, dtype=dtype) if red else acc
 
     def interpolate(self: "Tensor", size: tuple[int, ...], mode: str = "linear", align_corners: bool = False) -> "Tensor":
-        """Resize the trailing len(size) axes: 'linear' (per-axis linear), 'nearest' or 'nearest-exact'."""
+        """Resize the trailing len(size) axes: 'linear' (per-axis linear, so bilinear/trilinear for 2/3 sizes),
+        'nearest' or 'nearest-exact'. The result keeps the input's dtype; integer inputs (uint8 images) are computed
+        in float32 and rounded to nearest, which is within 1 of torch's fixed-point uint8 path.
+
+        ```python
+        Tensor([[1.0, 3.0]]).interpolate((4,)).tolist()   # [[1.0, 1.5, 2.5, 3.0]]
+        ```
+        """
         if mode not in ("linear", "nearest", "nearest-exact"): raise ValueError(f"unsupported interpolate mode {mode!r}")
+        if not isinstance(size, (tuple, list)) or not 0 < len(size) <= self.ndim or \
+                any(not isinstance(s, int) or s < 0 for s in size):
+            raise ValueError(f"interpolate: size must be 1 to {self.ndim} non-negative ints, got {size!r}")
+        if align_corners and mode != "linear": raise ValueError("align_corners only goes with mode='linear'")
+        if mode == "linear" and not dtypes.is_float(self.dtype):
+            lo, hi = (0, 1) if dtypes.is_bool(self.dtype) else (dtypes.min(self.dtype), dtypes.max(self.dtype))
+            out = self.cast(dtypes.float32).interpolate(size, mode, align_corners).round().clamp(lo, hi)
+            return out.cast(self.dtype)
         Tensor = _T()
         x = self
         for i, out_n in enumerate(size):

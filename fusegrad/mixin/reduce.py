@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, Sequence
 
-from fusegrad.dtype import DTypeLike, dtypes, least_upper_dtype, sum_acc_dtype, to_dtype
-from fusegrad.helpers import prod
+from fusegrad.dtype import ConstType, DTypeLike, dtypes, least_upper_dtype, sum_acc_dtype, to_dtype
+from fusegrad.helpers import ShapeError, prod
 from fusegrad.ir import build
 from fusegrad.ir.ops import Ops, UOp, ssimplify
 from fusegrad.ir.shape import all_static, sprod
@@ -108,6 +108,12 @@ class ReduceMixin:
         bx, bw = x.shape[:-2], w.shape[:-2]
         if any(a != b and a != 1 and b != 1 for a, b in zip(bx[::-1], bw[::-1])):
             raise RuntimeError(f"matmul: batch dims can't broadcast for shapes {x.shape} and {w.shape}")
+        out_dt = least_upper_dtype(x.dtype, w.dtype) if dtype is None else to_dtype(dtype)
+        if out_dt in (dtypes.float16, dtypes.bfloat16):
+            # 16-bit floats: exact float32 products and a float32 sum, rounded once at the end (torch's and a GEMM's
+            # accumulation); products rounded to half first were off by an ulp in ~0.2% of a 256x256 matmul
+            x, w = x.cast(dtypes.float32), w.cast(dtypes.float32)
+            return x.dot(w, dtype=dtypes.float32).cast(out_dt)
         if w.ndim == 1:
             out = (x * w).sum(-1, dtype=dtype)                                       # (...,)
         else:
@@ -140,13 +146,20 @@ class ReduceMixin:
     def all(self: "Tensor", axis: Any = None, keepdim: bool = False) -> "Tensor":
         return self.logical_not().any(axis, keepdim).logical_not()
 
-    def isclose(self: "Tensor", other: "Tensor", rtol: float = 1e-05, atol: float = 1e-08,
+    def isclose(self: "Tensor", other: "Tensor | ConstType", rtol: float = 1e-05, atol: float = 1e-08,
                 equal_nan: bool = False) -> "Tensor":
-        diff = (self - other).abs()   # an infinite difference is never close (even though rtol * inf is inf)
-        close = (self == other) | (diff.isfinite() & (diff <= atol + rtol * other.abs()))
-        return (close | (self.isnan() & other.isnan())) if equal_nan else close
+        """|self - other| <= atol + rtol * |other| elementwise (equal infinities are close); `other` may be a number.
 
-    def allclose(self: "Tensor", other: "Tensor", rtol: float = 1e-05, atol: float = 1e-08,
+        ```python
+        Tensor([1.0, 1.1]).isclose(1.0).tolist()   # [True, False]
+        ```
+        """
+        a, b = self._broadcasted(other)
+        diff = (a - b).abs()   # an infinite difference is never close (even though rtol * inf is inf)
+        close = (a == b) | (diff.isfinite() & (diff <= atol + rtol * b.abs()))
+        return (close | (a.isnan() & b.isnan())) if equal_nan else close
+
+    def allclose(self: "Tensor", other: "Tensor | ConstType", rtol: float = 1e-05, atol: float = 1e-08,
                  equal_nan: bool = False) -> bool:
         return bool(self.isclose(other, rtol, atol, equal_nan).all().item())
 
@@ -166,7 +179,10 @@ class ReduceMixin:
         return sq / max(n - correction, 0) if n - correction > 0 else sq * math.nan
 
     def std(self: "Tensor", axis: Any = None, keepdim: bool = False, correction: int = 1) -> "Tensor":
-        return self.var(axis, keepdim, correction).sqrt()
+        """sqrt(var); where the variance is 0 the gradient is 0 (torch), not the NaN of sqrt'(0) * 0."""
+        v = self.var(axis, keepdim, correction)
+        zero = v == 0
+        return zero.where(0.0, zero.where(1.0, v).sqrt())
 
     def var_mean(self: "Tensor", axis: Any = None, keepdim: bool = False, correction: int = 1) -> "tuple[Tensor, Tensor]":
         return self.var(axis, keepdim, correction), self.mean(axis, keepdim)
@@ -242,11 +258,45 @@ class ReduceMixin:
 
     def cumsum(self: "Tensor", axis: int = 0) -> "Tensor": return self._scan(axis, "sum")
     def cumprod(self: "Tensor", axis: int) -> "Tensor": return self._scan(axis, "prod")
-    def cummax(self: "Tensor", axis: int = 0) -> "Tensor": return self._scan(axis, "max")
+    def cummax(self: "Tensor", axis: int = 0) -> tuple["Tensor", "Tensor"]:
+        """Running max along `axis` and where it was found, `(values, indices)` like torch and tinygrad. On ties (and
+        NaN, which propagates) the index is the latest one, as in torch; indices are int32 (torch: int64).
 
-    def cummin(self: "Tensor", axis: int = 0) -> "Tensor":
+        ```python
+        v, i = Tensor([1, 3, 2, 3]).cummax(0)   # v: [1, 3, 3, 3], i: [0, 1, 1, 3]
+        ```
+        """
+        return self._scan(axis, "max"), self._scan_index(axis)
+
+    def cummin(self: "Tensor", axis: int = 0) -> tuple["Tensor", "Tensor"]:
+        """Running min along `axis` and where it was found, `(values, indices)`; see `cummax`.
+
+        ```python
+        v, i = Tensor([3, 1, 2, 1]).cummin(0)   # v: [3, 1, 1, 1], i: [0, 1, 1, 3]
+        ```
+        """
         # ints: ~x reverses the order without overflow (see Tensor.min)
-        return ~((~self)._scan(axis, "max")) if not dtypes.is_float(self.dtype) else -((-self)._scan(axis, "max"))
+        inv = ~self if not dtypes.is_float(self.dtype) else -self
+        v = inv._scan(axis, "max")
+        return (~v if not dtypes.is_float(self.dtype) else -v), inv._scan_index(axis)
+
+    def _scan_index(self: "Tensor", axis: int) -> "Tensor":
+        """For each position along `axis`, the index of the latest maximal element up to it (see `_window_max`)."""
+        from fusegrad.tensor import Tensor
+        ax = self._axis(axis)
+        if self.ndim == 0 or self.shape[ax] == 0: return self.zeros_like(dtype=dtypes.int32)
+        n = self.shape[ax]
+        x = self.detach().transpose(ax, -1) if ax != self.ndim - 1 else self.detach()
+        low = -math.inf if dtypes.is_float(x.dtype) else dtypes.min(x.dtype)
+        w = x.pad([(0, 0)] * (x.ndim - 1) + [(n - 1, 0)], value=low)._pool((n,))   # (..., i, k): x[i - (n-1) + k]
+        m = w.max(-1, keepdim=True)
+        hit = w == m
+        if dtypes.is_float(w.dtype): hit = m.isnan().where(w.isnan(), hit)
+        pos = Tensor.arange(n, device=self.device)
+        # the padding sits left of every real element, so the latest hit is always a real one
+        last = hit.where(pos, -1).max(-1) + Tensor.arange(n, device=self.device) - (n - 1)
+        last = last.cast(dtypes.int32)
+        return last.transpose(ax, -1) if ax != self.ndim - 1 else last
 
     def logcumsumexp(self: "Tensor", axis: int = 0) -> "Tensor":
         """log(cumsum(exp(x))), each prefix shifted by its own max, so no term underflows against a later one."""
@@ -294,7 +344,8 @@ class ReduceMixin:
         if self.ndim == 0:   # like torch, k=0 and k=1 both return the element
             if k not in (0, 1): raise RuntimeError(f"selected index k={k} out of range for a 0-d tensor")
             return self.sort(ax)
-        if not 0 <= k <= self.shape[ax]: raise RuntimeError(f"selected index k={k} out of range for size {self.shape[ax]}")
+        if not 0 <= k <= self.shape[ax]:   # ShapeError: torch's RuntimeError and tinygrad's ValueError
+            raise ShapeError(f"selected index k={k} out of range for size {self.shape[ax]}")
         v, i = self.sort(ax, descending=largest)
         sl = [(0, s) for s in self.shape]
         sl[ax] = (0, k)
