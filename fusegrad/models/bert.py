@@ -20,6 +20,7 @@ from fusegrad.models.loading import (
     load_checked,
     read_config,
     read_weights,
+    strip_prefix,
     unpack_zip_model,
     weight_file,
 )
@@ -179,8 +180,7 @@ class SentenceEncoder:
         model = BertModel(cfg)
         wf = weight_file(d)
         assert wf is not None
-        sd = dict(read_weights(wf)) if wf.suffix != ".safetensors" else read_weights(wf)
-        sd = _strip_prefix(sd, "bert.")
+        sd = strip_prefix(read_weights(wf), "bert.")
         load_checked(model, sd, str(wf),
                      ignore=lambda k: k.startswith(("pooler.", "cls.")) or k.endswith("position_ids"))
         if normalize is None:
@@ -194,11 +194,6 @@ def _max_seq_length(d: pathlib.Path, cfg: BertConfig) -> int:
     p = d / "sentence_bert_config.json"
     if p.is_file(): return int(json.loads(p.read_text()).get("max_seq_length", cfg.max_position_embeddings))
     return cfg.max_position_embeddings
-
-
-def _strip_prefix(sd: Any, prefix: str) -> Any:
-    if not any(k.startswith(prefix) for k in sd): return sd
-    return {k.removeprefix(prefix): sd[k] for k in sd}
 
 
 def find_model_dir(name: str | pathlib.Path = MINILM) -> pathlib.Path:

@@ -6,7 +6,7 @@ import importlib.util
 import json
 import os
 import pathlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from fusegrad.helpers import cache_dir
@@ -62,7 +62,30 @@ def load_checked(model: Any, sd: Mapping[str, Tensor], source: str, ignore: Call
     load_state_dict(model, {k: sd[k] for k in sd if k in model_keys}, strict=True, verbose=False)
 
 
-def read_weights(path: str | pathlib.Path) -> dict[str, Tensor] | Mapping[str, Tensor]:
+class Renamed(Mapping):
+    """A state dict seen under other key names (new name -> old name); tensors are still read on first use, and
+    shape_of(k) reads none.
+
+    >>> Renamed({"bert.w": Tensor([1.0])}, {"w": "bert.w"})["w"].tolist()
+    [1.0]
+    """
+
+    def __init__(self, sd: Mapping[str, Tensor], names: dict[str, str]):
+        self.sd, self.names = sd, names
+
+    def __getitem__(self, k: str) -> Tensor: return self.sd[self.names[k]]
+    def __iter__(self) -> Iterator[str]: return iter(self.names)
+    def __len__(self) -> int: return len(self.names)
+    def shape_of(self, k: str) -> tuple[int, ...]: return _shape_of(self.sd, self.names[k])
+
+
+def strip_prefix(sd: Mapping[str, Tensor], prefix: str) -> Mapping[str, Tensor]:
+    """`sd` with `prefix` removed from the keys that have it (HF's "bert." / "transformer." wrappers)."""
+    if not any(k.startswith(prefix) for k in sd): return sd
+    return Renamed(sd, {k.removeprefix(prefix): k for k in sd})
+
+
+def read_weights(path: str | pathlib.Path) -> Mapping[str, Tensor]:
     """A checkpoint file's tensors: .safetensors via safe_load, anything else as a PyTorch file via torch_load (neither
     executes code from the file)."""
     path = pathlib.Path(path)
