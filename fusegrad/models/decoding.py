@@ -25,7 +25,8 @@ class Decoder(Protocol):
 class KVCache:
     """Keys and values of one attention layer for every position so far: two (B, L, H, D) buffers, written at
     [start_pos, start_pos + T) and read as [0, start_pos + T). L is fixed, so a symbolic start_pos keeps the buffers'
-    shapes constant and TinyJit replays one capture for every step."""
+    shapes constant and TinyJit replays one capture for every step. (Slotted: get_state_dict doesn't see the caches.)"""
+    __slots__ = ("k", "max_len", "v")
 
     def __init__(self, max_len: int):
         self.max_len = max_len
@@ -75,7 +76,9 @@ class Generation:
 
 class Generator:
     """Runs a Decoder: `generate(prompt_ids, max_new)` greedy (temperature 0) or sampled. Decode steps run under
-    TinyJit with `start_pos` a bound Variable (one capture for all positions); jit=False runs them eagerly."""
+    TinyJit with `start_pos` a bound Variable (one capture for all positions); jit=False runs them eagerly.
+    (Slotted, so get_state_dict of a model holding one doesn't walk into the jits' tensors.)"""
+    __slots__ = ("_greedy", "_sample", "jit", "model", "start_pos")
 
     def __init__(self, model: Decoder, jit: bool = True):
         self.model, self.jit = model, jit
