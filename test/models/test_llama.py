@@ -116,7 +116,7 @@ def write_gguf(path: pathlib.Path, model, quant: str | None = None, arch: str = 
             w.add_tensor(gg, q, raw_shape=q.shape, raw_dtype=qt)
             arr = gguf.quants.dequantize(q, qt).reshape(arr.shape)
         else: w.add_tensor(gg, arr)
-        if hf.endswith("q_proj.weight") or hf.endswith("k_proj.weight"):   # back to HF's order for the reference
+        if hf.endswith(("q_proj.weight", "k_proj.weight")):   # back to HF's order for the reference
             heads = cfg.num_attention_heads if hf.endswith("q_proj.weight") else cfg.num_key_value_heads
             rows, cols = arr.shape
             arr = arr.reshape(heads, rows // heads // 2, 2, cols).swapaxes(1, 2).reshape(rows, cols)
