@@ -159,6 +159,8 @@ class SentenceEncoder:
         """Embeddings (N, C) of sentences, computed `batch_size` at a time. jit=True runs each (B, T) batch shape
         under TinyJit (worth it when the same shape comes back, as in a benchmark or a fixed-length pipeline)."""
         if isinstance(sentences, str): sentences = [sentences]
+        if not sentences: raise ValueError("encode() needs at least one sentence")
+        if batch_size < 1: raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         outs = []
         for i in range(0, len(sentences), batch_size):
             ids, mask = self.tokenizer(sentences[i:i + batch_size], max_length=self.max_seq_length)

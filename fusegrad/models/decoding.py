@@ -25,7 +25,13 @@ class Decoder(Protocol):
 class KVCache:
     """Keys and values of one attention layer for every position so far: two (B, L, H, D) buffers, written at
     [start_pos, start_pos + T) and read as [0, start_pos + T). L is fixed, so a symbolic start_pos keeps the buffers'
-    shapes constant and TinyJit replays one capture for every step. (Slotted: get_state_dict doesn't see the caches.)"""
+    shapes constant and TinyJit replays one capture for every step. (Slotted: get_state_dict doesn't see the caches.)
+
+    >>> cache = KVCache(max_len=8)
+    >>> keys, values = cache.update(Tensor.ones(1, 3, 2, 4), Tensor.ones(1, 3, 2, 4), start_pos=0)
+    >>> keys.shape, cache.k.shape
+    ((1, 3, 2, 4), (1, 8, 2, 4))
+    """
     __slots__ = ("k", "max_len", "v")
 
     def __init__(self, max_len: int):
@@ -77,7 +83,13 @@ class Generation:
 class Generator:
     """Runs a Decoder: `generate(prompt_ids, max_new)` greedy (temperature 0) or sampled. Decode steps run under
     TinyJit with `start_pos` a bound Variable (one capture for all positions); jit=False runs them eagerly.
-    (Slotted, so get_state_dict of a model holding one doesn't walk into the jits' tensors.)"""
+    (Slotted, so get_state_dict of a model holding one doesn't walk into the jits' tensors.)
+
+    >>> from fusegrad.models.gpt2 import GPT2, GPT2Config
+    >>> model = GPT2(GPT2Config(vocab_size=11, n_positions=8, n_embd=8, n_layer=1, n_head=2))
+    >>> len(Generator(model).generate([1, 2], max_new=3).tokens)
+    3
+    """
     __slots__ = ("_greedy", "_sample", "jit", "model", "start_pos")
 
     def __init__(self, model: Decoder, jit: bool = True):

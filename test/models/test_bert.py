@@ -41,7 +41,8 @@ def assert_rel_close(a: np.ndarray, b: np.ndarray, rel: float = 1e-4) -> None:
 
 def test_minilm_matches_sentence_transformers(minilm_dir, encoder):
     st = pytest.importorskip("sentence_transformers", reason="the reference embeddings come from sentence-transformers")
-    texts = sentences(24, seed=11)[4:]            # padded batches of different lengths, unicode, long words
+    texts = sentences(20, seed=11)[4:]            # padded batches of different lengths, unicode, long words
+    texts.append(" ".join(sentences(80, seed=12)))  # over 256 tokens: cut to max_seq_length (a batch of its own)
     ref = st.SentenceTransformer(str(minilm_dir), device="cpu").encode(texts, batch_size=8, convert_to_numpy=True)
     ours = encoder.encode(texts, batch_size=8).numpy()
     assert ours.shape == ref.shape == (len(texts), 384)
@@ -126,6 +127,8 @@ def test_not_found_and_bad_config(tmp_path):
     from fusegrad import Tensor
     with pytest.raises(ValueError, match="longer than the model's context of 4"):
         m(Tensor([[1, 2, 3, 4, 1]]), Tensor([[1, 1, 1, 1, 1]]))
+    with pytest.raises(ValueError, match="at least one sentence"):
+        SentenceEncoder(m, None, normalize=True).encode([])  # type: ignore[arg-type]
 
 
 def test_zip_package_is_found_too(tmp_path, monkeypatch):
