@@ -12,6 +12,7 @@ from typing import Any
 from fusegrad import nn
 from fusegrad.engine.jit import TinyJit
 from fusegrad.models.loading import (
+    Namespace,
     WeightsNotFound,
     env_dir,
     fetch_cache_dirs,
@@ -62,25 +63,21 @@ _ACTS = {"gelu": lambda x: x.gelu(), "gelu_new": lambda x: x.gelu(approximate="t
          "gelu_pytorch_tanh": lambda x: x.gelu(approximate="tanh"), "relu": lambda x: x.relu()}
 
 
-class _Namespace:
-    """A plain attribute holder, so state-dict keys follow HF's nesting (attention.self.query.weight, ...)."""
-
-
 class BertLayer:
     """One encoder block: self-attention + residual + LayerNorm, then the GELU MLP + residual + LayerNorm."""
 
     def __init__(self, cfg: BertConfig):
         C, eps = cfg.hidden_size, cfg.layer_norm_eps
         self.heads, self.act = cfg.num_attention_heads, _ACTS[cfg.hidden_act]
-        self.attention = _Namespace()
-        self.attention.self = _Namespace()
+        self.attention = Namespace()
+        self.attention.self = Namespace()
         s = self.attention.self
         s.query, s.key, s.value = nn.Linear(C, C), nn.Linear(C, C), nn.Linear(C, C)
-        self.attention.output = _Namespace()
+        self.attention.output = Namespace()
         self.attention.output.dense, self.attention.output.LayerNorm = nn.Linear(C, C), nn.LayerNorm(C, eps=eps)
-        self.intermediate = _Namespace()
+        self.intermediate = Namespace()
         self.intermediate.dense = nn.Linear(C, cfg.intermediate_size)
-        self.output = _Namespace()
+        self.output = Namespace()
         self.output.dense, self.output.LayerNorm = nn.Linear(cfg.intermediate_size, C), nn.LayerNorm(C, eps=eps)
 
     def __call__(self, x: Tensor, bias: Tensor) -> Tensor:
@@ -106,12 +103,12 @@ class BertModel:
     def __init__(self, cfg: BertConfig):
         self.config = cfg
         C = cfg.hidden_size
-        self.embeddings = _Namespace()
+        self.embeddings = Namespace()
         self.embeddings.word_embeddings = nn.Embedding(cfg.vocab_size, C)
         self.embeddings.position_embeddings = nn.Embedding(cfg.max_position_embeddings, C)
         self.embeddings.token_type_embeddings = nn.Embedding(cfg.type_vocab_size, C)
         self.embeddings.LayerNorm = nn.LayerNorm(C, eps=cfg.layer_norm_eps)
-        self.encoder = _Namespace()
+        self.encoder = Namespace()
         self.encoder.layer = [BertLayer(cfg) for _ in range(cfg.num_hidden_layers)]
 
     def __call__(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
@@ -148,7 +145,7 @@ class SentenceEncoder:
     def __init__(self, model: BertModel, tokenizer: WordPieceTokenizer, normalize: bool = True,
                  max_seq_length: int = 256):
         self.model, self.tokenizer, self.normalize, self.max_seq_length = model, tokenizer, normalize, max_seq_length
-        self._jits: dict[tuple[int, int], TinyJit] = {}
+        self._jits: dict[tuple[int, ...], TinyJit] = {}
 
     def embed(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """Embeddings of tokenized input: (B, T) ids and mask -> (B, C)."""
@@ -219,7 +216,7 @@ def find_model_dir(name: str | pathlib.Path = MINILM) -> pathlib.Path:
             if d.suffix == ".zip": d = unpack_zip_model(d, MINILM.replace("/", "--"))
             if weight_file(d) is not None: return d
     got = fetch_files(MINILM if is_minilm else str(name), ["config.json", "model.safetensors", "vocab.txt",
-                                                           "tokenizer_config.json", "modules.json",
+                                                           "tokenizer.json", "tokenizer_config.json", "modules.json",
                                                            "sentence_bert_config.json"])
     if got is not None: return got
     raise WeightsNotFound(f"no weights for {name!r}; looked in: {', '.join(looked)}. Pass a folder with config.json, "

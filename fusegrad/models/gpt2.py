@@ -12,6 +12,7 @@ from fusegrad import nn
 from fusegrad.ir.ops import UOp
 from fusegrad.models.decoding import Generator, KVCache, causal_mask
 from fusegrad.models.loading import (
+    Namespace,
     WeightsNotFound,
     fetch_cache_dirs,
     fetch_files,
@@ -60,10 +61,6 @@ class Conv1D:
     def __call__(self, x: Tensor) -> Tensor: return x @ self.weight + self.bias
 
 
-class _Namespace:
-    """A plain attribute holder, so state-dict keys follow HF's nesting."""
-
-
 class GPT2Block:
     """Pre-LayerNorm block: x + attn(ln_1(x)), then + mlp(ln_2(x)); the attention keeps a KV cache."""
 
@@ -71,9 +68,9 @@ class GPT2Block:
         C = cfg.n_embd
         self.heads, self.act = cfg.n_head, _ACTS[cfg.activation_function]
         self.ln_1, self.ln_2 = nn.LayerNorm(C, eps=cfg.layer_norm_epsilon), nn.LayerNorm(C, eps=cfg.layer_norm_epsilon)
-        self.attn = _Namespace()
+        self.attn = Namespace()
         self.attn.c_attn, self.attn.c_proj = Conv1D(C, 3 * C), Conv1D(C, C)
-        self.mlp = _Namespace()
+        self.mlp = Namespace()
         self.mlp.c_fc, self.mlp.c_proj = Conv1D(C, cfg.n_inner or 4 * C), Conv1D(cfg.n_inner or 4 * C, C)
         self._cache = KVCache(max_context)
 

@@ -15,6 +15,7 @@ from fusegrad import nn
 from fusegrad.ir.ops import UOp
 from fusegrad.models.decoding import Generator, KVCache, causal_mask
 from fusegrad.models.loading import (
+    Namespace,
     Renamed,
     WeightsMismatch,
     WeightsNotFound,
@@ -86,10 +87,6 @@ class _Rope:
         self.cos, self.sin = cos, sin
 
 
-class _Namespace:
-    """A plain attribute holder, so state-dict keys follow HF's nesting."""
-
-
 class LlamaLayer:
     """x + attn(input_layernorm(x)), then + mlp(post_attention_layernorm(x)); attention keeps a KV cache."""
 
@@ -97,11 +94,11 @@ class LlamaLayer:
         C, H, KV, D = cfg.hidden_size, cfg.num_attention_heads, cfg.kv_heads, cfg.dim_per_head
         if H % KV: raise ValueError(f"{H} attention heads can't be shared by {KV} key/value heads")
         self.H, self.KV, self.D = H, KV, D
-        self.self_attn = _Namespace()
+        self.self_attn = Namespace()
         a = self.self_attn
         a.q_proj, a.k_proj = nn.Linear(C, H * D, bias=False), nn.Linear(C, KV * D, bias=False)
         a.v_proj, a.o_proj = nn.Linear(C, KV * D, bias=False), nn.Linear(H * D, C, bias=False)
-        self.mlp = _Namespace()
+        self.mlp = Namespace()
         I = cfg.intermediate_size
         self.mlp.gate_proj, self.mlp.up_proj = nn.Linear(C, I, bias=False), nn.Linear(C, I, bias=False)
         self.mlp.down_proj = nn.Linear(I, C, bias=False)
@@ -142,7 +139,7 @@ class Llama:
     def __init__(self, cfg: LlamaConfig, max_context: int | None = None):
         self.config = cfg
         self.max_context = min(max_context or cfg.max_position_embeddings, cfg.max_position_embeddings)
-        self.model = _Namespace()
+        self.model = Namespace()
         self.model.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.model.layers = [LlamaLayer(cfg, self.max_context) for _ in range(cfg.num_hidden_layers)]
         self.model.norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)

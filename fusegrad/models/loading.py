@@ -24,6 +24,21 @@ class WeightsMismatch(ValueError):
     """A checkpoint doesn't fit the model (another architecture or size); the message names the first bad key."""
 
 
+class Namespace:
+    """A plain attribute holder for a model's nested parts, so state-dict keys follow Hugging Face's nesting
+    (`attention.self.query.weight`); get_state_dict walks it like any object.
+
+    >>> ns = Namespace()
+    >>> ns.dense = Tensor.zeros(2)
+    >>> ns.dense.shape
+    (2,)
+    """
+
+    # declared so type checkers accept any attribute name; behaviour is a plain object's
+    def __getattr__(self, name: str) -> Any: raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+    def __setattr__(self, name: str, value: Any) -> None: object.__setattr__(self, name, value)
+
+
 def _shape_of(sd: Mapping[str, Tensor], k: str) -> tuple[int, ...]:
     shape_of = getattr(sd, "shape_of", None)
     return tuple(shape_of(k)) if shape_of is not None else tuple(sd[k].shape)

@@ -144,6 +144,28 @@ def test_zip_package_is_found_too(tmp_path, monkeypatch):
     assert SentenceEncoder.from_pretrained(d).tokenizer.encode("hello world") == [101, 7592, 2088, 102]
 
 
+def test_download_with_fetch(tmp_path, monkeypatch, minilm_dir):
+    """Where fusegrad has helpers.fetch, a model found nowhere locally is downloaded into the cache, once."""
+    (tmp_path / "hub").mkdir()
+    src, _ = tiny_bert(tmp_path / "hub", minilm_dir, safe=True)
+    calls: list[str] = []
+
+    def fake_fetch(url: str) -> pathlib.Path:    # serves the files of `src` as if downloaded
+        calls.append(url)
+        f = src / url.rsplit("/", 1)[1]
+        if not f.is_file(): raise OSError(f"404: {url}")
+        return f
+    from fusegrad import helpers
+    monkeypatch.setattr(helpers, "fetch", fake_fetch, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    d = find_model_dir("someorg/tiny-bert")
+    assert d == tmp_path / "cache" / "fusegrad" / "models" / "someorg--tiny-bert"
+    assert calls[0] == "https://huggingface.co/someorg/tiny-bert/resolve/main/config.json"
+    n = len(calls)
+    enc = SentenceEncoder.from_pretrained("someorg/tiny-bert")             # from the cache now: no download
+    assert len(calls) == n and enc.model.config.hidden_size == 32
+
+
 def test_embed_example(minilm_dir):
     r = subprocess.run([sys.executable, str(ROOT / "examples" / "embed.py"), "--model", str(minilm_dir),
                         "A cat sits on the mat.", "A kitten rests on a rug.", "The stock market crashed."],
