@@ -33,6 +33,7 @@ class KVCache:
     ((1, 3, 2, 4), (1, 8, 2, 4))
     """
     __slots__ = ("k", "max_len", "v")
+    allocations = 0   # buffers allocated so far, by all caches: a TinyJit capture holding older buffers is stale
 
     def __init__(self, max_len: int):
         self.max_len = max_len
@@ -45,6 +46,7 @@ class KVCache:
         if self.k is None or self.k.shape != (B, self.max_len, H, D):
             self.k = Tensor.zeros(B, self.max_len, H, D, dtype=k.dtype).contiguous().realize()
             self.v = Tensor.zeros(B, self.max_len, H, D, dtype=v.dtype).contiguous().realize()
+            KVCache.allocations += 1
         assert self.v is not None
         self.k[:, start_pos:start_pos + T] = k
         self.v[:, start_pos:start_pos + T] = v
@@ -90,13 +92,14 @@ class Generator:
     >>> len(Generator(model).generate([1, 2], max_new=3).tokens)
     3
     """
-    __slots__ = ("_greedy", "_sample", "jit", "model", "start_pos")
+    __slots__ = ("_caches_seen", "_greedy", "_sample", "jit", "model", "start_pos")
 
     def __init__(self, model: Decoder, jit: bool = True):
         self.model, self.jit = model, jit
         self.start_pos = UOp.variable("start_pos", 1, model.max_context - 1)
         self._greedy = TinyJit(self._greedy_step)
         self._sample = TinyJit(self._sample_step)
+        self._caches_seen = -1
 
     def _greedy_step(self, tok: Tensor, pos: Any) -> Tensor:
         return self.model.forward(tok, pos).argmax(-1).cast(dtypes.int32).reshape(-1, 1).realize()   # (B, 1)
@@ -126,6 +129,10 @@ class Generator:
         if temperature == 0: tok = logits.argmax(-1).cast(dtypes.int32).reshape(1, 1)
         else: tok = (logits / temperature).softmax(-1).multinomial(1).cast(dtypes.int32)
         temp = Tensor([temperature]).realize()
+        if KVCache.allocations != self._caches_seen:   # new cache buffers (another batch size ran): capture again
+            self._greedy.reset()
+            self._sample.reset()
+            self._caches_seen = KVCache.allocations
         for i in range(max_new):
             t = int(tok.item())
             yield t
