@@ -135,6 +135,8 @@ def test_example(saved, tmp_path):
     text, stats = r.stdout.splitlines()[:-1], r.stdout.splitlines()[-1]
     assert "\n".join(text) == prompt + tok.decode(reference_greedy(ref, tok.encode(prompt), 12))
     assert "tokens/s" in stats and "TinyJit" in stats
+    r = run_example("--weights", str(d), "--prompt", prompt, "--max-new", "100")
+    assert r.returncode == 2 and "ask for at most" in r.stderr and "new tokens" in r.stderr
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
     r = run_example("--prompt", "hi", env=env)
     assert r.returncode == 2 and "pass --weights DIR" in r.stderr
