@@ -207,7 +207,7 @@ def find_model_dir(name: str | pathlib.Path = MINILM) -> pathlib.Path:
         return p
     looked = [str(p)]
     is_minilm = str(name) in (MINILM, "all-MiniLM-L6-v2")
-    for d in [*env_dir("MINILM_DIR"), *fetch_cache_dirs(MINILM if is_minilm else str(name))]:
+    for d in [*(env_dir("MINILM_DIR") if is_minilm else []), *fetch_cache_dirs(MINILM if is_minilm else str(name))]:
         looked.append(str(d))
         if weight_file(d) is not None: return d
     if is_minilm:
