@@ -106,25 +106,30 @@ class WordPieceTokenizer:
 
     @classmethod
     def from_dir(cls, path: str | pathlib.Path, backend: str = "auto") -> WordPieceTokenizer:
-        """Read vocab.txt (or the vocab inside tokenizer.json) and tokenizer_config.json's do_lower_case from a model
-        folder (or take a vocab.txt / tokenizer.json file directly)."""
+        """Read vocab.txt (or the vocab inside tokenizer.json) from a model folder (or take a vocab.txt /
+        tokenizer.json file directly). Lowercasing and accent stripping come from tokenizer.json's BertNormalizer
+        when there is one, else from tokenizer_config.json (do_lower_case, strip_accents)."""
         p = pathlib.Path(path)
         d = p if p.is_dir() else p.parent
         cfg: dict[str, Any] = {}
         if (d / "tokenizer_config.json").is_file(): cfg = json.loads((d / "tokenizer_config.json").read_text())
+        lowercase, strip = cfg.get("do_lower_case", True), cfg.get("strip_accents")
+        tj = p if p.is_file() and p.suffix == ".json" else d / "tokenizer.json"
+        full = json.loads(tj.read_text(encoding="utf-8")) if tj.is_file() else None
+        norm = (full or {}).get("normalizer") or {}
+        if norm.get("type") == "BertNormalizer": lowercase, strip = norm.get("lowercase", True), norm.get("strip_accents")
         if p.is_file() and p.suffix == ".txt" or (p.is_dir() and (p / "vocab.txt").is_file()):
             lines = (p if p.is_file() else p / "vocab.txt").read_text(encoding="utf-8").split("\n")
             if lines and lines[-1] == "": lines.pop()
             vocab = {t: i for i, t in enumerate(lines)}
-        elif (f := p if p.is_file() else p / "tokenizer.json").is_file():
-            model = json.loads(f.read_text(encoding="utf-8")).get("model", {})
+        elif full is not None:
+            model = full.get("model", {})
             if model.get("type") != "WordPiece":
-                raise ValueError(f"{f}: not a WordPiece tokenizer ({model.get('type')})")
+                raise ValueError(f"{tj}: not a WordPiece tokenizer ({model.get('type')})")
             vocab = model["vocab"]
         else:
             raise FileNotFoundError(f"{path}: no vocab.txt or tokenizer.json for a WordPiece tokenizer")
-        return cls(vocab, lowercase=cfg.get("do_lower_case", True), strip_accents=cfg.get("strip_accents"),
-                   backend=backend)
+        return cls(vocab, lowercase=lowercase, strip_accents=strip, backend=backend)
 
     def _build_fast(self) -> Any:
         from tokenizers import Tokenizer, models, normalizers, pre_tokenizers

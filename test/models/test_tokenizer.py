@@ -120,3 +120,16 @@ def test_bad_input(tmp_path):
     tok = WordPieceTokenizer(specials, backend="python")
     with pytest.raises(TypeError, match="list of texts"): tok.batch("one text")
     with pytest.raises(ValueError, match="not in the vocab"): BPETokenizer({"a": 0}, [], backend="python").decode([5])
+
+
+@pytest.mark.parametrize("lowercase,strip", [(False, False), (True, False), (False, True)])
+def test_wordpiece_normalizer_settings_from_tokenizer_json(minilm_dir, tmp_path, lowercase, strip):
+    """Cased or accent-keeping BERT tokenizers: the settings come from tokenizer.json and the ids still agree."""
+    full = json.loads((minilm_dir / "tokenizer.json").read_text())
+    full["normalizer"].update(lowercase=lowercase, strip_accents=strip)
+    full["padding"] = full["truncation"] = None
+    (tmp_path / "tokenizer.json").write_text(json.dumps(full))
+    ref = tokenizers.Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    ours = WordPieceTokenizer.from_dir(tmp_path, backend="python")
+    assert (ours.lowercase, ours.strip_accents) == (lowercase, strip)
+    for t in sentences(150, seed=21): assert ours.encode(t) == ref.encode(t).ids, repr(t)
