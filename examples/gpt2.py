@@ -43,8 +43,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(args.prompt + tok.decode(gen.tokens))
-    print(f"--- {len(prompt)} prompt tokens, {len(gen.tokens)} new ({'eager' if args.no_jit else 'TinyJit'}): prefill + "
-          f"first token {gen.prefill_s * 1000:.0f} ms, then {gen.tokens_per_s:.1f} tokens/s "
+    mode = "eager" if args.no_jit else "TinyJit"
+    print(f"--- {len(prompt)} prompt tokens, {len(gen.tokens)} new ({mode}): prefill + first token "
+          f"{gen.prefill_s * 1000:.0f} ms, then {gen.tokens_per_s:.1f} tokens/s "
           f"({gen.steady_tokens_per_s:.1f} tokens/s after the first two steps, which compile and capture)")
     return 0
 

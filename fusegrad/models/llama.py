@@ -201,7 +201,8 @@ class Llama:
 def config_from_gguf(meta: dict[str, Any], tensors: Any, source: str) -> LlamaConfig:
     """A LlamaConfig from GGUF metadata (llama.* keys)."""
     def get(k: str, default: Any = None) -> Any:
-        if f"llama.{k}" not in meta and default is None: raise WeightsMismatch(f"{source}: metadata llama.{k} is missing")
+        if f"llama.{k}" not in meta and default is None:
+            raise WeightsMismatch(f"{source}: metadata llama.{k} is missing")
         return meta.get(f"llama.{k}", default)
     heads = get("attention.head_count")
     n_vocab = get("vocab_size", 0) or tensors.shape_of("token_embd.weight")[0]

@@ -117,7 +117,8 @@ class WordPieceTokenizer:
         tj = p if p.is_file() and p.suffix == ".json" else d / "tokenizer.json"
         full = json.loads(tj.read_text(encoding="utf-8")) if tj.is_file() else None
         norm = (full or {}).get("normalizer") or {}
-        if norm.get("type") == "BertNormalizer": lowercase, strip = norm.get("lowercase", True), norm.get("strip_accents")
+        if norm.get("type") == "BertNormalizer":
+            lowercase, strip = norm.get("lowercase", True), norm.get("strip_accents")
         if p.is_file() and p.suffix == ".txt" or (p.is_dir() and (p / "vocab.txt").is_file()):
             lines = (p if p.is_file() else p / "vocab.txt").read_text(encoding="utf-8").split("\n")
             if lines and lines[-1] == "": lines.pop()
