@@ -44,9 +44,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(args.prompt + tok.decode(gen.tokens))
     mode = "eager" if args.no_jit else "TinyJit"
+    steady = "" if args.no_jit else \
+        f" ({gen.steady_tokens_per_s:.1f} tokens/s after the first two steps, which compile and capture)"
     print(f"--- {len(prompt)} prompt tokens, {len(gen.tokens)} new ({mode}): prefill + first token "
-          f"{gen.prefill_s * 1000:.0f} ms, then {gen.tokens_per_s:.1f} tokens/s "
-          f"({gen.steady_tokens_per_s:.1f} tokens/s after the first two steps, which compile and capture)")
+          f"{gen.prefill_s * 1000:.0f} ms, then {gen.tokens_per_s:.1f} tokens/s{steady}")
     return 0
 
 
