@@ -1,11 +1,20 @@
-"""Pretrained models built from fusegrad.nn layers, with loaders for the weight files of their common PyTorch ports.
+"""Pretrained models built from fusegrad.nn layers and Tensors, with loaders for the weight files of their common
+PyTorch / Hugging Face ports (read by fusegrad's own loaders, which never execute code).
 
 Vision: `EfficientNet` (B0-B7, Lite0-4) and `ResNet` (18/34/50/101/152); `imagenet_labels()` names their outputs.
+Text: `BertModel` / `SentenceEncoder` (sentence embeddings, e.g. all-MiniLM-L6-v2), `GPT2`, `Llama`, with the
+`WordPieceTokenizer` and byte-level `BPETokenizer`; `Generator` decodes with a KV cache under TinyJit.
 """
+from fusegrad.models.bert import BertModel, SentenceEncoder
+from fusegrad.models.decoding import Generator, KVCache
 from fusegrad.models.efficientnet import EfficientNet
+from fusegrad.models.gpt2 import GPT2
 from fusegrad.models.imagenet import imagenet_labels, preprocess
+from fusegrad.models.llama import Llama
 from fusegrad.models.resnet import ResNet
+from fusegrad.models.tokenizer import BPETokenizer, WordPieceTokenizer
 from fusegrad.models.weights import WeightsNotFound, find_weights, load_weights, read_checkpoint
 
-__all__ = ["EfficientNet", "ResNet", "WeightsNotFound", "find_weights", "imagenet_labels", "load_weights",
-           "preprocess", "read_checkpoint"]
+__all__ = ["BPETokenizer", "BertModel", "EfficientNet", "GPT2", "Generator", "KVCache", "Llama", "ResNet",
+           "SentenceEncoder", "WeightsNotFound", "WordPieceTokenizer", "find_weights", "imagenet_labels",
+           "load_weights", "preprocess", "read_checkpoint"]

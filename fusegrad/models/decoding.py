@@ -1,0 +1,160 @@
+"""Token generation for the decoder models (GPT-2, LLaMA): a prompt prefill run eagerly, then one-token decode steps
+under TinyJit that read and write a KV cache at a symbolic position (a bound `Variable`), so one capture serves every
+step. Consumes a model with `forward(tokens, start_pos) -> logits`; produces token ids."""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from fusegrad.dtype import dtypes
+from fusegrad.engine.jit import TinyJit
+from fusegrad.ir.ops import UOp
+from fusegrad.tensor import Tensor
+
+
+class Decoder(Protocol):
+    """What generate() needs from a model."""
+    max_context: int
+    def forward(self, tokens: Tensor, start_pos: int | UOp) -> Tensor: ...   # (B, T) -> logits (B, V) of the last token
+
+
+class KVCache:
+    """Keys and values of one attention layer for every position so far: two (B, L, H, D) buffers, written at
+    [start_pos, start_pos + T) and read as [0, start_pos + T). L is fixed, so a symbolic start_pos keeps the buffers'
+    shapes constant and TinyJit replays one capture for every step. (Slotted: get_state_dict doesn't see the caches.)
+
+    >>> cache = KVCache(max_len=8)
+    >>> keys, values = cache.update(Tensor.ones(1, 3, 2, 4), Tensor.ones(1, 3, 2, 4), start_pos=0)
+    >>> keys.shape, cache.k.shape
+    ((1, 3, 2, 4), (1, 8, 2, 4))
+    """
+    __slots__ = ("k", "max_len", "v")
+    allocations = 0   # buffers allocated so far, by all caches: a TinyJit capture holding older buffers is stale
+
+    def __init__(self, max_len: int):
+        self.max_len = max_len
+        self.k: Tensor | None = None
+        self.v: Tensor | None = None
+
+    def update(self, k: Tensor, v: Tensor, start_pos: int | UOp) -> tuple[Tensor, Tensor]:
+        """Store k, v (B, T, H, D) at start_pos; returns all keys and values so far, (B, start_pos + T, H, D)."""
+        B, T, H, D = k.shape
+        if self.k is None or self.k.shape != (B, self.max_len, H, D):
+            self.k = Tensor.zeros(B, self.max_len, H, D, dtype=k.dtype).contiguous().realize()
+            self.v = Tensor.zeros(B, self.max_len, H, D, dtype=v.dtype).contiguous().realize()
+            KVCache.allocations += 1
+        assert self.v is not None
+        self.k[:, start_pos:start_pos + T] = k
+        self.v[:, start_pos:start_pos + T] = v
+        return self.k[:, :start_pos + T], self.v[:, :start_pos + T]
+
+
+def causal_mask(T: int, start_pos: int) -> Tensor | None:
+    """The additive mask (1, 1, T, start_pos + T) that lets query i see keys 0..start_pos + i; None for one query
+    (a decode step sees every cached key)."""
+    if T == 1: return None
+    m = np.triu(np.full((T, start_pos + T), -np.inf, dtype=np.float32), k=start_pos + 1)
+    return Tensor(m.reshape(1, 1, T, start_pos + T))
+
+
+@dataclass
+class Generation:
+    """The tokens generate() produced and how long it took."""
+    tokens: list[int]
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    decode_steps: int = 0
+    times: list[float] = field(default_factory=list)
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Decode speed (tokens after the first, which comes out of the prefill)."""
+        return self.decode_steps / self.decode_s if self.decode_s else float("nan")
+
+    @property
+    def steady_tokens_per_s(self) -> float:
+        """Decode speed after the first two decode steps (TinyJit's plain run and its capture, which compile)."""
+        rest = self.times[3:]
+        return len(rest) / sum(rest) if rest and sum(rest) else float("nan")
+
+
+class Generator:
+    """Runs a Decoder: `generate(prompt_ids, max_new)` greedy (temperature 0) or sampled. Decode steps run under
+    TinyJit with `start_pos` a bound Variable (one capture for all positions); jit=False runs them eagerly.
+    (Slotted, so get_state_dict of a model holding one doesn't walk into the jits' tensors.)
+
+    >>> from fusegrad.models.gpt2 import GPT2, GPT2Config
+    >>> model = GPT2(GPT2Config(vocab_size=11, n_positions=8, n_embd=8, n_layer=1, n_head=2))
+    >>> len(Generator(model).generate([1, 2], max_new=3).tokens)
+    3
+    """
+    __slots__ = ("_caches_seen", "_greedy", "_sample", "jit", "model", "start_pos")
+
+    def __init__(self, model: Decoder, jit: bool = True):
+        self.model, self.jit = model, jit
+        self.start_pos = UOp.variable("start_pos", 1, model.max_context - 1)
+        self._greedy = TinyJit(self._greedy_step)
+        self._sample = TinyJit(self._sample_step)
+        self._caches_seen = -1
+
+    def _greedy_step(self, tok: Tensor, pos: Any) -> Tensor:
+        return self.model.forward(tok, pos).argmax(-1).cast(dtypes.int32).reshape(-1, 1).realize()   # (B, 1)
+
+    def _sample_step(self, tok: Tensor, pos: Any, temperature: Tensor) -> Tensor:
+        probs = (self.model.forward(tok, pos) / temperature).softmax(-1)
+        return probs.multinomial(1).cast(dtypes.int32).realize()                                    # (B, 1)
+
+    def check_length(self, n_prompt: int, max_new: int) -> None:
+        """ValueError when the prompt, or the prompt plus the new tokens, doesn't fit the context."""
+        ctx = self.model.max_context
+        if n_prompt == 0: raise ValueError("the prompt is empty: give at least one token")
+        if n_prompt > ctx:
+            raise ValueError(f"the prompt has {n_prompt} tokens, longer than the model's context of {ctx} tokens; "
+                             "shorten it")
+        if n_prompt + max_new > ctx:
+            raise ValueError(f"the prompt ({n_prompt} tokens) plus {max_new} new tokens is longer than the model's "
+                             f"context of {ctx} tokens; ask for at most {ctx - n_prompt} new tokens")
+
+    def stream(self, prompt: Sequence[int], max_new: int, temperature: float = 0.0,
+               stop: Callable[[int], bool] | None = None) -> Iterator[int]:
+        """Yield new token ids one by one (stop after `max_new`, or when stop(token) is true)."""
+        self.check_length(len(prompt), max_new)
+        if temperature < 0: raise ValueError(f"temperature must be >= 0, got {temperature}")
+        if max_new <= 0: return
+        logits = self.model.forward(Tensor([list(prompt)], dtype=dtypes.int32), 0)       # prefill: (1, V)
+        if temperature == 0: tok = logits.argmax(-1).cast(dtypes.int32).reshape(1, 1)
+        else: tok = (logits / temperature).softmax(-1).multinomial(1).cast(dtypes.int32)
+        temp = Tensor([temperature]).realize()
+        if KVCache.allocations != self._caches_seen:   # new cache buffers (another batch size ran): capture again
+            self._greedy.reset()
+            self._sample.reset()
+            self._caches_seen = KVCache.allocations
+        for i in range(max_new):
+            t = int(tok.item())
+            yield t
+            if i == max_new - 1 or (stop is not None and stop(t)): return
+            pos = self.start_pos.bind(len(prompt) + i)
+            if temperature == 0: tok = (self._greedy if self.jit else self._greedy_step)(tok.contiguous(), pos)
+            else: tok = (self._sample if self.jit else self._sample_step)(tok.contiguous(), pos, temp)
+
+    def generate(self, prompt: Sequence[int], max_new: int, temperature: float = 0.0,
+                 stop: Callable[[int], bool] | None = None) -> Generation:
+        """All new tokens at once, with the prefill and per-token decode times."""
+        out = Generation([])
+        start = time.perf_counter()
+        for t in self.stream(prompt, max_new, temperature, stop):
+            now = time.perf_counter()
+            out.times.append(now - start)
+            out.tokens.append(t)
+            start = now
+        if out.times:
+            out.prefill_s, out.decode_steps = out.times[0], len(out.times) - 1
+            out.decode_s = sum(out.times[1:])
+        return out
+
+
+__all__ = ["Decoder", "Generation", "Generator", "KVCache", "causal_mask"]

@@ -1,0 +1,275 @@
+"""A LLaMA-style decoder (RMSNorm, rotary position embeddings, grouped-query attention, SwiGLU MLP) with Hugging Face
+LlamaForCausalLM parameter names, loaded from safetensors (one file or shards) or from a GGUF file (llama.cpp's names,
+its q/k row order undone). Generation runs through decoding.Generator: a KV cache and TinyJit'd decode steps."""
+from __future__ import annotations
+
+import math
+import pathlib
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+
+from fusegrad import nn
+from fusegrad.ir.ops import UOp
+from fusegrad.models.decoding import Generator, KVCache, causal_mask
+from fusegrad.models.loading import (
+    Namespace,
+    Renamed,
+    WeightsMismatch,
+    WeightsNotFound,
+    load_checked,
+    read_config,
+    read_weights,
+    weight_file,
+)
+from fusegrad.nn.state import gguf_load
+from fusegrad.tensor import Tensor
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    """The fields of a Hugging Face LlamaConfig the model uses."""
+    vocab_size: int = 32000
+    hidden_size: int = 4096
+    intermediate_size: int = 11008
+    num_hidden_layers: int = 32
+    num_attention_heads: int = 32
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    max_position_embeddings: int = 2048
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    tie_word_embeddings: bool = False
+    hidden_act: str = "silu"
+
+    @property
+    def kv_heads(self) -> int: return self.num_key_value_heads or self.num_attention_heads
+    @property
+    def dim_per_head(self) -> int: return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> LlamaConfig:
+        """From config.json (transformers 4 keeps rope_theta at the top, 5 in rope_parameters)."""
+        if d.get("model_type", "llama") != "llama":
+            raise ValueError(f"config.json is for a {d['model_type']!r} model, not LLaMA")
+        d = dict(d)
+        rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
+        if rope.get("rope_type", rope.get("type", "default")) != "default":
+            raise ValueError(f"RoPE scaling {rope} is not supported (only plain RoPE, rope_type 'default')")
+        if "rope_theta" in rope: d.setdefault("rope_theta", rope["rope_theta"])
+        if d.get("hidden_act", "silu") != "silu": raise ValueError(f"hidden_act {d['hidden_act']!r} is not supported")
+        if d.get("attention_bias") or d.get("mlp_bias"): raise ValueError("attention_bias / mlp_bias are not supported")
+        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d and d[f.name] is not None})
+
+
+def rope_tables(head_dim: int, max_len: int, theta: float) -> tuple[Tensor, Tensor]:
+    """cos and sin (max_len, head_dim) of HF's RoPE: angle p * theta^(-2i/d), the half-dim table repeated twice."""
+    inv = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
+    ang = np.outer(np.arange(max_len, dtype=np.float64), inv)                 # (L, D/2)
+    ang = np.concatenate([ang, ang], axis=1).astype(np.float32)              # (L, D)
+    return Tensor(np.cos(ang)).realize(), Tensor(np.sin(ang)).realize()
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x (B, T, H, D) rotated by position: x * cos + rotate_half(x) * sin, rotate_half(a, b) = (-b, a)."""
+    half = x.shape[-1] // 2
+    rotated = (-x[..., half:]).cat(x[..., :half], dim=-1)
+    return x * cos + rotated * sin                                           # cos, sin: (1, T, 1, D)
+
+
+class _Rope:
+    """The RoPE tables; slotted, so get_state_dict doesn't count them as weights."""
+    __slots__ = ("cos", "sin")
+
+    def __init__(self, cos: Tensor, sin: Tensor):
+        self.cos, self.sin = cos, sin
+
+
+class LlamaLayer:
+    """x + attn(input_layernorm(x)), then + mlp(post_attention_layernorm(x)); attention keeps a KV cache."""
+
+    def __init__(self, cfg: LlamaConfig, max_context: int):
+        C, H, KV, D = cfg.hidden_size, cfg.num_attention_heads, cfg.kv_heads, cfg.dim_per_head
+        if H % KV: raise ValueError(f"{H} attention heads can't be shared by {KV} key/value heads")
+        self.H, self.KV, self.D = H, KV, D
+        self.self_attn = Namespace()
+        a = self.self_attn
+        a.q_proj, a.k_proj = nn.Linear(C, H * D, bias=False), nn.Linear(C, KV * D, bias=False)
+        a.v_proj, a.o_proj = nn.Linear(C, KV * D, bias=False), nn.Linear(H * D, C, bias=False)
+        self.mlp = Namespace()
+        I = cfg.intermediate_size
+        self.mlp.gate_proj, self.mlp.up_proj = nn.Linear(C, I, bias=False), nn.Linear(C, I, bias=False)
+        self.mlp.down_proj = nn.Linear(I, C, bias=False)
+        self.input_layernorm = nn.RMSNorm(C, eps=cfg.rms_norm_eps)
+        self.post_attention_layernorm = nn.RMSNorm(C, eps=cfg.rms_norm_eps)
+        self._cache = KVCache(max_context)
+
+    def attention(self, x: Tensor, cos: Tensor, sin: Tensor, start_pos: int | UOp, mask: Tensor | None) -> Tensor:
+        B, T, _ = x.shape                                                     # x: (B, T, C)
+        H, KV, D, a = self.H, self.KV, self.D, self.self_attn
+        q = apply_rope(a.q_proj(x).reshape(B, T, H, D), cos, sin)
+        k = apply_rope(a.k_proj(x).reshape(B, T, KV, D), cos, sin)
+        keys, values = self._cache.update(k, a.v_proj(x).reshape(B, T, KV, D), start_pos)   # (B, S, KV, D)
+        # grouped-query attention: query head h reads key/value head h // (H // KV), without copying keys
+        q = q.permute(0, 2, 1, 3).reshape(B, KV, H // KV, T, D)                           # (B, KV, G, T, D)
+        kt = keys.permute(0, 2, 3, 1).unsqueeze(2)                                         # (B, KV, 1, D, S)
+        scores = q @ kt * (1 / math.sqrt(D))                                               # (B, KV, G, T, S)
+        if mask is not None: scores = scores + mask.unsqueeze(1)
+        out = scores.softmax(-1) @ values.permute(0, 2, 1, 3).unsqueeze(2)                 # (B, KV, G, T, D)
+        return a.o_proj(out.reshape(B, H, T, D).permute(0, 2, 1, 3).reshape(B, T, H * D))
+
+    def __call__(self, x: Tensor, cos: Tensor, sin: Tensor, start_pos: int | UOp, mask: Tensor | None) -> Tensor:
+        x = x + self.attention(self.input_layernorm(x), cos, sin, start_pos, mask)
+        h = self.post_attention_layernorm(x)
+        return x + self.mlp.down_proj(self.mlp.gate_proj(h).silu() * self.mlp.up_proj(h))
+
+
+class Llama:
+    """LlamaForCausalLM: model.embed_tokens, model.layers.N.*, model.norm, lm_head (tied to the embedding when the
+    config says so). `forward(tokens (B, T), start_pos)` -> logits (B, V) of the last token, caching keys/values.
+
+    >>> m = Llama(LlamaConfig(vocab_size=11, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+    ...                       num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=8))
+    >>> m.forward(Tensor([[1, 2, 3]]), 0).shape
+    (1, 11)
+    """
+
+    def __init__(self, cfg: LlamaConfig, max_context: int | None = None):
+        self.config = cfg
+        self.max_context = min(max_context or cfg.max_position_embeddings, cfg.max_position_embeddings)
+        self.model = Namespace()
+        self.model.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.model.layers = [LlamaLayer(cfg, self.max_context) for _ in range(cfg.num_hidden_layers)]
+        self.model.norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        if not cfg.tie_word_embeddings: self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self._rope = _Rope(*rope_tables(cfg.dim_per_head, self.max_context, cfg.rope_theta))
+        self._generator: Generator | None = None
+
+    def forward(self, tokens: Tensor, start_pos: int | UOp = 0) -> Tensor:
+        """Logits (B, V) of the last token of `tokens` (B, T) at positions start_pos..start_pos + T - 1."""
+        T = tokens.shape[1]
+        if isinstance(start_pos, int) and start_pos + T > self.max_context:
+            raise ValueError(f"{start_pos + T} tokens is longer than the model's context of {self.max_context}")
+        D = self.config.dim_per_head
+        cos = self._rope.cos[start_pos:start_pos + T].reshape(1, T, 1, D)     # (1, T, 1, D)
+        sin = self._rope.sin[start_pos:start_pos + T].reshape(1, T, 1, D)
+        mask = causal_mask(T, start_pos) if isinstance(start_pos, int) else None
+        x = self.model.embed_tokens(tokens)                                  # (B, T, C)
+        for layer in self.model.layers: x = layer(x, cos, sin, start_pos, mask)
+        x = self.model.norm(x[:, -1, :])                                     # (B, C)
+        head = self.model.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
+        return x @ head.T                                                    # (B, V)
+
+    def generate(self, prompt: list[int], max_new: int, temperature: float = 0.0, jit: bool = True) -> list[int]:
+        """New token ids after `prompt` (greedy when temperature is 0). Raises ValueError when the prompt (or the prompt
+        plus max_new) is longer than the context."""
+        if self._generator is None or self._generator.jit != jit: self._generator = Generator(self, jit=jit)
+        return self._generator.generate(prompt, max_new, temperature).tokens
+
+    @classmethod
+    def from_pretrained(cls, path: str | pathlib.Path, max_context: int | None = None) -> Llama:
+        """Load a folder written by save_pretrained (config.json + model.safetensors, shards with
+        model.safetensors.index.json, or pytorch_model.bin), or a .gguf file. max_context caps the KV cache."""
+        p = pathlib.Path(path)
+        if p.suffix == ".gguf": return cls.from_gguf(p, max_context)
+        d = p.parent if p.is_file() else p
+        index = d / "model.safetensors.index.json"
+        wf = weight_file(d) if d.is_dir() else None
+        if wf is None and not index.is_file():
+            raise WeightsNotFound(f"{path}: no model.safetensors(.index.json), pytorch_model.bin or .gguf file there")
+        model = cls(LlamaConfig.from_dict(read_config(d)), max_context)
+        sd = read_sharded(index) if wf is None else read_weights(wf)
+        load_checked(model, sd, str(wf or index),
+                     ignore=lambda k: k.endswith("rotary_emb.inv_freq") or (k == "lm_head.weight" and
+                                                                            model.config.tie_word_embeddings))
+        return model
+
+    @classmethod
+    def from_gguf(cls, path: str | pathlib.Path, max_context: int | None = None) -> Llama:
+        """Load a llama.cpp GGUF file (architecture 'llama'; any tensor type fusegrad's gguf_load reads)."""
+        meta, tensors = gguf_load(path)
+        if meta.get("general.architecture") != "llama":
+            raise WeightsMismatch(f"{path}: general.architecture is {meta.get('general.architecture')!r}, not 'llama'")
+        cfg = config_from_gguf(meta, tensors, str(path))
+        model = cls(cfg, max_context)
+        load_checked(model, GGUFNames(tensors, cfg), str(path))
+        return model
+
+
+def config_from_gguf(meta: dict[str, Any], tensors: Any, source: str) -> LlamaConfig:
+    """A LlamaConfig from GGUF metadata (llama.* keys)."""
+    def get(k: str, default: Any = None) -> Any:
+        if f"llama.{k}" not in meta and default is None:
+            raise WeightsMismatch(f"{source}: metadata llama.{k} is missing")
+        return meta.get(f"llama.{k}", default)
+    heads = get("attention.head_count")
+    n_vocab = get("vocab_size", 0) or tensors.shape_of("token_embd.weight")[0]
+    return LlamaConfig(vocab_size=n_vocab, hidden_size=get("embedding_length"),
+                       intermediate_size=get("feed_forward_length"), num_hidden_layers=get("block_count"),
+                       num_attention_heads=heads, num_key_value_heads=get("attention.head_count_kv", heads),
+                       head_dim=get("attention.key_length", 0) or None,
+                       max_position_embeddings=get("context_length"),
+                       rms_norm_eps=get("attention.layer_norm_rms_epsilon"), rope_theta=get("rope.freq_base", 10000.0),
+                       tie_word_embeddings="output.weight" not in tensors)
+
+
+_GGUF_LAYER = {"input_layernorm.weight": "attn_norm.weight", "self_attn.q_proj.weight": "attn_q.weight",
+               "self_attn.k_proj.weight": "attn_k.weight", "self_attn.v_proj.weight": "attn_v.weight",
+               "self_attn.o_proj.weight": "attn_output.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
+               "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
+               "mlp.down_proj.weight": "ffn_down.weight"}
+
+
+class GGUFNames(Mapping):
+    """A GGUF file's tensors under HF's names. llama.cpp stores q/k projection rows with each head's two rotary halves
+    interleaved (for its RoPE); they are put back in HF's half-split order here."""
+
+    def __init__(self, tensors: Any, cfg: LlamaConfig):
+        self.tensors, self.cfg = tensors, cfg
+        self.names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
+        if "output.weight" in tensors: self.names["lm_head.weight"] = "output.weight"
+        for i in range(cfg.num_hidden_layers):
+            for hf, gg in _GGUF_LAYER.items(): self.names[f"model.layers.{i}.{hf}"] = f"blk.{i}.{gg}"
+        self.names.update({k: k for k in tensors if k not in set(self.names.values())})   # unknown extras
+
+    def __iter__(self) -> Any: return iter(self.names)
+    def __len__(self) -> int: return len(self.names)
+    def shape_of(self, k: str) -> tuple[int, ...]: return tuple(self.tensors.shape_of(self.names[k]))
+
+    def __getitem__(self, k: str) -> Tensor:
+        t = self.tensors[self.names[k]].float()
+        if k.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = self.cfg.num_attention_heads if k.endswith("q_proj.weight") else self.cfg.kv_heads
+            rows, cols = t.shape
+            t = t.reshape(heads, rows // heads // 2, 2, cols).transpose(1, 2).reshape(rows, cols)
+        return t
+
+
+def read_sharded(index: pathlib.Path) -> Mapping[str, Tensor]:
+    """The tensors of a sharded safetensors checkpoint (model.safetensors.index.json's weight_map), read lazily."""
+    import json
+    weight_map = json.loads(index.read_text()).get("weight_map")
+    if not isinstance(weight_map, dict): raise WeightsMismatch(f"{index}: no weight_map")
+    shards = {f: read_weights(index.parent / f) for f in sorted(set(weight_map.values()))}
+    merged: dict[str, Any] = {}
+    for name, f in weight_map.items(): merged[name] = (shards[f], name)
+    return _Sharded(merged)
+
+
+class _Sharded(Renamed):
+    def __init__(self, merged: dict[str, tuple[Mapping[str, Tensor], str]]):
+        self.merged = merged
+        self.names = {k: k for k in merged}
+
+    def __getitem__(self, k: str) -> Tensor:
+        sd, name = self.merged[k]
+        return sd[name]
+
+    def shape_of(self, k: str) -> tuple[int, ...]:
+        sd, name = self.merged[k]
+        return tuple(sd.shape_of(name)) if hasattr(sd, "shape_of") else tuple(sd[name].shape)
+
+
+__all__ = ["Llama", "LlamaConfig", "apply_rope", "rope_tables"]

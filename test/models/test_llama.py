@@ -1,0 +1,162 @@
+"""LLaMA against transformers' LlamaForCausalLM on tiny random-weight models saved with save_pretrained (GQA, RoPE,
+SwiGLU, RMSNorm): logits within 1e-4 relative, greedy tokens equal (TinyJit and eager), tied embeddings, shards, GGUF
+files written from the same weights with the `gguf` package (float32, and Q8_0 against the dequantized weights), and
+clear errors for wrong weights and over-long prompts."""
+from __future__ import annotations
+
+import pathlib
+
+import numpy as np
+import pytest
+
+from fusegrad import Tensor
+from fusegrad.models.llama import Llama, LlamaConfig
+from fusegrad.models.loading import WeightsMismatch, WeightsNotFound
+
+torch = pytest.importorskip("torch", reason="the reference model runs in PyTorch")
+transformers = pytest.importorskip("transformers", reason="the reference LLaMA comes from transformers")
+PROMPTS = [[5, 17, 200, 3, 99, 42], [1], [250, 251, 252, 7, 7, 7, 7, 30, 31, 32, 33, 34]]
+
+
+def tiny_llama(tie: bool = False, seed: int = 0):
+    """4 query heads sharing 2 key/value heads, head_dim 16; initializer_range 0.3 keeps greedy picks off near-ties."""
+    cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=48,
+                                   rope_theta=500.0, rms_norm_eps=1e-5, tie_word_embeddings=tie,
+                                   initializer_range=0.3, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(seed)
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    d = tmp_path_factory.mktemp("llama")
+    model = tiny_llama()
+    model.save_pretrained(d)
+    return d, model
+
+
+def ref_logits(model, prompt: list[int]) -> np.ndarray:
+    with torch.no_grad(): return model(torch.tensor([prompt])).logits[0, -1].numpy()
+
+
+def ref_greedy(model, prompt: list[int], n: int) -> list[int]:
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, pad_token_id=0,
+                             eos_token_id=None)
+    return out[0, len(prompt):].tolist()
+
+
+def assert_logits(ours: Llama, ref, prompts=PROMPTS, rel: float = 1e-4) -> None:
+    for p in prompts:
+        want, got = ref_logits(ref, p), ours.forward(Tensor([p]), 0).numpy()[0]
+        err = np.abs(got - want).max() / np.abs(want).max()
+        assert err < rel, f"prompt {p}: max relative error {err:.2e}"
+
+
+def test_logits_and_greedy_tokens(saved):
+    d, ref = saved
+    ours = Llama.from_pretrained(d)
+    assert ours.config.kv_heads == 2 and ours.config.rope_theta == 500.0
+    assert_logits(ours, ref)
+    for p in PROMPTS: assert ours.generate(p, 20) == ref_greedy(ref, p, 20), f"prompt {p}"
+    assert ours.generate(PROMPTS[0], 8, jit=False) == ref_greedy(ref, PROMPTS[0], 8)
+
+
+def test_tied_embeddings_and_shards(tmp_path):
+    ref = tiny_llama(tie=True, seed=1)
+    ref.save_pretrained(tmp_path / "tied")
+    ours = Llama.from_pretrained(tmp_path / "tied")
+    assert ours.config.tie_word_embeddings and not hasattr(ours, "lm_head")
+    assert_logits(ours, ref, PROMPTS[:1])
+    ref = tiny_llama(seed=2)
+    ref.save_pretrained(tmp_path / "sharded", max_shard_size="60KB")
+    assert (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
+    assert_logits(Llama.from_pretrained(tmp_path / "sharded"), ref, PROMPTS[:1])
+
+
+def to_llama_cpp_rows(w: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's converter order for q/k rows: each head's two rotary halves interleaved."""
+    rows, cols = w.shape
+    return w.reshape(heads, 2, rows // heads // 2, cols).swapaxes(1, 2).reshape(rows, cols)
+
+
+GGUF_LAYER = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+              "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "post_attention_layernorm": "ffn_norm",
+              "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+
+
+def write_gguf(path: pathlib.Path, model, quant: str | None = None, arch: str = "llama") -> dict[str, np.ndarray]:
+    """Write `model`'s weights as llama.cpp names them; quant="Q8_0" quantizes the 2-D weights. Returns the HF state
+    dict the file holds (dequantized), for the reference."""
+    gguf = pytest.importorskip("gguf", reason="GGUF files are written with the gguf package")
+    cfg = model.config
+    sd = {k: v.numpy().astype(np.float32) for k, v in model.state_dict().items()}
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_rope_freq_base(cfg.rope_parameters["rope_theta"] if hasattr(cfg, "rope_parameters") else cfg.rope_theta)
+    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+             "lm_head.weight": "output.weight"}
+    for i in range(cfg.num_hidden_layers):
+        for hf, gg in GGUF_LAYER.items(): names[f"model.layers.{i}.{hf}.weight"] = f"blk.{i}.{gg}.weight"
+    held = {}
+    for hf, gg in names.items():
+        arr = sd[hf]
+        if hf.endswith("q_proj.weight"): arr = to_llama_cpp_rows(arr, cfg.num_attention_heads)
+        if hf.endswith("k_proj.weight"): arr = to_llama_cpp_rows(arr, cfg.num_key_value_heads)
+        if quant and arr.ndim == 2:
+            qt = gguf.GGMLQuantizationType[quant]
+            q = gguf.quants.quantize(arr, qt)
+            w.add_tensor(gg, q, raw_shape=q.shape, raw_dtype=qt)
+            arr = gguf.quants.dequantize(q, qt).reshape(arr.shape)
+        else: w.add_tensor(gg, arr)
+        if hf.endswith(("q_proj.weight", "k_proj.weight")):   # back to HF's order for the reference
+            heads = cfg.num_attention_heads if hf.endswith("q_proj.weight") else cfg.num_key_value_heads
+            rows, cols = arr.shape
+            arr = arr.reshape(heads, rows // heads // 2, 2, cols).swapaxes(1, 2).reshape(rows, cols)
+        held[hf] = arr
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return held
+
+
+@pytest.mark.parametrize("quant", [None, "Q8_0"])
+def test_gguf(saved, tmp_path, quant):
+    _, ref = saved
+    held = write_gguf(tmp_path / "tiny.gguf", ref, quant)
+    ours = Llama.from_pretrained(tmp_path / "tiny.gguf")
+    assert ours.config.num_key_value_heads == 2 and ours.config.vocab_size == 256
+    if quant:   # the reference runs on the weights the file really holds (quantized and dequantized)
+        ref = tiny_llama()
+        ref.load_state_dict({k: torch.tensor(v) for k, v in held.items()})
+    assert_logits(ours, ref, PROMPTS[:2])
+    assert ours.generate(PROMPTS[0], 10) == ref_greedy(ref, PROMPTS[0], 10)
+
+
+def test_errors(saved, tmp_path):
+    d, _ = saved
+    ours = Llama.from_pretrained(d)
+    with pytest.raises(ValueError, match="the prompt has 49 tokens, longer than the model's context of 48 tokens"):
+        ours.generate([1] * 49, 1)
+    with pytest.raises(ValueError, match="ask for at most 8 new tokens"): ours.generate([1] * 40, 9)
+    with pytest.raises(ValueError, match="the prompt is empty"): ours.generate([], 3)
+    gcfg = transformers.GPT2Config(n_embd=64, n_layer=1, n_head=4, vocab_size=256, n_positions=48)
+    transformers.GPT2LMHeadModel(gcfg).save_pretrained(tmp_path / "gpt2")
+    (tmp_path / "gpt2" / "config.json").write_text((d / "config.json").read_text())
+    with pytest.raises(WeightsMismatch, match=r"needs 'model\.embed_tokens\.weight' with shape \(256, 64\), but the "
+                                              "file has no such tensor"):
+        Llama.from_pretrained(tmp_path / "gpt2")
+    write_gguf(tmp_path / "other.gguf", tiny_llama(), arch="qwen2")
+    with pytest.raises(WeightsMismatch, match="general.architecture is 'qwen2', not 'llama'"):
+        Llama.from_pretrained(tmp_path / "other.gguf")
+    with pytest.raises(WeightsNotFound): Llama.from_pretrained(tmp_path / "nothing")
+    with pytest.raises(ValueError, match="RoPE scaling"):
+        LlamaConfig.from_dict({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}})
