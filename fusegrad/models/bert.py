@@ -59,7 +59,9 @@ class BertConfig:
         return cfg
 
 
-_ACTS = {"gelu": lambda x: x.gelu(), "gelu_new": lambda x: x.gelu(approximate="tanh"),
+# HF's "gelu" is the exact (erf) GELU; fusegrad's gelu() defaults to tinygrad's tanh approximation
+_ACTS = {"gelu": lambda x: x.gelu(approximate="none"),
+         "gelu_new": lambda x: x.gelu(approximate="tanh"),
          "gelu_pytorch_tanh": lambda x: x.gelu(approximate="tanh"), "relu": lambda x: x.relu()}
 
 

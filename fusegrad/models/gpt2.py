@@ -48,7 +48,7 @@ class GPT2Config:
 
 
 _ACTS = {"gelu_new": lambda x: x.gelu(approximate="tanh"), "gelu_pytorch_tanh": lambda x: x.gelu(approximate="tanh"),
-         "gelu": lambda x: x.gelu(), "relu": lambda x: x.relu()}
+         "gelu": lambda x: x.gelu(approximate="none"), "relu": lambda x: x.relu()}
 
 
 class Conv1D:
