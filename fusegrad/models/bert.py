@@ -60,7 +60,8 @@ class BertConfig:
         return cfg
 
 
-_ACTS = {"gelu": lambda x: x.gelu(), "gelu_new": lambda x: x.gelu(approximate="tanh"),
+# HF's "gelu" is the exact erf form; Tensor.gelu() defaults to tinygrad's tanh form
+_ACTS = {"gelu": lambda x: x.gelu(approximate="none"), "gelu_new": lambda x: x.gelu(approximate="tanh"),
          "gelu_pytorch_tanh": lambda x: x.gelu(approximate="tanh"), "relu": lambda x: x.relu()}
 
 

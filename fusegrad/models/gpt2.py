@@ -47,8 +47,9 @@ class GPT2Config:
         return cfg
 
 
+# HF's "gelu" is the exact erf form; Tensor.gelu() defaults to tinygrad's tanh form
 _ACTS = {"gelu_new": lambda x: x.gelu(approximate="tanh"), "gelu_pytorch_tanh": lambda x: x.gelu(approximate="tanh"),
-         "gelu": lambda x: x.gelu(), "relu": lambda x: x.relu()}
+         "gelu": lambda x: x.gelu(approximate="none"), "relu": lambda x: x.relu()}
 
 
 class Conv1D:

@@ -52,6 +52,20 @@ def test_minilm_hidden_states_match_transformers(minilm_dir, encoder):
     assert_rel_close(ours[keep], ref.last_hidden_state.numpy()[keep])
 
 
+def test_activations_are_transformers():
+    """Each config's activation name computes what transformers' ACT2FN does ("gelu" is the exact erf form, not
+    Tensor.gelu()'s tanh default: with that, MiniLM's embeddings were off by 1e-3)."""
+    from transformers.activations import ACT2FN
+
+    from fusegrad import Tensor
+    from fusegrad.models import bert, gpt2
+    x = np.linspace(-6, 6, 2001, dtype=np.float32)
+    for table in (bert._ACTS, gpt2._ACTS):
+        for name, act in table.items():
+            want = ACT2FN[name](torch.tensor(x)).numpy()
+            np.testing.assert_allclose(act(Tensor(x)).numpy(), want, atol=2e-6, err_msg=name)
+
+
 def test_jit_gives_the_eager_embeddings(encoder):
     texts = ["one two three", "four five six"]
     eager = encoder.encode(texts).numpy()
