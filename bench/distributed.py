@@ -35,12 +35,13 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def _convnet() -> Any:
+def _example() -> Any:
+    """examples/mnist_dist.py as a module: its ConvNet and its TinyJit'd data-parallel step are what is timed."""
     spec = importlib.util.spec_from_file_location("mnist_dist", ROOT / "examples" / "mnist_dist.py")
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod.ConvNet
+    return mod
 
 
 def run_steps(bs: int, steps: int, devices: tuple[str, ...] | None, dp: Any = None, rank: int = 0, world: int = 1,
@@ -49,7 +50,8 @@ def run_steps(bs: int, steps: int, devices: tuple[str, ...] | None, dp: Any = No
     after the first three: TinyJit runs, captures, then replays)."""
     from fusegrad import GlobalCounters, Tensor, TinyJit, nn
     Tensor.manual_seed(0)
-    model = _convnet()()
+    example = _example()
+    model = example.ConvNet()
     params = nn.state.get_parameters(model)
     if devices is not None:
         for p in params: p.shard_(devices)
@@ -67,25 +69,9 @@ def run_steps(bs: int, steps: int, devices: tuple[str, ...] | None, dp: Any = No
                 return loss
             loss = loss.to("CPU") if devices is not None else loss   # TinyJit returns one-device tensors
             return loss.realize(*opt.schedule_step())   # the loss with the update: no second forward
-    @TinyJit
-    def grad_step(xt: Tensor, yt: Tensor) -> list[Tensor]:
-        with Tensor.train():
-            opt.zero_grad()
-            loss = model(xt).sparse_categorical_crossentropy(yt).backward()
-            grads = [p.grad if p.grad is not None else p.zeros_like() for p in params]
-            return [loss.realize(*grads), *grads]
 
-    @TinyJit
-    def update_step(*grads: Tensor) -> None:
-        with Tensor.train():
-            for p, g in zip(params, grads): p.grad = g
-            Tensor.realize(*opt.schedule_step())
-
-    def dp_jit_step(xt: Tensor, yt: Tensor) -> Tensor:   # MPI + TinyJit: two captures around the host allreduce
-        loss, *grads = grad_step(xt, yt)
-        update_step(*dp.average(grads))
-        return loss
-    run = (dp_jit_step if dp is not None else TinyJit(step)) if jit else step
+    # MPI + TinyJit: the example's two captures around the host allreduce
+    run = (example.jit_dp_step(model, opt, params, dp) if dp is not None else TinyJit(step)) if jit else step
     rng = np.random.default_rng(0)
     local = bs // world
     step_s, comm_s = [], []

@@ -17,7 +17,7 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from fusegrad.models.bert import MINILM, SentenceEncoder
-from fusegrad.models.loading import WeightsNotFound
+from fusegrad.models.weights import WeightsNotFound
 
 EXAMPLES = ["A man is eating food.", "A man is eating a piece of bread.", "The girl is carrying a baby.",
             "A man is riding a horse.", "Stock markets fell sharply today."]

@@ -16,8 +16,8 @@ import sys
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from fusegrad.models.decoding import Generator
 from fusegrad.models.gpt2 import GPT2, find_gpt2_dir
-from fusegrad.models.loading import WeightsNotFound
 from fusegrad.models.tokenizer import BPETokenizer
+from fusegrad.models.weights import WeightsNotFound
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -50,6 +50,31 @@ class MLP:
     def __call__(self, x: Tensor) -> Tensor: return x.sequential(self.layers)
 
 
+def jit_dp_step(model: Callable[[Tensor], Tensor], opt: nn.optim.Optimizer, params: list[Tensor],
+                dp: dist.DataParallel) -> Callable[[Tensor, Tensor], Tensor]:
+    """A data-parallel training step (images, labels) -> loss under TinyJit: two captured halves around the host
+    allreduce (which can't be captured), the loss and gradients, then the update with the averaged gradients."""
+    @TinyJit
+    def grad_step(x: Tensor, y: Tensor) -> list[Tensor]:
+        with Tensor.train():
+            opt.zero_grad()
+            loss = model(x).sparse_categorical_crossentropy(y).backward()
+            grads = [p.grad if p.grad is not None else p.zeros_like() for p in params]
+            return [loss.realize(*grads), *grads]
+
+    @TinyJit
+    def update_step(*grads: Tensor) -> None:
+        with Tensor.train():
+            for p, g in zip(params, grads): p.grad = g
+            Tensor.realize(*opt.schedule_step())
+
+    def step(x: Tensor, y: Tensor) -> Tensor:
+        loss, *grads = grad_step(x, y)
+        update_step(*dp.average(grads))
+        return loss
+    return step
+
+
 def train(steps: int, bs: int, lr: float, seed: int, model_name: str, bucket_mb: float, jit: bool = False) \
         -> tuple[list[float], float]:
     """Train; returns (the global loss per step, the seconds per step after the first two, or three with `jit`)."""
@@ -73,27 +98,7 @@ def train(steps: int, bs: int, lr: float, seed: int, model_name: str, bucket_mb:
             opt.step()
         return loss
 
-    # JIT=1: two captured halves around the host allreduce (which can't be captured): gradients, then the update
-    @TinyJit
-    def grad_step(x: Tensor, y: Tensor) -> list[Tensor]:
-        with Tensor.train():
-            opt.zero_grad()
-            loss = model(x).sparse_categorical_crossentropy(y).backward()
-            grads = [p.grad if p.grad is not None else p.zeros_like() for p in params]
-            return [loss.realize(*grads), *grads]
-
-    @TinyJit
-    def update_step(*grads: Tensor) -> None:
-        with Tensor.train():
-            for p, g in zip(params, grads): p.grad = g
-            Tensor.realize(*opt.schedule_step())
-
-    def jit_step(x: Tensor, y: Tensor) -> Tensor:
-        loss, *grads = grad_step(x, y)
-        update_step(*dp.average(grads))
-        return loss
-
-    step_fn = jit_step if jit else eager_step
+    step_fn = jit_dp_step(model, opt, params, dp) if jit else eager_step
     rng = np.random.default_rng(seed)
     losses, times = [], []
     for step in range(steps):

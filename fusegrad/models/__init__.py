@@ -4,6 +4,7 @@ PyTorch / Hugging Face ports (read by fusegrad's own loaders, which never execut
 Vision: `EfficientNet` (B0-B7, Lite0-4) and `ResNet` (18/34/50/101/152); `imagenet_labels()` names their outputs.
 Text: `BertModel` / `SentenceEncoder` (sentence embeddings, e.g. all-MiniLM-L6-v2), `GPT2`, `Llama`, with the
 `WordPieceTokenizer` and byte-level `BPETokenizer`; `Generator` decodes with a KV cache under TinyJit.
+Weights (finding, reading, strict loading) are in `fusegrad.models.weights`.
 """
 from fusegrad.models.bert import BertModel, SentenceEncoder
 from fusegrad.models.decoding import Generator, KVCache
@@ -13,8 +14,24 @@ from fusegrad.models.imagenet import imagenet_labels, preprocess
 from fusegrad.models.llama import Llama
 from fusegrad.models.resnet import ResNet
 from fusegrad.models.tokenizer import BPETokenizer, WordPieceTokenizer
-from fusegrad.models.weights import WeightsNotFound, find_weights, load_weights, read_checkpoint
+from fusegrad.models.weights import WeightsMismatch, WeightsNotFound, find_weights, load_weights, read_checkpoint
 
-__all__ = ["BPETokenizer", "BertModel", "EfficientNet", "GPT2", "Generator", "KVCache", "Llama", "ResNet",
-           "SentenceEncoder", "WeightsNotFound", "WordPieceTokenizer", "find_weights", "imagenet_labels",
-           "load_weights", "preprocess", "read_checkpoint"]
+__all__ = [
+           "GPT2",
+           "BPETokenizer",
+           "BertModel",
+           "EfficientNet",
+           "Generator",
+           "KVCache",
+           "Llama",
+           "ResNet",
+           "SentenceEncoder",
+           "WeightsMismatch",
+           "WeightsNotFound",
+           "WordPieceTokenizer",
+           "find_weights",
+           "imagenet_labels",
+           "load_weights",
+           "preprocess",
+           "read_checkpoint",
+]

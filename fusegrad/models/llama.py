@@ -14,14 +14,14 @@ import numpy as np
 from fusegrad import nn
 from fusegrad.ir.ops import UOp
 from fusegrad.models.decoding import Generator, KVCache, causal_mask
-from fusegrad.models.loading import (
+from fusegrad.models.weights import (
     Namespace,
     Renamed,
     WeightsMismatch,
     WeightsNotFound,
-    load_checked,
+    load_weights,
+    read_checkpoint,
     read_config,
-    read_weights,
     weight_file,
 )
 from fusegrad.nn.state import gguf_load
@@ -179,9 +179,10 @@ class Llama:
         wf = weight_file(d) if d.is_dir() else None
         if wf is None and not index.is_file():
             raise WeightsNotFound(f"{path}: no model.safetensors(.index.json), pytorch_model.bin or .gguf file there")
-        model = cls(LlamaConfig.from_dict(read_config(d)), max_context)
-        sd = read_sharded(index) if wf is None else read_weights(wf)
-        load_checked(model, sd, str(wf or index),
+        cfg = LlamaConfig.from_dict(read_config(d))
+        model = cls(cfg, max_context)
+        sd = read_sharded(index) if wf is None else read_checkpoint(wf)
+        load_weights(model, wf or index, _what(cfg), sd=sd,
                      ignore=lambda k: k.endswith("rotary_emb.inv_freq") or (k == "lm_head.weight" and
                                                                             model.config.tie_word_embeddings))
         return model
@@ -194,8 +195,11 @@ class Llama:
             raise WeightsMismatch(f"{path}: general.architecture is {meta.get('general.architecture')!r}, not 'llama'")
         cfg = config_from_gguf(meta, tensors, str(path))
         model = cls(cfg, max_context)
-        load_checked(model, GGUFNames(tensors, cfg), str(path))
+        load_weights(model, path, _what(cfg), sd=GGUFNames(tensors, cfg))
         return model
+
+
+def _what(cfg: LlamaConfig) -> str: return f"LLaMA ({cfg.num_hidden_layers} layers x {cfg.hidden_size})"
 
 
 def config_from_gguf(meta: dict[str, Any], tensors: Any, source: str) -> LlamaConfig:
@@ -252,7 +256,7 @@ def read_sharded(index: pathlib.Path) -> Mapping[str, Tensor]:
     import json
     weight_map = json.loads(index.read_text()).get("weight_map")
     if not isinstance(weight_map, dict): raise WeightsMismatch(f"{index}: no weight_map")
-    shards = {f: read_weights(index.parent / f) for f in sorted(set(weight_map.values()))}
+    shards = {f: read_checkpoint(index.parent / f) for f in sorted(set(weight_map.values()))}
     merged: dict[str, Any] = {}
     for name, f in weight_map.items(): merged[name] = (shards[f], name)
     return _Sharded(merged)

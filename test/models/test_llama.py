@@ -11,7 +11,7 @@ import pytest
 
 from fusegrad import Tensor
 from fusegrad.models.llama import Llama, LlamaConfig
-from fusegrad.models.loading import WeightsMismatch, WeightsNotFound
+from fusegrad.models.weights import WeightsMismatch, WeightsNotFound
 
 torch = pytest.importorskip("torch", reason="the reference model runs in PyTorch")
 transformers = pytest.importorskip("transformers", reason="the reference LLaMA comes from transformers")
@@ -151,8 +151,8 @@ def test_errors(saved, tmp_path):
     gcfg = transformers.GPT2Config(n_embd=64, n_layer=1, n_head=4, vocab_size=256, n_positions=48)
     transformers.GPT2LMHeadModel(gcfg).save_pretrained(tmp_path / "gpt2")
     (tmp_path / "gpt2" / "config.json").write_text((d / "config.json").read_text())
-    with pytest.raises(WeightsMismatch, match=r"needs 'model\.embed_tokens\.weight' with shape \(256, 64\), but the "
-                                              "file has no such tensor"):
+    with pytest.raises(WeightsMismatch, match=r"first mismatch at 'model\.embed_tokens\.weight': model has "
+                       r"\(256, 64\), state_dict has no such key"):
         Llama.from_pretrained(tmp_path / "gpt2")
     write_gguf(tmp_path / "other.gguf", tiny_llama(), arch="qwen2")
     with pytest.raises(WeightsMismatch, match="general.architecture is 'qwen2', not 'llama'"):

