@@ -4,6 +4,7 @@ with fusegrad's own readers."""
 from __future__ import annotations
 
 import math
+import os
 import pathlib
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
@@ -15,7 +16,6 @@ from fusegrad.models.tokenizer import WordPieceTokenizer
 from fusegrad.models.weights import (
     Namespace,
     WeightsNotFound,
-    env_dir,
     fetch_files,
     load_weights,
     model_cache_dirs,
@@ -209,7 +209,8 @@ def find_model_dir(name: str | pathlib.Path = MINILM) -> pathlib.Path:
         return p
     looked = [str(p)]
     is_minilm = str(name) in (MINILM, "all-MiniLM-L6-v2")
-    for d in [*(env_dir("MINILM_DIR") if is_minilm else []), *model_cache_dirs(MINILM if is_minilm else str(name))]:
+    env = [pathlib.Path(os.environ["MINILM_DIR"])] if is_minilm and os.environ.get("MINILM_DIR") else []
+    for d in [*env, *model_cache_dirs(MINILM if is_minilm else str(name))]:
         looked.append(str(d))
         if weight_file(d) is not None: return d
     if is_minilm:

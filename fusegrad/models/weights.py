@@ -238,11 +238,5 @@ def fetch_files(name: str, files: Iterable[str]) -> pathlib.Path | None:
     return dest if weight_file(dest) is not None and (dest / "config.json").is_file() else None
 
 
-def env_dir(var: str) -> list[pathlib.Path]:
-    """[the folder named by environment variable `var`] when it is set, else []."""
-    v = os.getenv(var)
-    return [pathlib.Path(v)] if v else []
-
-
 __all__ = ["Namespace", "Renamed", "WeightsMismatch", "WeightsNotFound", "cache_path", "find_weights", "load_weights",
            "package_path", "read_checkpoint", "read_config", "strip_prefix"]
