@@ -9,14 +9,17 @@ outputs is split into two (split.py: its partial sums are a CONTIGUOUS, so a rea
 from __future__ import annotations
 
 import heapq
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from fusegrad.device import Buffer
-from fusegrad.helpers import DEBUG, SPEC
+from fusegrad.helpers import DEBUG, SCHEDULE_CACHE, SPEC
 from fusegrad.ir.ops import Ops, UOp
 from fusegrad.ir.pattern import substitute_memo
-from fusegrad.schedule.indexing import lower_kernel
+from fusegrad.schedule.cache import ASSIGNED, SAME, Slot, Template, fill_slots, flags_key, leaf_index, new_slot, \
+    normalize, schedule_cache
+from fusegrad.schedule.indexing import check_index_range, lower_kernel
 from fusegrad.schedule.memory import plan_memory
 from fusegrad.schedule.recompute import RecomputePolicy
 from fusegrad.schedule.split import split_reduces
@@ -44,8 +47,10 @@ def _is_buffer_view(u: UOp) -> bool:
 
 def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
     """Schedule the computation of `targets`. Returns the items in execution order and, per target, the node of the
-    buffer holding its result (BUFFER reshaped to the target's shape)."""
-    from fusegrad.storage import buffer_uop, buffer_view, buffers, executed, realized, target_buffer
+    buffer holding its result (BUFFER reshaped to the target's shape). A graph with the structure of an earlier one
+    reuses its schedule (cache.py)."""
+    from fusegrad.storage import buffer_uop, buffer_view, executed, realized, target_buffer
+    st = time.perf_counter()
     # graphs may contain nodes computed by an earlier realize: read their buffers instead of recomputing
     sink = UOp(Ops.SINK, src=tuple(targets))
     nodes = sink.toposort()
@@ -61,10 +66,46 @@ def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, U
                            "before writing to the memory it depends on")
     bound = dict(zip(targets, sink.src))   # with bound variables, for the result views handed back to tensors
     sink, unbound, var_vals = strip_binds(sink)
+    key_sink, leaves, norm = normalize(sink)
+    key = (key_sink, flags_key())
+    tpl = schedule_cache.get(key) if SCHEDULE_CACHE else None
+    hit = tpl is not None
+    if tpl is None:
+        tpl = _plan(key_sink)
+        if SCHEDULE_CACHE: schedule_cache.put(key, tpl)
+    bufs = fill_slots(tpl.slots, leaves)
+    items = [ScheduleItem(ast, [bufs[i] for i in slots], list(ops), inplace, var_vals)
+             for ast, slots, ops, inplace in tpl.items]
+    if DEBUG >= 1 and items:
+        print(f"scheduled {len(items)} items in {(time.perf_counter() - st) * 1e3:.2f} ms "
+              f"(schedule cache {'hit' if hit else 'miss' if SCHEDULE_CACHE else 'off'})")
+    if DEBUG >= 3:
+        for i, it in enumerate(items):
+            print(f"schedule item {i}: {'copy' if it.is_copy else 'kernel'} <- tensor ops {', '.join(it.tensor_ops)}")
+
+    results: dict[UOp, UOp] = {}
+    for orig, slot in zip(targets, tpl.results):
+        if slot == SAME: results[orig] = bound[orig]
+        elif slot == ASSIGNED:   # the target's buffer now holds the value
+            results[orig] = buffer_view(target_buffer(bound[orig]), orig.shape)
+        else:
+            assert orig.shape is not None
+            results[orig] = buffer_view(buffer_uop(bufs[slot]), orig.shape)
+    # every assign that ran is done: later graphs holding it must read the buffer, not run it again
+    for orig, new in memo.items():
+        if new.op is Ops.ASSIGN and orig not in results and norm.get(unbound.get(new, new)) in tpl.done_assigns:
+            results[orig] = buffer_view(target_buffer(new), orig.shape)
+    return items, results
+
+
+def _plan(sink: UOp) -> Template:
+    """The schedule of a normalized graph (cache.py): kernels, their order and the memory plan, with buffers as
+    slots. Depends on nothing but the graph and the flags."""
+    from fusegrad.storage import target_buffer
     topo = list(sink.toposort(gate=lambda u: u.op is not Ops.BUFFER))
+    pre_split = topo
     sink, split = split_reduces(sink, topo)   # long reduces into few outputs: two kernels (split.py)
     if split: topo = list(sink.toposort(gate=lambda u: u.op is not Ops.BUFFER))
-    new_targets = dict(zip(targets, sink.src))
     if SPEC:
         from fusegrad.ir.spec import verify_tensor_graph
         verify_tensor_graph(sink)
@@ -74,45 +115,43 @@ def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, U
         if n.op in (Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN): rp.add(n)
         if n.op is Ops.COPY and not _is_buffer_view(n.src[0]): rp.add(n.src[0])
     kernels = _lower_all(topo, rp)
+    check_index_range(kernels)
 
     order = _order(topo, rp, kernels)
-    held = set(new_targets.values()) | {r for r in rp if r.op is Ops.ASSIGN}
-    out_bufs: dict[UOp, Buffer] = {}
+    held = set(sink.src) | {r for r in rp if r.op is Ops.ASSIGN}
+    slots: list[Slot] = []
+    leaf_slot: dict[UOp, int] = {}
+
+    def leaf(n: UOp) -> int:   # the slot of a placeholder's buffer
+        if n not in leaf_slot:
+            slots.append(("leaf", leaf_index(n)))
+            leaf_slot[n] = len(slots) - 1
+        return leaf_slot[n]
+
+    out_slot: dict[UOp, int] = {}
     for r in order:
         assert r.device is not None
-        if r.op is Ops.ASSIGN: out_bufs[r] = buffers[target_buffer(r)]
-        elif r in held: out_bufs[r] = Buffer(r.device, smax(r.size), r.dtype)  # symbolic: the largest size
-    plan_memory(order, kernels, held, out_bufs)
+        if r.op is Ops.ASSIGN: out_slot[r] = leaf(target_buffer(r))
+        elif r in held: out_slot[r] = new_slot(slots, r.device, smax(r.size), r.dtype)  # symbolic: the largest size
+    plan_memory(order, kernels, held, out_slot, slots)
 
-    def buf_of(n: UOp) -> Buffer:
-        return buffers[n] if n.op is Ops.BUFFER else out_bufs[n] if n in out_bufs else buffers[n.base]
+    def slot_of(n: UOp) -> int:
+        return leaf(n) if n.op is Ops.BUFFER else out_slot[n] if n in out_slot else leaf(n.base)
 
-    items: list[ScheduleItem] = []
+    items: list[tuple[UOp, tuple[int, ...], tuple[str, ...], bool]] = []
     for r in order:
         if r.size == 0: continue
-        if r.op is Ops.COPY:
-            items.append(ScheduleItem(r, [out_bufs[r], buf_of(r.src[0])], ["COPY"], var_vals=var_vals))
+        if r.op is Ops.COPY: items.append((r, (out_slot[r], slot_of(r.src[0])), ("COPY",), False))
         else:
             kb = kernels[r]
-            items.append(ScheduleItem(kb.ast, [out_bufs[r]] + [buf_of(i) for i in kb.inputs], kb.tensor_ops,
-                                      r.op is Ops.ASSIGN, var_vals))
-    if DEBUG >= 3:
-        for i, it in enumerate(items):
-            print(f"schedule item {i}: {'copy' if it.is_copy else 'kernel'} <- tensor ops {', '.join(it.tensor_ops)}")
-
-    results: dict[UOp, UOp] = {}
-    for orig, t in new_targets.items():
-        if _is_buffer_view(t) or t.op is Ops.CONST: results[orig] = bound[orig]
-        elif t.op is Ops.ASSIGN:   # the target's buffer now holds the value
-            results[orig] = buffer_view(target_buffer(bound[orig]), orig.shape)
-        else:
-            assert orig.shape is not None
-            results[orig] = buffer_view(buffer_uop(out_bufs[t]), orig.shape)
-    # every assign that ran is done: later graphs holding it must read the buffer, not run it again
-    for orig, new in memo.items():
-        if new.op is Ops.ASSIGN and orig not in results and split.get(u := unbound.get(new, new), u) in rp:
-            results[orig] = buffer_view(target_buffer(new), orig.shape)
-    return items, results
+            items.append((kb.ast, (out_slot[r], *(slot_of(i) for i in kb.inputs)), tuple(kb.tensor_ops),
+                          r.op is Ops.ASSIGN))
+    res = []
+    for t in sink.src:
+        res.append(SAME if _is_buffer_view(t) or t.op is Ops.CONST else ASSIGNED if t.op is Ops.ASSIGN
+                   else out_slot[t])
+    done = frozenset(n for n in pre_split if n.op is Ops.ASSIGN and split.get(n, n) in rp)
+    return Template(tuple(slots), tuple(items), tuple(res), done)
 
 
 def _order(topo: list[UOp], rp: set[UOp], kernels: dict[UOp, Any]) -> list[UOp]:
