@@ -122,7 +122,7 @@ def reshape_index(idx: Index, shape: tuple[int, ...], src_shape: tuple[int, ...]
     return tuple(out)
 
 
-def check_index_range(kernels: dict[UOp, "KernelBuild"]) -> None:
+def check_index_range(kernels: dict[UOp, KernelBuild]) -> None:
     """Index math is 32-bit. Only flat indices can grow past a dimension's size: into buffers, into a kernel's output,
     and across a reshape (within the group of axes it splits or merges). Broadcasts, permutes, pads and reduces index
     per dimension, so a (512, 32, 400, 32, 25) product feeding a reduce is fine as long as those three stay below

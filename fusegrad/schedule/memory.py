@@ -9,10 +9,10 @@ from __future__ import annotations
 from typing import Any
 
 from fusegrad.device import Buffer
-from fusegrad.schedule.cache import Slot, new_slot
 from fusegrad.helpers import DEBUG
 from fusegrad.ir.ops import Ops, UOp
 from fusegrad.ir.shape import smax
+from fusegrad.schedule.cache import Slot, new_slot
 
 
 def plan_memory(order: list[UOp], kernels: dict[UOp, Any], held: set[UOp], out_slot: dict[UOp, int],
