@@ -174,11 +174,13 @@ def strip_grad_fns(u: UOp) -> UOp:
     for n in u.toposort(gate=lambda n: not seen(n)):
         if seen(n): continue
         if n.op is Ops.DETACH and n.arg is not None:
-            _stripped[n] = n.src[0]
+            _stripped[n] = _stripped.get(n.src[0], n.src[0])   # its value may read another custom backward's output
             continue
         new = tuple(_stripped.get(s, s) for s in n.src)
         if all(a is b for a, b in zip(new, n.src)): _no_grad_fns.add(n)
-        else: _stripped[n] = n.replace(src=new)
+        else:
+            _stripped[n] = r = n.replace(src=new)
+            r.shape   # noqa: B018 - inferred children first: a deep new graph must not recurse on its first use
     return _stripped.get(u, u)
 
 

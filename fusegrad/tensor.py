@@ -385,12 +385,11 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin, metaclass=_TensorMe
         readers: list[Tensor] = []
         snaps = _preserve_old_values(todo, readers)
         uops = dedup([t.uop for t in todo] + snaps)
-        plain = {u: autograd.strip_grad_fns(u) for u in uops}  # custom backward rules aren't scheduled
+        # (custom backward rules are stripped by the scheduler: schedule/cache.py)
         if traced:
             from fusegrad.viz.recorder import traced_schedule
-            sched, results = traced_schedule(create_schedule, dedup(list(plain.values())))
-        else: sched, results = create_schedule(dedup(list(plain.values())))
-        results = {**results, **{u: results[p] for u, p in plain.items() if p in results}}
+            sched, results = traced_schedule(create_schedule, uops)
+        else: sched, results = create_schedule(uops)
         run_schedule(sched)
         written = {id(si.bufs[0]): si.bufs[0] for si in sched if si.inplace}
         for b in written.values(): storage.written(b)   # cached results computed from the old contents are void

@@ -16,14 +16,12 @@ from typing import Any
 from fusegrad.device import Buffer
 from fusegrad.helpers import DEBUG, SCHEDULE_CACHE, SPEC
 from fusegrad.ir.ops import Ops, UOp
-from fusegrad.ir.pattern import substitute_memo
 from fusegrad.schedule.cache import ASSIGNED, SAME, Slot, Template, fill_slots, flags_key, leaf_index, new_slot, \
     normalize, schedule_cache
 from fusegrad.schedule.indexing import check_index_range, lower_kernel
 from fusegrad.schedule.memory import plan_memory
 from fusegrad.schedule.recompute import RecomputePolicy
 from fusegrad.schedule.split import split_reduces
-from fusegrad.schedule.variables import strip_binds
 from fusegrad.ir.shape import smax
 
 
@@ -51,27 +49,15 @@ def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, U
     reuses its schedule (cache.py)."""
     from fusegrad.storage import buffer_uop, buffer_view, executed, realized, target_buffer
     st = time.perf_counter()
-    # graphs may contain nodes computed by an earlier realize: read their buffers instead of recomputing
-    sink = UOp(Ops.SINK, src=tuple(targets))
-    nodes = sink.toposort()
-    memo = substitute_memo(sink, {n: realized[n] for n in nodes if n in realized})
-    sink = memo[sink]
-    # an assign that ran and isn't cached any more (its memory was written again) must not run twice; the second walk
-    # (below the cached nodes only) happens only when there is such a candidate
-    if any(n.op is Ops.ASSIGN and n in executed and n not in realized for n in nodes) and \
-       (stale := [n for n in sink.toposort(gate=lambda u: u.op is not Ops.BUFFER)
-                  if n.op is Ops.ASSIGN and n in executed]):
-        raise RuntimeError(f"a graph reads the result of an assign (ASSIGN #{stale[0].arg}) whose memory a later "
-                           "in-place write has changed since: its old value is gone. Realize (or .clone()) a value "
-                           "before writing to the memory it depends on")
-    bound = dict(zip(targets, sink.src))   # with bound variables, for the result views handed back to tensors
-    sink, unbound, var_vals = strip_binds(sink)
-    key_sink, leaves, norm = normalize(sink)
-    key = (key_sink, flags_key())
+    # one walk: nodes computed by an earlier realize are read from their buffers, custom backwards stripped, variables
+    # unbound, buffers made placeholders (cache.py)
+    nz = normalize(UOp(Ops.SINK, src=tuple(targets)), realized.get, executed)
+    leaves, var_vals = nz.leaves, nz.var_vals
+    key = (nz.key, flags_key())
     tpl = schedule_cache.get(key) if SCHEDULE_CACHE else None
     hit = tpl is not None
     if tpl is None:
-        tpl = _plan(key_sink)
+        tpl = _plan(nz.graph())
         if SCHEDULE_CACHE: schedule_cache.put(key, tpl)
     bufs = fill_slots(tpl.slots, leaves)
     items = [ScheduleItem(ast, [bufs[i] for i in slots], list(ops), inplace, var_vals)
@@ -85,25 +71,43 @@ def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, U
 
     results: dict[UOp, UOp] = {}
     for orig, slot in zip(targets, tpl.results):
-        if slot == SAME: results[orig] = bound[orig]
+        if slot == SAME: results[orig] = _read_cached(orig)
         elif slot == ASSIGNED:   # the target's buffer now holds the value
-            results[orig] = buffer_view(target_buffer(bound[orig]), orig.shape)
+            results[orig] = buffer_view(target_buffer(_value(orig)), orig.shape)
         else:
             assert orig.shape is not None
             results[orig] = buffer_view(buffer_uop(bufs[slot]), orig.shape)
     # every assign that ran is done: later graphs holding it must read the buffer, not run it again
-    for orig, new in memo.items():
-        if new.op is Ops.ASSIGN and orig not in results and norm.get(unbound.get(new, new)) in tpl.done_assigns:
-            results[orig] = buffer_view(target_buffer(new), orig.shape)
+    for a in nz.assigns:
+        if a not in results and nz.pos[a] in tpl.done_assigns:
+            results[a] = buffer_view(target_buffer(a), a.shape)
     return items, results
 
 
-def _plan(sink: UOp) -> Template:
-    """The schedule of a normalized graph (cache.py): kernels, their order and the memory plan, with buffers as
-    slots. Depends on nothing but the graph and the flags."""
+def _value(u: UOp) -> UOp:
+    """A node without the custom backwards on top of it."""
+    while u.op is Ops.DETACH and u.arg is not None: u = u.src[0]
+    return u
+
+
+def _read_cached(u: UOp) -> UOp:
+    """A target that needs no kernel (a view of a buffer, a constant) with what earlier realizes computed below it
+    read from their buffers, and custom backwards stripped."""
+    from fusegrad.storage import realized
+    mapping: dict[UOp, UOp] = {}
+    for n in u.toposort(gate=lambda x: x.op is not Ops.BUFFER and x not in realized):
+        if (r := realized.get(n)) is not None: mapping[n] = r
+        elif n.op is Ops.DETACH and n.arg is not None: mapping[n] = mapping.get(n.src[0], n.src[0])
+        elif any(s in mapping for s in n.src): mapping[n] = n.replace(src=tuple(mapping.get(s, s) for s in n.src))
+    return mapping.get(u, u)
+
+
+def _plan(nodes: list[UOp]) -> Template:
+    """The schedule of a normalized graph (cache.py: its nodes in key order, the SINK last): kernels, their order and
+    the memory plan, with buffers as slots. Depends on nothing but the graph and the flags."""
     from fusegrad.storage import target_buffer
+    sink = nodes[-1]
     topo = list(sink.toposort(gate=lambda u: u.op is not Ops.BUFFER))
-    pre_split = topo
     sink, split = split_reduces(sink, topo)   # long reduces into few outputs: two kernels (split.py)
     if split: topo = list(sink.toposort(gate=lambda u: u.op is not Ops.BUFFER))
     if SPEC:
@@ -141,7 +145,8 @@ def _plan(sink: UOp) -> Template:
     items: list[tuple[UOp, tuple[int, ...], tuple[str, ...], bool]] = []
     for r in order:
         if r.size == 0: continue
-        if r.op is Ops.COPY: items.append((r, (out_slot[r], slot_of(r.src[0])), ("COPY",), False))
+        if r.op is Ops.COPY:   # (a COPY node of its own: the template must not keep the tensor graph alive)
+            items.append((UOp(Ops.COPY, r.dtype, (), r.arg), (out_slot[r], slot_of(r.src[0])), ("COPY",), False))
         else:
             kb = kernels[r]
             items.append((kb.ast, (out_slot[r], *(slot_of(i) for i in kb.inputs)), tuple(kb.tensor_ops),
@@ -150,7 +155,7 @@ def _plan(sink: UOp) -> Template:
     for t in sink.src:
         res.append(SAME if _is_buffer_view(t) or t.op is Ops.CONST else ASSIGNED if t.op is Ops.ASSIGN
                    else out_slot[t])
-    done = frozenset(n for n in pre_split if n.op is Ops.ASSIGN and split.get(n, n) in rp)
+    done = frozenset(i for i, n in enumerate(nodes) if n.op is Ops.ASSIGN and split.get(n, n) in rp)
     return Template(tuple(slots), tuple(items), tuple(res), done)
 
 

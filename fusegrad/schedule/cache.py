@@ -20,13 +20,14 @@ realizes (cached results, the stale-assign check) is resolved *before* normalizi
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from fusegrad.device import Buffer
 from fusegrad.dtype import DType
 from fusegrad.helpers import ContextVar
-from fusegrad.ir.ops import Ops, UOp
+from fusegrad.ir.ops import GroupOp, Ops, UOp
 
 CACHE_SIZE = 1024   # templates kept (least recently used dropped first)
 
@@ -41,29 +42,93 @@ class Template:
     slots: tuple[Slot, ...]
     items: tuple[tuple[UOp, tuple[int, ...], tuple[str, ...], bool], ...]  # (ast, slot per buffer, tensor ops, inplace)
     results: tuple[int, ...]           # per target: a slot holding its value, SAME (it is a view already), ASSIGNED
-    done_assigns: frozenset[UOp]       # normalized ASSIGN nodes the schedule runs
+    done_assigns: frozenset[int]       # positions (in the key) of the ASSIGN nodes the schedule runs
 
 
 SAME, ASSIGNED = -1, -2
 
 
-def normalize(sink: UOp) -> tuple[UOp, list[UOp], dict[UOp, UOp]]:
-    """(the normalized SINK, the real BUFFER node of each placeholder, real node -> normalized node)."""
-    norm: dict[UOp, UOp] = {}
+@dataclass
+class Normalized:
+    key: tuple                     # the normalized graph as plain data: per node (op, dtype, arg, source positions)
+    leaves: list[UOp]              # the real BUFFER node of each placeholder
+    pos: dict[UOp, int]            # real node -> its position in `key`, for every node walked
+    var_vals: dict[UOp, int]       # the values of the bound variables
+    assigns: list[UOp]             # the real ASSIGN nodes the graph still has to run
+
+    def graph(self) -> list[UOp]:
+        """The normalized graph's nodes in key order, the SINK last (built on a miss only; see `normalize` for why
+        the key is not nodes)."""
+        nodes: list[UOp] = []
+        for op, dtype, arg, src in self.key:
+            if op is Ops.BUFFER:   # arg: (placeholder id, size, device)
+                n = UOp(Ops.BUFFER, dtype, (UOp(Ops.DEVICE, arg=arg[2]),), arg[:2])
+            else: n = UOp(op, dtype, tuple(nodes[i] for i in src), arg)
+            n.shape   # noqa: B018 - inferred children first: a deep new graph must not recurse on its first use
+            nodes.append(n)
+        return nodes
+
+
+def normalize(sink: UOp, cached: Callable[[UOp], UOp | None], executed: Any) -> Normalized:
+    """One walk over the graph to realize, stopping at BUFFERs and at nodes computed before (`cached(n)`: the buffer
+    view holding n's value, read instead). It writes down the normalized graph (module docstring) as a tuple of
+    (op, dtype, arg, source positions), children first, and on the way strips custom backwards (DETACH with a GradFn is
+    its forward value; its other sources are not walked) and unbinds variables (variables.py). Raises when the graph
+    would run an ASSIGN again (`executed`) whose result was dropped from the cache because its memory was written since.
+
+    The key is plain data, not nodes, on purpose: a normalized node without buffers below it (a constant's
+    `.contiguous()`) *is* the real node, and a key that kept it alive would keep its entry in the result cache alive,
+    so the next `Tensor.zeros(n).contiguous()` would be handed the earlier one's memory."""
+    from fusegrad.schedule.variables import Unbinder, has_uop
+    ub = Unbinder()
+    pos: dict[UOp, int] = {}
+    enc: list[tuple] = []
     leaves: list[UOp] = []
+    assigns: list[UOp] = []
     uniq = 0
-    for n in sink.toposort(gate=lambda u: u.op is not Ops.BUFFER):
-        if n.op is Ops.BUFFER:
-            norm[n] = UOp(Ops.BUFFER, n.dtype, n.src, (-1 - len(leaves), n.arg[1]))
-            leaves.append(n)
-            continue
-        src = tuple(norm[s] for s in n.src)
-        arg = n.arg
-        if n.op is Ops.ASSIGN or (n.op is Ops.CONTIGUOUS and type(arg) is int):
+
+    def one(x: UOp) -> None:   # x's sources have positions already
+        nonlocal uniq
+        if x.op is Ops.BUFFER:
+            pos[x] = len(enc)
+            enc.append((Ops.BUFFER, x.dtype, (-1 - len(leaves), x.arg[1], x.src[0].arg), ()))
+            leaves.append(x)
+            return
+        if x.op is Ops.DETACH and x.arg is not None:   # a custom backward: only its value is computed
+            pos[x] = pos[x.src[0]]
+            return
+        arg = x.arg
+        if x.op is Ops.ASSIGN or (x.op is Ops.CONTIGUOUS and type(arg) is int):
             uniq += 1
             arg = -uniq
-        norm[n] = n if arg is n.arg and all(a is b for a, b in zip(src, n.src)) else UOp(n.op, n.dtype, src, arg)
-    return norm[sink], leaves, norm
+        elif (x.op in GroupOp.Movement or x.op in (Ops.CONST, Ops.IOTA)) and has_uop(arg): arg = ub.arg(arg)
+        pos[x] = len(enc)
+        enc.append((x.op, x.dtype, arg, tuple(pos[s] for s in x.src)))
+
+    stack: list[tuple[UOp, bool]] = [(sink, False)]
+    while stack:
+        n, expanded = stack.pop()
+        if n in pos: continue
+        if expanded:
+            one(n)
+            continue
+        if n is not sink and (r := cached(n)) is not None:   # computed before: read its buffer
+            for x in r.toposort(gate=lambda u: u.op is not Ops.BUFFER):
+                if x not in pos: one(x)
+            pos[n] = pos[r]
+            continue
+        if n.op is Ops.ASSIGN:
+            if n in executed:
+                raise RuntimeError(f"a graph reads the result of an assign (ASSIGN #{n.arg}) whose memory a later "
+                                   "in-place write has changed since: its old value is gone. Realize (or .clone()) a "
+                                   "value before writing to the memory it depends on")
+            assigns.append(n)
+        stack.append((n, True))
+        if n.op is Ops.BUFFER: continue
+        for s in reversed(n.src[:1] if n.op is Ops.DETACH and n.arg is not None else n.src):
+            if s not in pos: stack.append((s, False))
+    ub.check_bound()
+    return Normalized(tuple(enc), leaves, pos, ub.var_vals, assigns)
 
 
 def leaf_index(placeholder: UOp) -> int:

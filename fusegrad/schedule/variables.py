@@ -13,12 +13,12 @@ from fusegrad.ir.ops import GroupOp, Ops, UOp
 from fusegrad.ir.pattern import substitute
 
 
-def _has_uop(arg: Any) -> bool:
+def has_uop(arg: Any) -> bool:
     if isinstance(arg, UOp): return True
-    return isinstance(arg, tuple) and any(_has_uop(a) for a in arg)
+    return isinstance(arg, tuple) and any(has_uop(a) for a in arg)
 
 
-class _Unbinder:
+class Unbinder:
     def __init__(self) -> None:
         self.var_vals: dict[UOp, int] = {}
         self.memo: dict[UOp, UOp] = {}
@@ -43,19 +43,23 @@ class _Unbinder:
         if isinstance(a, tuple): return tuple(self.arg(x) for x in a)
         return a
 
+    def check_bound(self) -> None:
+        """Raise for a variable some shape uses that no shape binds."""
+        unbound = sorted(v.arg[0] for v in self.used if v not in self.var_vals)
+        if unbound:
+            raise ValueError(f"variable {unbound[0]!r} is used in a shape but not bound to a value; "
+                             f"use {unbound[0]}.bind(value)")
+
 
 def strip_binds(sink: UOp) -> tuple[UOp, dict[UOp, UOp], dict[UOp, int]]:
     """(the graph with unbound shapes, old node -> new node for every changed node, variable -> value)."""
-    ub = _Unbinder()
+    ub = Unbinder()
     mapping: dict[UOp, UOp] = {}
     for n in sink.toposort():
         new_src = tuple(mapping.get(s, s) for s in n.src)
-        symbolic_arg = (n.op in GroupOp.Movement or n.op in (Ops.CONST, Ops.IOTA)) and _has_uop(n.arg)
+        symbolic_arg = (n.op in GroupOp.Movement or n.op in (Ops.CONST, Ops.IOTA)) and has_uop(n.arg)
         new_arg = ub.arg(n.arg) if symbolic_arg else n.arg
         if new_arg is not n.arg or any(a is not b for a, b in zip(new_src, n.src)):
             mapping[n] = UOp(n.op, n.dtype, new_src, new_arg)
-    unbound = sorted(v.arg[0] for v in ub.used if v not in ub.var_vals)
-    if unbound:
-        raise ValueError(f"variable {unbound[0]!r} is used in a shape but not bound to a value; "
-                         f"use {unbound[0]}.bind(value)")
+    ub.check_bound()
     return mapping.get(sink, sink), mapping, ub.var_vals

@@ -105,8 +105,8 @@ def test_flags_are_part_of_the_key():
 def test_debug_says_hit():
     prog = ("import numpy as np; from fusegrad import Tensor\n"
             "for _ in range(2): (Tensor(np.ones(4, np.float32)) * 2).realize()")
-    out = subprocess.run([sys.executable, "-c", prog], check=False, env={**os.environ, "DEBUG": "1"}, capture_output=True, text=True,
-                         timeout=120)
+    out = subprocess.run([sys.executable, "-c", prog], check=False, env={**os.environ, "DEBUG": "1"},
+                         capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "(schedule cache miss)" in out.stdout and "(schedule cache hit)" in out.stdout
 
@@ -190,3 +190,27 @@ def test_property_mutation_twice_matches_torch(steps, seed):
     a = np.arange(12, dtype=np.float32).reshape(3, 4)
     _run_program(steps, a)
     _run_program(steps, a + seed)   # same structure, other data and buffers: hits
+
+
+def test_stacked_convs_hit():
+    # each conv carries a custom backward (a DETACH with a GradFn, new on every call); all of them are stripped before
+    # scheduling, also the ones inside another conv's input, so the second call's graph has the first one's structure
+    w1, w2, x = Tensor(rand(4, 3, 3, 3)).realize(), Tensor(rand(2, 4, 3, 3)).realize(), rand(1, 3, 8, 8)
+    def f(): return Tensor(x).conv2d(w1).relu().conv2d(w2).numpy()
+    first = f()
+    before = hits()
+    np.testing.assert_array_equal(f(), first)
+    assert hits() > before
+    ref = torch.nn.functional.conv2d(torch.nn.functional.conv2d(torch.tensor(x), torch.tensor(w1.numpy())).relu(),
+                                     torch.tensor(w2.numpy()))
+    np.testing.assert_allclose(first, ref.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_equal_constant_graphs_get_their_own_memory():
+    # the cache key must not keep a lazy node alive: `Tensor.zeros(n).contiguous()` is one node while it lives, and
+    # its result-cache entry would hand the next one the same memory (Adam's m and v would be one buffer)
+    m = Tensor.zeros(3).contiguous().realize()
+    v = Tensor.zeros(3).contiguous().realize()
+    m += 1
+    m.realize()
+    assert v.tolist() == [0.0, 0.0, 0.0] and m.tolist() == [1.0, 1.0, 1.0]
