@@ -1343,7 +1343,16 @@ def _fma_hazard(u: UOp, limit: int = 4096) -> bool:
 def _is_realized(u: UOp) -> bool:
     """Already computed: a whole buffer, or a constant broadcast to a shape (never materialized)."""
     if _is_contiguous_buffer(u): return True
-    return all(x.op in (Ops.RESHAPE, Ops.EXPAND, Ops.CONST, Ops.DEVICE) for x in u.toposort())
+    # stops at the first other op (a lazy graph's root, usually): no walk of the whole graph on every realize
+    stack, seen = [u], {u}
+    while stack:
+        x = stack.pop()
+        if x.op not in (Ops.RESHAPE, Ops.EXPAND, Ops.CONST, Ops.DEVICE): return False
+        for s in x.src:
+            if s not in seen:
+                seen.add(s)
+                stack.append(s)
+    return True
 
 
 __all__ = ["Tensor", "make_tuple"]

@@ -46,11 +46,13 @@ class Template:
 
 
 SAME, ASSIGNED = -1, -2
+BUFFER = Ops.BUFFER.value   # ops are keyed by value: an int hashes in C, an Enum member in Python (the key is
+                            # hashed whole on every lookup)
 
 
 @dataclass
 class Normalized:
-    key: tuple                     # the normalized graph as plain data: per node (op, dtype, arg, source positions)
+    key: tuple     # the normalized graph as plain data: per node (op's value, dtype, arg, source positions)
     leaves: list[UOp]              # the real BUFFER node of each placeholder
     pos: dict[UOp, int]            # real node -> its position in `key`, for every node walked
     var_vals: dict[UOp, int]       # the values of the bound variables
@@ -60,7 +62,8 @@ class Normalized:
         """The normalized graph's nodes in key order, the SINK last (built on a miss only; see `normalize` for why
         the key is not nodes)."""
         nodes: list[UOp] = []
-        for op, dtype, arg, src in self.key:
+        for opv, dtype, arg, src in self.key:
+            op = Ops(opv)
             if op is Ops.BUFFER:   # arg: (placeholder id, size, device)
                 n = UOp(Ops.BUFFER, dtype, (UOp(Ops.DEVICE, arg=arg[2]),), arg[:2])
             else: n = UOp(op, dtype, tuple(nodes[i] for i in src), arg)
@@ -91,7 +94,7 @@ def normalize(sink: UOp, cached: Callable[[UOp], UOp | None], executed: Any) -> 
         nonlocal uniq
         if x.op is Ops.BUFFER:
             pos[x] = len(enc)
-            enc.append((Ops.BUFFER, x.dtype, (-1 - len(leaves), x.arg[1], x.src[0].arg), ()))
+            enc.append((BUFFER, x.dtype, (-1 - len(leaves), x.arg[1], x.src[0].arg), ()))
             leaves.append(x)
             return
         if x.op is Ops.DETACH and x.arg is not None:   # a custom backward: only its value is computed
@@ -103,7 +106,7 @@ def normalize(sink: UOp, cached: Callable[[UOp], UOp | None], executed: Any) -> 
             arg = -uniq
         elif (x.op in GroupOp.Movement or x.op in (Ops.CONST, Ops.IOTA)) and has_uop(arg): arg = ub.arg(arg)
         pos[x] = len(enc)
-        enc.append((x.op, x.dtype, arg, tuple(pos[s] for s in x.src)))
+        enc.append((x.op.value, x.dtype, arg, tuple(pos[s] for s in x.src)))
 
     stack: list[tuple[UOp, bool]] = [(sink, False)]
     while stack:

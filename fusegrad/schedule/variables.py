@@ -7,6 +7,7 @@ ScheduleItems and are passed to the program at launch (`prg(*bufs, vals=...)`).
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from fusegrad.ir.ops import GroupOp, Ops, UOp
@@ -14,8 +15,18 @@ from fusegrad.ir.pattern import substitute
 
 
 def has_uop(arg: Any) -> bool:
+    """Whether a node's arg mentions a UOp (a symbolic size), at any depth of its tuples."""
+    try: return _has_uop_cached(arg)
+    except TypeError: return _has_uop(arg)   # unhashable
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _has_uop_cached(arg: Any) -> bool: return _has_uop(arg)
+
+
+def _has_uop(arg: Any) -> bool:
     if isinstance(arg, UOp): return True
-    return isinstance(arg, tuple) and any(has_uop(a) for a in arg)
+    return isinstance(arg, tuple) and any(_has_uop(a) for a in arg)
 
 
 class Unbinder:
