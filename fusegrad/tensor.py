@@ -400,6 +400,9 @@ class Tensor(MathMixin, ReduceMixin, MovementMixin, NNMixin, metaclass=_TensorMe
         for old, new in results.items():
             if old in superseded: storage.executed.add(old)
             else: storage.cache_result(old, new, None if id(old) in snap_ids else written_now)
+            if old.op is Ops.CONTIGUOUS and (src := storage.relayout_source(old)) is not None and \
+               storage.memory_of(storage.buffers[src[0]]) not in written_now:
+                storage.relayout_put(old, new)   # a relayout of an unchanged buffer: reused until it is written
         for t in todo:
             old = t.uop
             new = results[old]

@@ -47,11 +47,11 @@ def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, U
     """Schedule the computation of `targets`. Returns the items in execution order and, per target, the node of the
     buffer holding its result (BUFFER reshaped to the target's shape). A graph with the structure of an earlier one
     reuses its schedule (cache.py)."""
-    from fusegrad.storage import buffer_uop, buffer_view, executed, realized, target_buffer
+    from fusegrad.storage import buffer_uop, buffer_view, cached_value, executed, target_buffer
     st = time.perf_counter()
     # one walk: nodes computed by an earlier realize are read from their buffers, custom backwards stripped, variables
     # unbound, buffers made placeholders (cache.py)
-    nz = normalize(UOp(Ops.SINK, src=tuple(targets)), realized.get, executed)
+    nz = normalize(UOp(Ops.SINK, src=tuple(targets)), cached_value, executed)
     leaves, var_vals = nz.leaves, nz.var_vals
     key = (nz.key, flags_key())
     tpl = schedule_cache.get(key) if SCHEDULE_CACHE else None
@@ -81,6 +81,12 @@ def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, U
     for a in nz.assigns:
         if a not in results and nz.pos[a] in tpl.done_assigns:
             results[a] = buffer_view(target_buffer(a), a.shape)
+    # relayouts of buffers got buffers of their own: the caller keeps them for later graphs (storage.relayout_put)
+    if tpl.relayouts:
+        want = dict(tpl.relayouts)
+        for n, i in nz.pos.items():
+            if i in want and n.op is Ops.CONTIGUOUS and n not in results:
+                results[n] = buffer_view(buffer_uop(bufs[want[i]]), n.shape)
     return items, results
 
 
@@ -93,10 +99,10 @@ def _value(u: UOp) -> UOp:
 def _read_cached(u: UOp) -> UOp:
     """A target that needs no kernel (a view of a buffer, a constant) with what earlier realizes computed below it
     read from their buffers, and custom backwards stripped."""
-    from fusegrad.storage import realized
+    from fusegrad.storage import cached_value
     mapping: dict[UOp, UOp] = {}
-    for n in u.toposort(gate=lambda x: x.op is not Ops.BUFFER and x not in realized):
-        if (r := realized.get(n)) is not None: mapping[n] = r
+    for n in u.toposort(gate=lambda x: x.op is not Ops.BUFFER and cached_value(x) is None):
+        if (r := cached_value(n)) is not None: mapping[n] = r
         elif n.op is Ops.DETACH and n.arg is not None: mapping[n] = mapping.get(n.src[0], n.src[0])
         elif any(s in mapping for s in n.src): mapping[n] = n.replace(src=tuple(mapping.get(s, s) for s in n.src))
     return mapping.get(u, u)
@@ -105,7 +111,7 @@ def _read_cached(u: UOp) -> UOp:
 def _plan(nodes: list[UOp]) -> Template:
     """The schedule of a normalized graph (cache.py: its nodes in key order, the SINK last): kernels, their order and
     the memory plan, with buffers as slots. Depends on nothing but the graph and the flags."""
-    from fusegrad.storage import target_buffer
+    from fusegrad.storage import relayout_source, target_buffer
     sink = nodes[-1]
     topo = list(sink.toposort(gate=lambda u: u.op is not Ops.BUFFER))
     sink, split = split_reduces(sink, topo)   # long reduces into few outputs: two kernels (split.py)
@@ -122,7 +128,9 @@ def _plan(nodes: list[UOp]) -> Template:
     check_index_range(kernels)
 
     order = _order(topo, rp, kernels)
-    held = set(sink.src) | {r for r in rp if r.op is Ops.ASSIGN}
+    # relayouts of a buffer (a conv weight made contiguous in another order) keep their buffer: storage.py reuses it
+    relayouts = {r for r in rp if relayout_source(r, structural=True) is not None}
+    held = set(sink.src) | {r for r in rp if r.op is Ops.ASSIGN} | relayouts
     slots: list[Slot] = []
     leaf_slot: dict[UOp, int] = {}
 
@@ -156,7 +164,8 @@ def _plan(nodes: list[UOp]) -> Template:
         res.append(SAME if _is_buffer_view(t) or t.op is Ops.CONST else ASSIGNED if t.op is Ops.ASSIGN
                    else out_slot[t])
     done = frozenset(i for i, n in enumerate(nodes) if n.op is Ops.ASSIGN and split.get(n, n) in rp)
-    return Template(tuple(slots), tuple(items), tuple(res), done)
+    keep = tuple((i, out_slot[n]) for i, n in enumerate(nodes) if n in relayouts and n.size != 0)
+    return Template(tuple(slots), tuple(items), tuple(res), done, keep)
 
 
 def _order(topo: list[UOp], rp: set[UOp], kernels: dict[UOp, Any]) -> list[UOp]:

@@ -43,6 +43,7 @@ class Template:
     items: tuple[tuple[UOp, tuple[int, ...], tuple[str, ...], bool], ...]  # (ast, slot per buffer, tensor ops, inplace)
     results: tuple[int, ...]           # per target: a slot holding its value, SAME (it is a view already), ASSIGNED
     done_assigns: frozenset[int]       # positions (in the key) of the ASSIGN nodes the schedule runs
+    relayouts: tuple[tuple[int, int], ...] = ()   # (position, slot): relayouts of buffers, kept (storage.py)
 
 
 SAME, ASSIGNED = -1, -2

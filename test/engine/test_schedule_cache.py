@@ -214,3 +214,68 @@ def test_equal_constant_graphs_get_their_own_memory():
     m += 1
     m.realize()
     assert v.tolist() == [0.0, 0.0, 0.0] and m.tolist() == [1.0, 1.0, 1.0]
+
+
+# ----- relayouts of realized buffers (storage.py): computed once per buffer version -----
+
+def _conv_ref(x, w):
+    return torch.nn.functional.conv2d(torch.tensor(x), torch.tensor(w)).numpy()
+
+
+def test_relayout_computed_once_and_redone_after_write():
+    from fusegrad import GlobalCounters
+    x = rand(1, 16, 6, 6)
+    wn = rand(32, 16, 3, 3)
+    w = Tensor(wn).realize()
+    counts = []
+    for _ in range(3):
+        GlobalCounters.reset()
+        np.testing.assert_allclose(Tensor(x).conv2d(w).numpy(), _conv_ref(x, wn), rtol=1e-4, atol=1e-4)
+        counts.append(GlobalCounters.kernel_count)
+    assert counts[1] == counts[2] == counts[0] - 1   # the weight's copy ran on the first call only
+    w2 = rand(32, 16, 3, 3)
+    w.assign(Tensor(w2)).realize()                     # a write: the cached copy is void
+    GlobalCounters.reset()
+    np.testing.assert_allclose(Tensor(x).conv2d(w).numpy(), _conv_ref(x, w2), rtol=1e-4, atol=1e-4)
+    assert GlobalCounters.kernel_count == counts[0]
+    w -= 1.0                                           # an in-place op through the tensor API
+    np.testing.assert_allclose(Tensor(x).conv2d(w).numpy(), _conv_ref(x, w2 - 1), rtol=1e-4, atol=1e-4)
+
+
+def test_relayout_not_frozen_into_tinyjit():
+    from fusegrad import TinyJit
+    x = rand(1, 16, 6, 6)
+    wn = rand(32, 16, 3, 3)
+    w = Tensor(wn).realize()
+    Tensor(x).conv2d(w).realize()                      # the copy is cached before the capture
+    f = TinyJit(lambda t: t.conv2d(w).realize())
+    for _ in range(3): f(Tensor(x))
+    w2 = rand(32, 16, 3, 3)
+    w.assign(Tensor(w2)).realize()                     # written between replays: the replay copies it again
+    np.testing.assert_allclose(f(Tensor(x)).numpy(), _conv_ref(x, w2), rtol=1e-4, atol=1e-4)
+
+
+def test_relayout_of_a_view_of_written_memory():
+    # the source is a view sharing memory with another tensor: a write through the other tensor voids the copy
+    x = rand(1, 16, 6, 6)
+    base = Tensor(rand(2, 32, 16, 3, 3)).contiguous().realize()
+    w = base[1]
+    ref = base.numpy()[1]
+    np.testing.assert_allclose(Tensor(x).conv2d(w).numpy(), _conv_ref(x, ref), rtol=1e-4, atol=1e-4)
+    base += 2.0
+    np.testing.assert_allclose(Tensor(x).conv2d(w).numpy(), _conv_ref(x, ref + 2), rtol=1e-4, atol=1e-4)
+
+
+def test_relayout_written_through_its_holder_is_not_served():
+    wn = rand(3, 4)
+    w = Tensor(wn).realize()
+    c = w.T.contiguous().realize()
+    c += 1.0
+    c.realize()
+    d = w.T.contiguous().realize()
+    np.testing.assert_array_equal(d.numpy(), wn.T)
+    np.testing.assert_array_equal(c.numpy(), wn.T + 1)
+    e = w.T.contiguous().realize()
+    e *= 2.0
+    np.testing.assert_array_equal(d.numpy(), wn.T)   # d and e may share a copy: writing e doesn't change d
+    np.testing.assert_array_equal(e.numpy(), wn.T * 2)
