@@ -43,6 +43,7 @@ def _setup(case: str):
     sys.path.insert(0, HERE)
     sys.path.insert(0, os.path.dirname(HERE))
     import _models
+
     from fusegrad import Tensor
     kind, size = CASES[case]
     rng = np.random.default_rng(0)
@@ -67,7 +68,7 @@ def worker(case: str, lib: str, runs: int) -> list[float]:
     import torch
     torch.set_num_threads(2)
     if lib == "first":
-        tm, fm, _, fcall = _setup(case)
+        _, fm, _, fcall = _setup(case)
         t0 = time.perf_counter()
         fcall(fm).realize()
         return [time.perf_counter() - t0]

@@ -20,7 +20,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from fusegrad import GlobalCounters, Tensor, TinyJit  # noqa: E402
+from fusegrad import GlobalCounters, Tensor, TinyJit
 
 
 def chain(x: Tensor, n: int) -> Tensor:
@@ -49,7 +49,7 @@ def main() -> None:
         jit(x)
         t3 = time.process_time()
         if i >= 3: eager.append(t1 - t0); kern.append(ks); replay.append(t3 - t2)
-    med = lambda v: statistics.median(v) / n * 1e6  # noqa: E731
+    med = lambda v: statistics.median(v) / n * 1e6
     print(f"eager {med(eager):7.1f} us/kernel   (kernel time {med(kern):5.1f} us/kernel)   "
           f"TinyJit replay {med(replay):6.1f} us/kernel   [{n} kernels, median of {a.runs}]")
 
