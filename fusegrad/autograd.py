@@ -180,7 +180,7 @@ def strip_grad_fns(u: UOp) -> UOp:
         if all(a is b for a, b in zip(new, n.src)): _no_grad_fns.add(n)
         else:
             _stripped[n] = r = n.replace(src=new)
-            r.shape   # noqa: B018 - inferred children first: a deep new graph must not recurse on its first use
+            r.shape, r.device   # noqa: B018 - children first: a deep new graph must not recurse on its first use
     return _stripped.get(u, u)
 
 

@@ -68,7 +68,7 @@ class Normalized:
             if op is Ops.BUFFER:   # arg: (placeholder id, size, device)
                 n = UOp(Ops.BUFFER, dtype, (UOp(Ops.DEVICE, arg=arg[2]),), arg[:2])
             else: n = UOp(op, dtype, tuple(nodes[i] for i in src), arg)
-            n.shape   # noqa: B018 - inferred children first: a deep new graph must not recurse on its first use
+            n.shape, n.device   # noqa: B018 - children first: a deep new graph must not recurse on its first use
             nodes.append(n)
         return nodes
 
