@@ -155,7 +155,7 @@ pm_gradient = PatternMatcher([
 class GradFn:
     """A custom backward: DETACH(value, *inputs, arg=GradFn(f)) is `value` going forward, and f(grad, node) gives the
     gradients of `inputs` going backward (value itself is built from detached inputs). The scheduler never sees it:
-    `strip_grad_fns` replaces the node by `value` before scheduling. Used where the generic rules make a slow backward
+    its walk (schedule/cache.py) takes `value` for the node; `strip_grad_fns` does the same for a graph alone. Used where the generic rules make a slow backward
     (the input gradient of a convolution is a transposed convolution, not a scatter through the unfolded windows)."""
     def __init__(self, backward, name: str = ""): self.backward, self.name = backward, name
     def __repr__(self) -> str: return f"GradFn({self.name})"
