@@ -162,7 +162,7 @@ def _multi_grad(ret: UOp, ctx: UOp) -> Any:
 class GradFn:
     """A custom backward: DETACH(value, *inputs, arg=GradFn(f)) is `value` going forward, and f(grad, node) gives the
     gradients of `inputs` going backward (value itself is built from detached inputs). The scheduler never sees it:
-    `strip_grad_fns` replaces the node by `value` before scheduling. Used where the generic rules make a slow backward
+    its walk (schedule/cache.py) takes `value` for the node; `strip_grad_fns` does the same for a graph alone. Used where the generic rules make a slow backward
     (the input gradient of a convolution is a transposed convolution, not a scatter through the unfolded windows)."""
     def __init__(self, backward, name: str = ""): self.backward, self.name = backward, name
     def __repr__(self) -> str: return f"GradFn({self.name})"
@@ -181,11 +181,13 @@ def strip_grad_fns(u: UOp) -> UOp:
     for n in u.toposort(gate=lambda n: not seen(n)):
         if seen(n): continue
         if n.op is Ops.DETACH and n.arg is not None:
-            _stripped[n] = n.src[0]
+            _stripped[n] = _stripped.get(n.src[0], n.src[0])   # its value may read another custom backward's output
             continue
         new = tuple(_stripped.get(s, s) for s in n.src)
         if all(a is b for a, b in zip(new, n.src)): _no_grad_fns.add(n)
-        else: _stripped[n] = n.replace(src=new)
+        else:
+            _stripped[n] = r = n.replace(src=new)
+            r.shape, r.device   # noqa: B018 - children first: a deep new graph must not recurse on its first use
     return _stripped.get(u, u)
 
 

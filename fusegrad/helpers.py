@@ -102,6 +102,7 @@ JIT = ContextVar("JIT", 1)
 DEV = ContextVar("DEV", "")
 SPEC = ContextVar("SPEC", 0)
 CACHELEVEL = ContextVar("CACHELEVEL", 2)
+SCHEDULE_CACHE = ContextVar("SCHEDULE_CACHE", 1)  # 0: schedule every graph from scratch (schedule/cache.py)
 SPLIT_REDUCE = ContextVar("SPLIT_REDUCE", 32768)  # shortest reduce split into two kernels (schedule/split.py); 0: off
 MERGE_RANGES = ContextVar("MERGE_RANGES", 1)   # 0: keep every loop of a kernel as its shape gives it (codegen/merge.py)
 VIZ = ContextVar("VIZ", 0)

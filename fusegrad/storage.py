@@ -181,3 +181,52 @@ def prune() -> None:
         live = [r for r in _cache_deps[m] if r() is not None]
         if live: _cache_deps[m] = live
         else: del _cache_deps[m]
+
+
+# ----- relayouts of realized buffers -----
+# A copy of a realized buffer into another layout (`w.permute(...).contiguous()`: a conv weight made contiguous in
+# its output channels) is computed once per buffer version and reused until the buffer is written. The result cache
+# can't keep it: its entries live only while the lazy node does, and each call builds that node anew. Entries are
+# keyed weakly by the source BUFFER node (they go when it does) and then by the movement ops as plain data, so the
+# cache holds no lazy node; an entry remembers the source's write count and is void once that changes.
+_relayouts: "weakref.WeakKeyDictionary[UOp, dict[tuple, tuple[UOp, int, int]]]" = weakref.WeakKeyDictionary()
+# > 0 while TinyJit captures: a capture must contain the relayout kernels, so that its replays copy the buffer's
+# contents of their time (a weight assigned in place between replays) instead of reading a copy from capture time
+relayouts_off = 0
+
+
+def relayout_source(u: UOp, structural: bool = False) -> tuple[UOp, tuple] | None:
+    """For CONTIGUOUS(movement ops (and detaches) of a BUFFER) with static shapes: (that BUFFER node, the ops as
+    data). `structural`: also for a BUFFER without memory (the scheduler's placeholders)."""
+    if u.op is not Ops.CONTIGUOUS or u.arg is not None: return None
+    chain = []
+    x = u.src[0]
+    while x.op in GroupOp.Movement or (x.op is Ops.DETACH and x.arg is None):   # (detach: no-op going forward)
+        if x.shape is None or not all_static(x.shape): return None
+        chain.append((x.op.value, x.arg))
+        x = x.src[0]
+    if x.op is not Ops.BUFFER or not chain or (not structural and x not in buffers): return None
+    return x, (u.dtype, tuple(chain))
+
+
+def relayout_get(u: UOp) -> UOp | None:
+    """The buffer view holding a relayout computed before from the same, unwritten, buffer."""
+    if (src := relayout_source(u)) is None or (d := _relayouts.get(src[0])) is None: return None
+    if (hit := d.get(src[1])) is None: return None
+    # void once the source or the copy itself (a tensor holding it, written in place) was written
+    if hit[1] != version(buffers[src[0]]) or hit[2] != version(buffers[hit[0].base]):
+        del d[src[1]]
+        return None
+    return hit[0]
+
+
+def relayout_put(u: UOp, value: UOp) -> None:
+    """Remember that relayout `u` (see relayout_source) is held in `value` (a view of a buffer of its own)."""
+    if (src := relayout_source(u)) is not None:
+        _relayouts.setdefault(src[0], {})[src[1]] = (value, version(buffers[src[0]]), version(buffers[value.base]))
+
+
+def cached_value(u: UOp) -> UOp | None:
+    """What the scheduler reads instead of computing `u`: a cached result, or a cached relayout."""
+    r = realized.get(u)
+    return r if r is not None or u.op is not Ops.CONTIGUOUS or relayouts_off else relayout_get(u)

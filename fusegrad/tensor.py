@@ -402,12 +402,11 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
         readers: list[Tensor] = []
         snaps = _preserve_old_values(todo, readers)
         uops = dedup([t.uop for t in todo] + snaps)
-        plain = {u: autograd.strip_grad_fns(u) for u in uops}  # custom backward rules aren't scheduled
+        # (custom backward rules are stripped by the scheduler: schedule/cache.py)
         if traced:
             from fusegrad.viz.recorder import traced_schedule
-            sched, results = traced_schedule(create_schedule, dedup(list(plain.values())))
-        else: sched, results = create_schedule(dedup(list(plain.values())))
-        results = {**results, **{u: results[p] for u, p in plain.items() if p in results}}
+            sched, results = traced_schedule(create_schedule, uops)
+        else: sched, results = create_schedule(uops)
         run_schedule(sched)
         written = {id(si.bufs[0]): si.bufs[0] for si in sched if si.inplace}
         for b in written.values(): storage.written(b)   # cached results computed from the old contents are void
@@ -418,6 +417,9 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
         for old, new in results.items():
             if old in superseded: storage.executed.add(old)
             else: storage.cache_result(old, new, None if id(old) in snap_ids else written_now)
+            if old.op is Ops.CONTIGUOUS and (src := storage.relayout_source(old)) is not None and \
+               storage.memory_of(storage.buffers[src[0]]) not in written_now:
+                storage.relayout_put(old, new)   # a relayout of an unchanged buffer: reused until it is written
         for t in todo:
             old = t.uop
             new = results[old]
@@ -880,10 +882,20 @@ def _is_contiguous_buffer(u: UOp) -> bool:
 
 
 
+
 def _is_realized(u: UOp) -> bool:
     """Already computed: a whole buffer, or a constant broadcast to a shape (never materialized)."""
     if _is_contiguous_buffer(u): return True
-    return all(x.op in (Ops.RESHAPE, Ops.EXPAND, Ops.CONST, Ops.DEVICE) for x in u.toposort())
+    # stops at the first other op (a lazy graph's root, usually): no walk of the whole graph on every realize
+    stack, seen = [u], {u}
+    while stack:
+        x = stack.pop()
+        if x.op not in (Ops.RESHAPE, Ops.EXPAND, Ops.CONST, Ops.DEVICE): return False
+        for s in x.src:
+            if s not in seen:
+                seen.add(s)
+                stack.append(s)
+    return True
 
 
 __all__ = ["Tensor", "make_tuple"]

@@ -263,6 +263,7 @@ class TinyJit(Generic[ReturnType]):
             copies = {id(t): w for t, w in zip(tensors, self._whole) if w is not t}
             items: list[ScheduleItem] = []
             capturing.append(items)
+            storage.relayouts_off += 1
             try:
                 # an input that is a view (or lazy) is passed as its copy in a buffer of its own, the buffer that
                 # each replay fills with that call's input
@@ -284,6 +285,7 @@ class TinyJit(Generic[ReturnType]):
                     if not _is_contiguous_buffer(t.uop): t.uop = t.contiguous().realize().uop
             finally:
                 capturing.pop()
+                storage.relayouts_off -= 1
             from fusegrad.storage import buffers
             outs = [buffers[t.uop.base] for t in out_tensors]
             written_in_place = {id(it.bufs[0]) for it in items if it.inplace}

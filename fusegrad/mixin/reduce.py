@@ -37,6 +37,24 @@ def _fma_hazard(u: UOp, limit: int = 4096) -> bool:
     return False
 
 
+def _merges_permuted(u: UOp) -> bool:
+    """u is a reshape of a permute whose last axis merges several axes of the permute's output that aren't adjacent
+    in the permute's source, in order (so a matmul's reduce over it would stride through memory)."""
+    if u.op is not Ops.RESHAPE or u.src[0].op is not Ops.PERMUTE: return False
+    p, shape = u.src[0], u.shape
+    ps = p.shape
+    if shape is None or ps is None or not shape or not all_static(shape) or not all_static(ps): return False
+    # the trailing axes of the permute's output that the reshape merges into the last axis
+    k, n, i = shape[-1], 1, len(ps)
+    while i > 0 and n < k:
+        i -= 1
+        n *= ps[i]
+    if n != k: return False
+    merged = [a for a in range(i, len(ps)) if ps[a] != 1]
+    order = [p.arg[a] for a in merged]
+    return len(merged) > 1 and order != list(range(order[0], order[0] + len(order)))
+
+
 class ReduceMixin:
     __slots__ = ()
 
@@ -108,6 +126,10 @@ class ReduceMixin:
         bx, bw = x.shape[:-2], w.shape[:-2]
         if any(a != b and a != 1 and b != 1 for a, b in zip(bx[::-1], bw[::-1])):
             raise RuntimeError(f"matmul: batch dims can't broadcast for shapes {x.shape} and {w.shape}")
+        # an operand whose reduce axis merges axes that a permute separated in memory (`a.transpose(1, 2).reshape(B,
+        # T, H)`: heads back into the hidden axis) would be read with div/mod index math and strides inside the reduce
+        # loop; a contiguous copy costs one pass (usually none: the copy is the store of the kernel computing `a`)
+        if _merges_permuted(x.uop): x = x.contiguous()
         out_dt = least_upper_dtype(x.dtype, w.dtype) if dtype is None else to_dtype(dtype)
         if out_dt in (dtypes.float16, dtypes.bfloat16):
             # 16-bit floats: exact float32 products and a float32 sum, rounded once at the end (torch's and a GEMM's

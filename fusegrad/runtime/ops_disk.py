@@ -56,10 +56,16 @@ class _NoRenderer(Renderer):
                            "first (this is a fusegrad bug if you see it)")
 
 
+# set once a DISK device is opened: only then does the scheduler look for DISK reads to lower (lower_disk)
+opened = False
+
+
 class DiskDevice(Compiled):
     """One file. Reads go through a read-only memory map (remade when the file grows); writes use pwrite."""
 
     def __init__(self, device: str):
+        global opened
+        opened = True
         name, _, path = device.partition(":")
         if not path:
             raise RuntimeError("DISK needs a file path: device='disk:/path/to/file' (it is no compute device)")

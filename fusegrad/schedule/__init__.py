@@ -9,18 +9,20 @@ outputs is split into two (split.py: its partial sums are a CONTIGUOUS, so a rea
 from __future__ import annotations
 
 import heapq
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from fusegrad.device import Buffer
-from fusegrad.helpers import DEBUG, SPEC
+from fusegrad.helpers import DEBUG, SCHEDULE_CACHE, SPEC
 from fusegrad.ir.ops import Ops, UOp
 from fusegrad.ir.pattern import substitute_memo
-from fusegrad.schedule.indexing import lower_kernel
+from fusegrad.schedule.cache import ASSIGNED, SAME, Slot, Template, fill_slots, flags_key, leaf_index, new_slot, \
+    normalize, schedule_cache
+from fusegrad.schedule.indexing import check_index_range, lower_kernel
 from fusegrad.schedule.memory import plan_memory
 from fusegrad.schedule.recompute import RecomputePolicy
 from fusegrad.schedule.split import split_reduces
-from fusegrad.schedule.variables import strip_binds
 from fusegrad.ir.shape import smax
 
 
@@ -45,15 +47,17 @@ def _is_buffer_view(u: UOp) -> bool:
 def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
     """Schedule the computation of `targets`. Returns the items in execution order and, per target, the node of the
     buffer holding its result (BUFFER reshaped to the target's shape; MULTI of those for a multi-device target).
-    Graphs on several devices are first lowered to one graph per device (multi.py)."""
+    Graphs on several devices are first lowered to one graph per device (multi.py), graphs that read DISK tensors to
+    copies of the byte ranges they read (runtime/ops_disk.py); a graph with the structure of an earlier one reuses
+    its schedule (cache.py)."""
     from fusegrad.schedule.multi import has_multi, lower_multi
     from fusegrad.storage import realized
     sink = UOp(Ops.SINK, src=tuple(targets))
-    if not has_multi(sink): return _schedule(targets)
+    if not has_multi(sink): return _schedule_disk(targets)
     memo = substitute_memo(sink, {n: realized[n] for n in sink.toposort() if n in realized})
     lowered = lower_multi(list(memo[sink].src))
     flat = list(dict.fromkeys(p for lv in lowered for p in ((lv,) if isinstance(lv, UOp) else lv.parts)))
-    items, res = _schedule(flat)
+    items, res = _schedule_disk(flat)
     results: dict[UOp, UOp] = {}
     for orig, lv in zip(targets, lowered):
         if isinstance(lv, UOp): results[orig] = res[lv]
@@ -61,29 +65,91 @@ def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, U
     return items, results
 
 
-def _schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
-    """create_schedule for graphs on one device each."""
-    from fusegrad.runtime.ops_disk import lower_disk
-    from fusegrad.storage import buffer_uop, buffer_view, buffers, executed, realized, target_buffer
-    # graphs may contain nodes computed by an earlier realize: read their buffers instead of recomputing
+def _schedule_disk(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
+    """create_schedule for graphs on one device each: reads of DISK tensors become copies of their byte ranges first
+    (only once a DISK device was opened in this process: no extra walk otherwise)."""
+    from fusegrad.runtime import ops_disk
+    if not ops_disk.opened: return _schedule(targets)
+    from fusegrad.storage import realized
     sink = UOp(Ops.SINK, src=tuple(targets))
-    nodes = sink.toposort()
-    memo = substitute_memo(sink, {n: realized[n] for n in nodes if n in realized})
-    sink = lower_disk(memo[sink])   # DISK tensors: read the byte ranges used, compute elsewhere (runtime/ops_disk.py)
-    # an assign that ran and isn't cached any more (its memory was written again) must not run twice; the second walk
-    # (below the cached nodes only) happens only when there is such a candidate
-    if any(n.op is Ops.ASSIGN and n in executed and n not in realized for n in nodes) and \
-       (stale := [n for n in sink.toposort(gate=lambda u: u.op is not Ops.BUFFER)
-                  if n.op is Ops.ASSIGN and n in executed]):
-        raise RuntimeError(f"a graph reads the result of an assign (ASSIGN #{stale[0].arg}) whose memory a later "
-                           "in-place write has changed since: its old value is gone. Realize (or .clone()) a value "
-                           "before writing to the memory it depends on")
-    bound = dict(zip(targets, sink.src))   # with bound variables, for the result views handed back to tensors
-    sink, unbound, var_vals = strip_binds(sink)
+    memo = substitute_memo(sink, {n: realized[n] for n in sink.toposort() if n in realized})
+    lowered = ops_disk.lower_disk(memo[sink])
+    if lowered is memo[sink]: return _schedule(targets)
+    items, res = _schedule(list(dict.fromkeys(lowered.src)))
+    return items, {orig: res[new] for orig, new in zip(targets, lowered.src)}
+
+
+def _schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
+    """create_schedule for graphs on one device and without DISK reads: the schedule cache's path."""
+    from fusegrad.storage import buffer_uop, buffer_view, cached_value, executed, target_buffer
+    st = time.perf_counter()
+    # one walk: nodes computed by an earlier realize are read from their buffers, custom backwards stripped, variables
+    # unbound, buffers made placeholders (cache.py)
+    nz = normalize(UOp(Ops.SINK, src=tuple(targets)), cached_value, executed)
+    leaves, var_vals = nz.leaves, nz.var_vals
+    key = (nz.key, flags_key())
+    tpl = schedule_cache.get(key) if SCHEDULE_CACHE else None
+    hit = tpl is not None
+    if tpl is None:
+        tpl = _plan(nz.graph())
+        if SCHEDULE_CACHE: schedule_cache.put(key, tpl)
+    bufs = fill_slots(tpl.slots, leaves)
+    items = [ScheduleItem(ast, [bufs[i] for i in slots], list(ops), inplace, var_vals)
+             for ast, slots, ops, inplace in tpl.items]
+    if DEBUG >= 1 and items:
+        print(f"scheduled {len(items)} items in {(time.perf_counter() - st) * 1e3:.2f} ms "
+              f"(schedule cache {'hit' if hit else 'miss' if SCHEDULE_CACHE else 'off'})")
+    if DEBUG >= 3:
+        for i, it in enumerate(items):
+            print(f"schedule item {i}: {'copy' if it.is_copy else 'kernel'} <- tensor ops {', '.join(it.tensor_ops)}")
+
+    results: dict[UOp, UOp] = {}
+    for orig, slot in zip(targets, tpl.results):
+        if slot == SAME: results[orig] = _read_cached(orig)
+        elif slot == ASSIGNED:   # the target's buffer now holds the value
+            results[orig] = buffer_view(target_buffer(_value(orig)), orig.shape)
+        else:
+            assert orig.shape is not None
+            results[orig] = buffer_view(buffer_uop(bufs[slot]), orig.shape)
+    # every assign that ran is done: later graphs holding it must read the buffer, not run it again
+    for a in nz.assigns:
+        if a not in results and nz.pos[a] in tpl.done_assigns:
+            results[a] = buffer_view(target_buffer(a), a.shape)
+    # relayouts of buffers got buffers of their own: the caller keeps them for later graphs (storage.relayout_put)
+    if tpl.relayouts:
+        want = dict(tpl.relayouts)
+        for n, i in nz.pos.items():
+            if i in want and n.op is Ops.CONTIGUOUS and n not in results:
+                results[n] = buffer_view(buffer_uop(bufs[want[i]]), n.shape)
+    return items, results
+
+
+def _value(u: UOp) -> UOp:
+    """A node without the custom backwards on top of it."""
+    while u.op is Ops.DETACH and u.arg is not None: u = u.src[0]
+    return u
+
+
+def _read_cached(u: UOp) -> UOp:
+    """A target that needs no kernel (a view of a buffer, a constant) with what earlier realizes computed below it
+    read from their buffers, and custom backwards stripped."""
+    from fusegrad.storage import cached_value
+    mapping: dict[UOp, UOp] = {}
+    for n in u.toposort(gate=lambda x: x.op is not Ops.BUFFER and cached_value(x) is None):
+        if (r := cached_value(n)) is not None: mapping[n] = r
+        elif n.op is Ops.DETACH and n.arg is not None: mapping[n] = mapping.get(n.src[0], n.src[0])
+        elif any(s in mapping for s in n.src): mapping[n] = n.replace(src=tuple(mapping.get(s, s) for s in n.src))
+    return mapping.get(u, u)
+
+
+def _plan(nodes: list[UOp]) -> Template:
+    """The schedule of a normalized graph (cache.py: its nodes in key order, the SINK last): kernels, their order and
+    the memory plan, with buffers as slots. Depends on nothing but the graph and the flags."""
+    from fusegrad.storage import relayout_source, target_buffer
+    sink = nodes[-1]
     topo = list(sink.toposort(gate=lambda u: u.op is not Ops.BUFFER))
     sink, split = split_reduces(sink, topo)   # long reduces into few outputs: two kernels (split.py)
     if split: topo = list(sink.toposort(gate=lambda u: u.op is not Ops.BUFFER))
-    new_targets = dict(zip(targets, sink.src))
     if SPEC:
         from fusegrad.ir.spec import verify_tensor_graph
         verify_tensor_graph(sink)
@@ -93,45 +159,47 @@ def _schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
         if n.op in (Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN): rp.add(n)
         if n.op is Ops.COPY and not _is_buffer_view(n.src[0]): rp.add(n.src[0])
     kernels = _lower_all(topo, rp)
+    check_index_range(kernels)
 
     order = _order(topo, rp, kernels)
-    held = set(new_targets.values()) | {r for r in rp if r.op is Ops.ASSIGN}
-    out_bufs: dict[UOp, Buffer] = {}
+    # relayouts of a buffer (a conv weight made contiguous in another order) keep their buffer: storage.py reuses it
+    relayouts = {r for r in rp if relayout_source(r, structural=True) is not None}
+    held = set(sink.src) | {r for r in rp if r.op is Ops.ASSIGN} | relayouts
+    slots: list[Slot] = []
+    leaf_slot: dict[UOp, int] = {}
+
+    def leaf(n: UOp) -> int:   # the slot of a placeholder's buffer
+        if n not in leaf_slot:
+            slots.append(("leaf", leaf_index(n)))
+            leaf_slot[n] = len(slots) - 1
+        return leaf_slot[n]
+
+    out_slot: dict[UOp, int] = {}
     for r in order:
         assert isinstance(r.device, str), "a multi-device node reached the one-device scheduler"
-        if r.op is Ops.ASSIGN: out_bufs[r] = buffers[target_buffer(r)]
-        elif r in held: out_bufs[r] = Buffer(r.device, smax(r.size), r.dtype)  # symbolic: the largest size
-    plan_memory(order, kernels, held, out_bufs)
+        if r.op is Ops.ASSIGN: out_slot[r] = leaf(target_buffer(r))
+        elif r in held: out_slot[r] = new_slot(slots, r.device, smax(r.size), r.dtype)  # symbolic: the largest size
+    plan_memory(order, kernels, held, out_slot, slots)
 
-    def buf_of(n: UOp) -> Buffer:
-        return buffers[n] if n.op is Ops.BUFFER else out_bufs[n] if n in out_bufs else buffers[n.base]
+    def slot_of(n: UOp) -> int:
+        return leaf(n) if n.op is Ops.BUFFER else out_slot[n] if n in out_slot else leaf(n.base)
 
-    items: list[ScheduleItem] = []
+    items: list[tuple[UOp, tuple[int, ...], tuple[str, ...], bool]] = []
     for r in order:
         if r.size == 0: continue
-        if r.op is Ops.COPY:
-            items.append(ScheduleItem(r, [out_bufs[r], buf_of(r.src[0])], ["COPY"], var_vals=var_vals))
+        if r.op is Ops.COPY:   # (a COPY node of its own: the template must not keep the tensor graph alive)
+            items.append((UOp(Ops.COPY, r.dtype, (), r.arg), (out_slot[r], slot_of(r.src[0])), ("COPY",), False))
         else:
             kb = kernels[r]
-            items.append(ScheduleItem(kb.ast, [out_bufs[r]] + [buf_of(i) for i in kb.inputs], kb.tensor_ops,
-                                      r.op is Ops.ASSIGN, var_vals))
-    if DEBUG >= 3:
-        for i, it in enumerate(items):
-            print(f"schedule item {i}: {'copy' if it.is_copy else 'kernel'} <- tensor ops {', '.join(it.tensor_ops)}")
-
-    results: dict[UOp, UOp] = {}
-    for orig, t in new_targets.items():
-        if _is_buffer_view(t) or t.op is Ops.CONST: results[orig] = bound[orig]
-        elif t.op is Ops.ASSIGN:   # the target's buffer now holds the value
-            results[orig] = buffer_view(target_buffer(bound[orig]), orig.shape)
-        else:
-            assert orig.shape is not None
-            results[orig] = buffer_view(buffer_uop(out_bufs[t]), orig.shape)
-    # every assign that ran is done: later graphs holding it must read the buffer, not run it again
-    for orig, new in memo.items():
-        if new.op is Ops.ASSIGN and orig not in results and split.get(u := unbound.get(new, new), u) in rp:
-            results[orig] = buffer_view(target_buffer(new), orig.shape)
-    return items, results
+            items.append((kb.ast, (out_slot[r], *(slot_of(i) for i in kb.inputs)), tuple(kb.tensor_ops),
+                          r.op is Ops.ASSIGN))
+    res = []
+    for t in sink.src:
+        res.append(SAME if _is_buffer_view(t) or t.op is Ops.CONST else ASSIGNED if t.op is Ops.ASSIGN
+                   else out_slot[t])
+    done = frozenset(i for i, n in enumerate(nodes) if n.op is Ops.ASSIGN and split.get(n, n) in rp)
+    keep = tuple((i, out_slot[n]) for i, n in enumerate(nodes) if n in relayouts and n.size != 0)
+    return Template(tuple(slots), tuple(items), tuple(res), done, keep)
 
 
 def _order(topo: list[UOp], rp: set[UOp], kernels: dict[UOp, Any]) -> list[UOp]:

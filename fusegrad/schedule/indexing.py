@@ -102,6 +102,7 @@ def _symbolic_reshape_groups(shape: tuple, src_shape: tuple) -> list[tuple[int, 
     return out
 
 
+@functools.lru_cache(maxsize=1 << 14)
 def reshape_flat_size(shape: tuple[int, ...], src_shape: tuple[int, ...]) -> int:
     """The largest flat index a reshape's index math forms (0 when it only renames axes)."""
     if 0 in shape or 0 in src_shape: return 0
@@ -119,6 +120,22 @@ def reshape_index(idx: Index, shape: tuple[int, ...], src_shape: tuple[int, ...]
         if shape[i0:i] == src_shape[j0:j]: out.extend(idx[i0:i])
         else: out.extend(unflatten(flat_index(idx[i0:i], shape[i0:i]), src_shape[j0:j]))
     return tuple(out)
+
+
+def check_index_range(kernels: dict[UOp, KernelBuild]) -> None:
+    """Index math is 32-bit. Only flat indices can grow past a dimension's size: into buffers, into a kernel's output,
+    and across a reshape (within the group of axes it splits or merges). Broadcasts, permutes, pads and reduces index
+    per dimension, so a (512, 32, 400, 32, 25) product feeding a reduce is fine as long as those three stay below
+    2**31; refuse rather than overflow. Checked once per schedule over every node some kernel computes or loads."""
+    nodes: set[UOp] = set(kernels)
+    for kb in kernels.values(): nodes |= kb.walked
+    for n in nodes:
+        if n.shape is None: continue
+        if n.op is Ops.RESHAPE and n.src[0].shape is not None: big = reshape_flat_size(n.shape, n.src[0].shape)
+        else: big = smax(n.size) if n.op is Ops.BUFFER or n in kernels else 0
+        if big > INDEX_MAX:
+            raise RuntimeError(f"tensor of shape {n.shape} has more than {INDEX_MAX} elements; "
+                               "kernels index with 32-bit integers for now")
 
 
 def range_leaves(idx: Index) -> set[UOp]:
@@ -169,19 +186,6 @@ class Indexer:
     def build(self) -> KernelBuild:
         shape = self.root.shape
         assert shape is not None
-        # index math is 32-bit. Only flat indices can grow past a dimension's size: into buffers, into the output, and
-        # across a reshape (within the group of axes it splits or merges). Broadcasts, permutes, pads and reduces index
-        # per dimension, so a (512, 32, 400, 32, 25) product feeding a reduce is fine as long as those three stay below
-        # 2**31; refuse rather than overflow.
-        def flat_size(n: UOp) -> int:
-            if n.shape is None: return 0
-            if n.op is Ops.RESHAPE and n.src[0].shape is not None: return reshape_flat_size(n.shape, n.src[0].shape)
-            return smax(n.size) if n.op is Ops.BUFFER or n is self.root else 0
-        big = [n for n in self.root.toposort(gate=lambda u: u is self.root or u not in self.rp)
-               if flat_size(n) > INDEX_MAX]
-        if big:
-            raise RuntimeError(f"tensor of shape {big[0].shape} has more than {INDEX_MAX} elements; "
-                               "kernels index with 32-bit integers for now")
         out_idx = tuple(self.new_range(s, "global") if s != 1 else ZERO for s in shape)
         self.global_order = [i for i in out_idx if i.op is Ops.RANGE]
         vol = 1

@@ -1,0 +1,185 @@
+"""Schedule cache: a graph structurally identical to an earlier one reuses its schedule.
+
+The scheduler's work (splitting reduces, lowering every kernel by index propagation, ordering, memory planning) depends
+only on the graph's structure, never on which memory its BUFFER nodes name or on the values of bound variables. So
+`create_schedule` first rewrites the graph into a *normalized* form and schedules that:
+
+- every BUFFER node becomes a placeholder BUFFER with the same dtype, size and device and the id `-1 - k`, k counting
+  the distinct buffers in walk order (two reads of one buffer stay one placeholder, two buffers stay two);
+- the unique ids of ASSIGN and tagged CONTIGUOUS nodes are renumbered the same way;
+- bound variables were already unbound (variables.py), their values travel next to the schedule.
+
+Normalized nodes are hash-consed, so two graphs with the same structure give the very same normalized SINK: that node
+(plus every flag's value) is the cache key, compared by identity, so there are no hash collisions to fear. The cached
+`Template` names buffers by slot (a placeholder's buffer, a fresh output, a view into a planned intermediate), and
+`instantiate` fills the slots with this call's buffers. A hit and a miss therefore run the same instantiation of the
+same template: the cache can't serve a schedule that a miss would not have built. What a graph reads from earlier
+realizes (cached results, the stale-assign check) is resolved *before* normalizing, on the real graph, every call.
+`SCHEDULE_CACHE=0` turns the cache off.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from fusegrad.device import Buffer
+from fusegrad.dtype import DType
+from fusegrad.helpers import ContextVar
+from fusegrad.ir.ops import GroupOp, Ops, UOp
+
+CACHE_SIZE = 1024   # templates kept (least recently used dropped first)
+
+# a slot: ("leaf", k) the buffer of placeholder k; ("new", device, size, dtype) a fresh buffer;
+# ("view", base slot, size, dtype) a view at offset 0 of an earlier slot's buffer (memory planning)
+Slot = tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class Template:
+    """A schedule with its buffers as slots (see module docstring)."""
+    slots: tuple[Slot, ...]
+    items: tuple[tuple[UOp, tuple[int, ...], tuple[str, ...], bool], ...]  # (ast, slot per buffer, tensor ops, inplace)
+    results: tuple[int, ...]           # per target: a slot holding its value, SAME (it is a view already), ASSIGNED
+    done_assigns: frozenset[int]       # positions (in the key) of the ASSIGN nodes the schedule runs
+    relayouts: tuple[tuple[int, int], ...] = ()   # (position, slot): relayouts of buffers, kept (storage.py)
+
+
+SAME, ASSIGNED = -1, -2
+BUFFER = Ops.BUFFER.value   # ops are keyed by value: an int hashes in C, an Enum member in Python (the key is
+                            # hashed whole on every lookup)
+
+
+@dataclass
+class Normalized:
+    key: tuple     # the normalized graph as plain data: per node (op's value, dtype, arg, source positions)
+    leaves: list[UOp]              # the real BUFFER node of each placeholder
+    pos: dict[UOp, int]            # real node -> its position in `key`, for every node walked
+    var_vals: dict[UOp, int]       # the values of the bound variables
+    assigns: list[UOp]             # the real ASSIGN nodes the graph still has to run
+
+    def graph(self) -> list[UOp]:
+        """The normalized graph's nodes in key order, the SINK last (built on a miss only; see `normalize` for why
+        the key is not nodes)."""
+        nodes: list[UOp] = []
+        for opv, dtype, arg, src in self.key:
+            op = Ops(opv)
+            if op is Ops.BUFFER:   # arg: (placeholder id, size, device)
+                n = UOp(Ops.BUFFER, dtype, (UOp(Ops.DEVICE, arg=arg[2]),), arg[:2])
+            else: n = UOp(op, dtype, tuple(nodes[i] for i in src), arg)
+            n.shape, n.device   # noqa: B018 - children first: a deep new graph must not recurse on its first use
+            nodes.append(n)
+        return nodes
+
+
+def normalize(sink: UOp, cached: Callable[[UOp], UOp | None], executed: Any) -> Normalized:
+    """One walk over the graph to realize, stopping at BUFFERs and at nodes computed before (`cached(n)`: the buffer
+    view holding n's value, read instead). It writes down the normalized graph (module docstring) as a tuple of
+    (op, dtype, arg, source positions), children first, and on the way strips custom backwards (DETACH with a GradFn is
+    its forward value; its other sources are not walked) and unbinds variables (variables.py). Raises when the graph
+    would run an ASSIGN again (`executed`) whose result was dropped from the cache because its memory was written since.
+
+    The key is plain data, not nodes, on purpose: a normalized node without buffers below it (a constant's
+    `.contiguous()`) *is* the real node, and a key that kept it alive would keep its entry in the result cache alive,
+    so the next `Tensor.zeros(n).contiguous()` would be handed the earlier one's memory."""
+    from fusegrad.schedule.variables import Unbinder, has_uop
+    ub = Unbinder()
+    pos: dict[UOp, int] = {}
+    enc: list[tuple] = []
+    leaves: list[UOp] = []
+    assigns: list[UOp] = []
+    uniq = 0
+
+    def one(x: UOp) -> None:   # x's sources have positions already
+        nonlocal uniq
+        if x.op is Ops.BUFFER:
+            pos[x] = len(enc)
+            enc.append((BUFFER, x.dtype, (-1 - len(leaves), x.arg[1], x.src[0].arg), ()))
+            leaves.append(x)
+            return
+        if x.op is Ops.DETACH and x.arg is not None:   # a custom backward: only its value is computed
+            pos[x] = pos[x.src[0]]
+            return
+        arg = x.arg
+        if x.op is Ops.ASSIGN or (x.op is Ops.CONTIGUOUS and type(arg) is int):
+            uniq += 1
+            arg = -uniq
+        elif (x.op in GroupOp.Movement or x.op in (Ops.CONST, Ops.IOTA)) and has_uop(arg): arg = ub.arg(arg)
+        pos[x] = len(enc)
+        enc.append((x.op.value, x.dtype, arg, tuple(pos[s] for s in x.src)))
+
+    stack: list[tuple[UOp, bool]] = [(sink, False)]
+    while stack:
+        n, expanded = stack.pop()
+        if n in pos: continue
+        if expanded:
+            one(n)
+            continue
+        if n is not sink and (r := cached(n)) is not None:   # computed before: read its buffer
+            for x in r.toposort(gate=lambda u: u.op is not Ops.BUFFER):
+                if x not in pos: one(x)
+            pos[n] = pos[r]
+            continue
+        if n.op is Ops.ASSIGN:
+            if n in executed:
+                raise RuntimeError(f"a graph reads the result of an assign (ASSIGN #{n.arg}) whose memory a later "
+                                   "in-place write has changed since: its old value is gone. Realize (or .clone()) a "
+                                   "value before writing to the memory it depends on")
+            assigns.append(n)
+        stack.append((n, True))
+        if n.op is Ops.BUFFER: continue
+        for s in reversed(n.src[:1] if n.op is Ops.DETACH and n.arg is not None else n.src):
+            if s not in pos: stack.append((s, False))
+    ub.check_bound()
+    return Normalized(tuple(enc), leaves, pos, ub.var_vals, assigns)
+
+
+def leaf_index(placeholder: UOp) -> int:
+    return -1 - placeholder.arg[0]
+
+
+def flags_key() -> tuple:
+    """Every flag's current value: scheduling (SPLIT_REDUCE, SPEC, DEBUG output) may depend on them."""
+    return tuple(v.value for v in ContextVar._cache.values())
+
+
+class ScheduleCache:
+    """normalized SINK + flags -> Template, least recently used dropped past CACHE_SIZE."""
+
+    def __init__(self) -> None:
+        self._d: OrderedDict[tuple, Template] = OrderedDict()
+        self.hits = self.misses = 0
+
+    def get(self, key: tuple) -> Template | None:
+        if (t := self._d.get(key)) is not None:
+            self._d.move_to_end(key)
+            self.hits += 1
+        else: self.misses += 1
+        return t
+
+    def put(self, key: tuple, t: Template) -> None:
+        self._d[key] = t
+        if len(self._d) > CACHE_SIZE: self._d.popitem(last=False)
+
+    def clear(self) -> None: self._d.clear()
+    def __len__(self) -> int: return len(self._d)
+
+
+schedule_cache = ScheduleCache()
+
+
+def fill_slots(slots: tuple[Slot, ...], leaves: list[UOp]) -> list[Buffer]:
+    """This call's buffer for every slot of a template."""
+    from fusegrad.storage import buffers
+    out: list[Buffer] = []
+    for s in slots:
+        if s[0] == "leaf": out.append(buffers[leaves[s[1]]])
+        elif s[0] == "new": out.append(Buffer(s[1], s[2], s[3]))
+        else: out.append(out[s[1]].view(s[2], s[3]))
+    return out
+
+
+def new_slot(slots: list[Slot], device: str, size: int, dtype: DType) -> int:
+    slots.append(("new", device, size, dtype))
+    return len(slots) - 1
