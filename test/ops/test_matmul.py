@@ -101,7 +101,7 @@ def test_matmul_of_merged_heads_reads_a_contiguous_copy():
     # separated in memory. The operand is made contiguous first; the copy is the store of the kernel computing ctx
     # (no extra kernel), and the values and gradients stay torch's
     from fusegrad import GlobalCounters
-    from fusegrad.tensor import _merges_permuted
+    from fusegrad.mixin.reduce import _merges_permuted
     rng = np.random.default_rng(0)
     att, v, wo = (rng.standard_normal(s, dtype=np.float32) for s in ((2, 3, 5, 5), (2, 3, 5, 4), (12, 7)))
     ta, tv, tw = (torch.tensor(a, requires_grad=True) for a in (att, v, wo))
