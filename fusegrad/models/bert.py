@@ -12,6 +12,7 @@ from typing import Any
 
 from fusegrad import nn
 from fusegrad.engine.jit import TinyJit
+from fusegrad.models.activations import HF_ACTIVATIONS
 from fusegrad.models.tokenizer import WordPieceTokenizer
 from fusegrad.models.weights import (
     Namespace,
@@ -55,14 +56,11 @@ class BertConfig:
             raise ValueError(f"position_embedding_type {d['position_embedding_type']!r} is not supported "
                              "(only 'absolute')")
         cfg = cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
-        if cfg.hidden_act not in _ACTS:
-            raise ValueError(f"hidden_act {cfg.hidden_act!r} is not supported ({sorted(_ACTS)})")
+        if cfg.hidden_act not in HF_ACTIVATIONS:
+            raise ValueError(f"hidden_act {cfg.hidden_act!r} is not supported ({sorted(HF_ACTIVATIONS)})")
         return cfg
 
 
-# HF's "gelu" is the exact erf form; Tensor.gelu() defaults to tinygrad's tanh form
-_ACTS = {"gelu": lambda x: x.gelu(approximate="none"), "gelu_new": lambda x: x.gelu(approximate="tanh"),
-         "gelu_pytorch_tanh": lambda x: x.gelu(approximate="tanh"), "relu": lambda x: x.relu()}
 
 
 class BertLayer:
@@ -70,7 +68,7 @@ class BertLayer:
 
     def __init__(self, cfg: BertConfig):
         C, eps = cfg.hidden_size, cfg.layer_norm_eps
-        self.heads, self.act = cfg.num_attention_heads, _ACTS[cfg.hidden_act]
+        self.heads, self.act = cfg.num_attention_heads, HF_ACTIVATIONS[cfg.hidden_act]
         self.attention = Namespace()
         self.attention.self = Namespace()
         s = self.attention.self

@@ -10,6 +10,7 @@ from typing import Any
 
 from fusegrad import nn
 from fusegrad.ir.ops import UOp
+from fusegrad.models.activations import HF_ACTIVATIONS
 from fusegrad.models.decoding import Generator, KVCache, causal_mask
 from fusegrad.models.weights import (
     Namespace,
@@ -42,14 +43,12 @@ class GPT2Config:
         if d.get("model_type", "gpt2") != "gpt2":
             raise ValueError(f"config.json is for a {d['model_type']!r} model, not GPT-2")
         cfg = cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
-        if cfg.activation_function not in _ACTS:
-            raise ValueError(f"activation_function {cfg.activation_function!r} is not supported ({sorted(_ACTS)})")
+        if cfg.activation_function not in HF_ACTIVATIONS:
+            raise ValueError(f"activation_function {cfg.activation_function!r} is not supported "
+                             f"({sorted(HF_ACTIVATIONS)})")
         return cfg
 
 
-# HF's "gelu" is the exact erf form; Tensor.gelu() defaults to tinygrad's tanh form
-_ACTS = {"gelu_new": lambda x: x.gelu(approximate="tanh"), "gelu_pytorch_tanh": lambda x: x.gelu(approximate="tanh"),
-         "gelu": lambda x: x.gelu(approximate="none"), "relu": lambda x: x.relu()}
 
 
 class Conv1D:
@@ -67,7 +66,7 @@ class GPT2Block:
 
     def __init__(self, cfg: GPT2Config, max_context: int):
         C = cfg.n_embd
-        self.heads, self.act = cfg.n_head, _ACTS[cfg.activation_function]
+        self.heads, self.act = cfg.n_head, HF_ACTIVATIONS[cfg.activation_function]
         self.ln_1, self.ln_2 = nn.LayerNorm(C, eps=cfg.layer_norm_epsilon), nn.LayerNorm(C, eps=cfg.layer_norm_epsilon)
         self.attn = Namespace()
         self.attn.c_attn, self.attn.c_proj = Conv1D(C, 3 * C), Conv1D(C, C)
