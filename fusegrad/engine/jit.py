@@ -253,12 +253,7 @@ class TinyJit(Generic[ReturnType]):
             self.cnt = 1
             return self.fxn(*args, **kwargs)
         if self.cnt == 1:
-            from fusegrad.tensor import Tensor
-            from fusegrad.views import _assign_owner
-            # writes still pending from before (the first call's, the caller's) are not part of the capture
-            from fusegrad.ir.ops import Ops
-            pending = [t for r in list(_assign_owner.values()) if (t := r()) is not None and t.uop.op is Ops.ASSIGN]
-            if pending: Tensor.realize(*pending)
+            _realize_pending()   # writes still pending from before (the first call's, the caller's): not captured
             in_bufs = self._prepare_inputs(tensors)
             copies = {id(t): w for t, w in zip(tensors, self._whole) if w is not t}
             items: list[ScheduleItem] = []
@@ -299,6 +294,7 @@ class TinyJit(Generic[ReturnType]):
             if DEBUG >= 1: print(f"TinyJit captured {len(items)} kernels with {len(in_bufs)} inputs")
             return ret
         assert self.captured is not None
+        _realize_pending()   # a replay reads memory as it is now: a pending `w += 1` on a tensor it reads runs first
         in_bufs = self._prepare_inputs(tensors)
         outs = self.captured.replay(in_bufs, var_vals)
         self.cnt += 1
@@ -318,6 +314,17 @@ class TinyJit(Generic[ReturnType]):
             else:
                 mapping[id(t)] = Tensor._wrap(buffer_view(buffer_uop(nb), _rebind(t.shape, var_vals)))
         return _map_ret(self.captured.ret_struct, mapping)
+
+
+def _realize_pending() -> None:
+    """Run the in-place writes still pending on any tensor (`w += 1` is lazy), so the kernels that follow read the
+    memory they would read eagerly."""
+    from fusegrad.ir.ops import Ops
+    from fusegrad.tensor import Tensor
+    from fusegrad.views import _assign_owner
+    if not _assign_owner: return
+    pending = [t for r in list(_assign_owner.values()) if (t := r()) is not None and t.uop.op is Ops.ASSIGN]
+    if pending: Tensor.realize(*pending)
 
 
 def _rebind(shape: tuple[Any, ...], var_vals: dict[Any, int]) -> tuple[Any, ...]:
