@@ -196,6 +196,7 @@ def _preserve_old_values(todo: Sequence[Tensor], readers: list[Tensor]) -> list[
         mapping = {n: snapshot(n) for n in u.toposort(gate=lambda x: reach.get(x, False) and not is_old(x))
                    if reach.get(n, False) and is_old(n)}
         t.uop = _substitute_outside_assigns(u, mapping)
+        _refresh_views(t)   # its views (`x.sum(1)` is a reshape of a reduce) read the snapshot too
         readers.append(t)
     return list(snaps.values())
 
