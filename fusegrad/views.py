@@ -149,9 +149,16 @@ def _preserve_old_values(todo: Sequence[Tensor], readers: list[Tensor]) -> list[
     # gradients of one model all contain its forward graph)
     reach: dict[UOp, bool] = {}
 
-    def is_old(n: UOp) -> bool:   # an overwritten version, or a node computed earlier into overwritten memory
+    mems = {storage.memory_of(storage.buffers[b]) for o in overwritten
+            if (b := storage.target_buffer(o)) in storage.buffers}
+
+    def is_old(n: UOp) -> bool:
+        # an overwritten version, a node computed earlier into overwritten memory, or one computed earlier *from* it:
+        # the write drops that cached result (storage.written), and a tensor still holding the lazy node (another
+        # tensor built the same node: nodes are hash-consed) would compute it again from the new contents
         r = realized.get(n)
-        return n in overwritten or (r is not None and r.base in overwritten)
+        return n in overwritten or (r is not None and (r.base in overwritten or any(
+            storage.memory_of(b) in mems for b in storage.buffers_read(n))))
 
     def reads_old(u: UOp) -> bool:
         # an ASSIGN's own reads are part of the write; below a computed node is only how it was computed
@@ -189,6 +196,7 @@ def _preserve_old_values(todo: Sequence[Tensor], readers: list[Tensor]) -> list[
         mapping = {n: snapshot(n) for n in u.toposort(gate=lambda x: reach.get(x, False) and not is_old(x))
                    if reach.get(n, False) and is_old(n)}
         t.uop = _substitute_outside_assigns(u, mapping)
+        _refresh_views(t)   # its views (`x.sum(1)` is a reshape of a reduce) read the snapshot too
         readers.append(t)
     return list(snaps.values())
 

@@ -292,3 +292,33 @@ def test_tinyjit_capture_in_another_thread_doesnt_block_reads():
         release.set()
         th.join(30)
     assert jit.captured is not None
+
+
+def test_equal_lazy_tensor_keeps_old_value_after_the_other_was_realized():
+    # bug: `t * 2` built twice is one (hash-consed) node; realizing the first cached its result, the write to t dropped
+    # that entry, and the second, never pointed at the result, was computed from the new contents
+    a = np.arange(4, dtype=np.float32)
+    t, r = fresh(a), torch.tensor(a)
+    r1, r2, want = t * 2, t * 2, r * 2
+    r1.realize()
+    t += 1
+    r += 1
+    t.realize()
+    np.testing.assert_array_equal(r1.numpy(), want.numpy())
+    np.testing.assert_array_equal(r2.numpy(), want.numpy())
+    np.testing.assert_array_equal(t.numpy(), r.numpy())
+
+
+def test_equal_lazy_reduce_keeps_old_value_after_the_other_was_realized():
+    # bug: `(t * 2).sum(1)` is a view (reshape) of the reduce's tensor; the write pointed that tensor at a snapshot of
+    # the old value, but not its views, so the second sum was computed from the new contents
+    a = np.arange(12, dtype=np.float32).reshape(3, 4) - 5
+    t, r = fresh(a), torch.tensor(a)
+    r1, r2, want = (t * 2).sum(1), (t * 2).sum(1), (r * 2).sum(1)
+    r1.realize()
+    t[1] = 7.0
+    r[1] = 7.0
+    t.realize()
+    np.testing.assert_array_equal(r1.numpy(), want.numpy())
+    np.testing.assert_array_equal(r2.numpy(), want.numpy())
+    np.testing.assert_array_equal(((t * 2).sum(1)).numpy(), (r * 2).sum(1).numpy())
