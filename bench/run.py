@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The CPU benchmark suite: fusegrad against NumPy and PyTorch, each library in worker processes of its own.
 
-    python bench/run.py                     # everything (about 15 minutes on 2 cores)
+    python bench/run.py                     # everything (about 5 minutes on 2 cores)
     python bench/run.py --only matmul conv  # cases whose name starts with one of these
     python bench/run.py --quick             # 2 blocks of 3 calls, batch 64 (a smoke run, a few minutes)
     python bench/run.py --blocks 5 --runs 7 # more samples
