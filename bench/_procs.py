@@ -43,7 +43,8 @@ def run_blocks(cases: dict[str, list[str]], blocks: int, measure: Callable[[int,
             if case in failed: continue
             try:
                 for lib in rotated(libs, b + i):
-                    times.setdefault((case, lib), []).extend(measure(b, case, lib))
+                    got = measure(b, case, lib)
+                    times.setdefault((case, lib), []).extend(got)
                     print(f"block {b + 1}/{blocks}  {case:40s} {lib:13s} median so far "
                           f"{statistics.median(times[case, lib]) * 1e3:9.2f} ms", file=sys.stderr, flush=True)
                 if b == 0 and check is not None: check(case)

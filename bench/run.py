@@ -33,7 +33,7 @@ import sys
 import tempfile
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,7 +89,7 @@ def rand(rng: np.random.Generator, *shape: int) -> np.ndarray: return rng.standa
 # ---------------------------------------------------------------------------------------------------------------------
 # cases: each builds its inputs and one library's call only when a worker asks for it
 
-def array_case(group: str, name: str, shapes: list[tuple[int, ...]], fns: dict[str, Callable[..., Any]],
+def array_case(group: str, name: str, shapes: Sequence[tuple[int, ...]], fns: dict[str, Callable[..., Any]],
                work: float, unit: str = "GB/s", tol: float = 2e-3, scales: tuple[float, ...] = ()) -> Case:
     """A case whose call is `fns[lib](*inputs)` on float32 inputs of `shapes` (NumPy arrays, realized Tensors or
     torch tensors sharing the arrays' memory), each times its entry in `scales` (default 1)."""
@@ -159,7 +159,7 @@ def torch_conv2d(x: Any, w: Any) -> Any:
     return F.conv2d(x, w)
 
 
-def conv_bwd_case(name: str, shapes: list[tuple[int, ...]], flops: int) -> Case:
+def conv_bwd_case(name: str, shapes: Sequence[tuple[int, ...]], flops: int) -> Case:
     """The input and weight gradients of a convolution for a given output gradient."""
     def build(lib: str) -> Callable[[], Any]:
         rng = np.random.default_rng(zlib.crc32(name.encode()))
