@@ -25,10 +25,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
+
+import _procs
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CASES = {"eff-b1": ("eff", 1), "eff-b8": ("eff", 8), "minilm-2x13": ("minilm", (2, 13)),
@@ -102,10 +103,7 @@ def _time(fn, runs: int) -> list[float]:
 
 
 def spawn(case: str, lib: str, runs: int, env: dict[str, str] | None = None) -> list[float]:
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", case, lib, str(runs)],
-                         capture_output=True, text=True, env={**os.environ, **(env or {})}, check=False, timeout=3600)
-    if out.returncode != 0: raise RuntimeError(f"worker {case} {lib} failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return _procs.spawn([os.path.abspath(__file__), "--worker", case, lib, str(runs)], env)
 
 
 def main() -> None:
@@ -121,14 +119,9 @@ def main() -> None:
         print(json.dumps(worker(a.worker[0], a.worker[1], int(a.worker[2]))))
         return
     cases = [c for c in CASES if not a.only or any(c.startswith(o) for o in a.only)]
-    times: dict[tuple[str, str], list[float]] = {}
-    for b in range(a.blocks):
-        for i, case in enumerate(cases):
-            libs = LIBS[(b + i) % len(LIBS):] + LIBS[:(b + i) % len(LIBS)]
-            for lib in libs:
-                times.setdefault((case, lib), []).extend(spawn(case, lib, a.runs))
-                print(f"block {b + 1}/{a.blocks} {case:13s} {lib:13s} median so far "
-                      f"{statistics.median(times[case, lib]) * 1e3:8.1f} ms", file=sys.stderr)
+    times, failed = _procs.run_blocks({case: LIBS for case in cases}, a.blocks,
+                                      lambda b, case, lib: spawn(case, lib, a.runs))
+    if failed: raise RuntimeError("\n".join(failed.values()))
     first: dict[tuple[str, str], float] = {}
     if not a.no_first:
         for case in cases:

@@ -1,119 +1,135 @@
 #!/usr/bin/env python3
-"""The CPU benchmark suite: fusegrad against NumPy and PyTorch, measured side by side in one run.
+"""The CPU benchmark suite: fusegrad against NumPy and PyTorch, each library in worker processes of its own.
 
-    python bench/run.py                     # everything (a few minutes on 2 cores)
+    python bench/run.py                     # everything (about 5 minutes on 2 cores)
     python bench/run.py --only matmul conv  # cases whose name starts with one of these
-    python bench/run.py --quick             # fewer runs, smaller train step (a smoke run)
+    python bench/run.py --quick             # 2 blocks of 3 calls, batch 64 (a smoke run, a few minutes)
+    python bench/run.py --blocks 5 --runs 7 # more samples
     python bench/run.py --only beam         # how long BEAM=2 takes on two kernels, and what it finds
     python bench/run.py --markdown out.md   # also write the table as markdown
     python bench/run.py --plot              # also draw the time ratios as a bar chart (bench/results.png)
 
-Every case builds the same computation in each library on the same random inputs, checks that the results agree,
-then times them interleaved (run 1 of each library, then run 2 of each, in rotating order) so a slow phase of a
-shared machine hits all of them alike. The table shows the median time, the work rate (GFLOPS for compute-bound
-cases, GB/s of the unavoidable memory traffic for memory-bound ones) and each library's time relative to NumPy
-(or PyTorch where NumPy has no equivalent). PyTorch runs with 2 threads; NumPy's BLAS with what it finds.
-fusegrad times are whole `realize()` calls on a fresh lazy graph (scheduling and launch overhead included),
-except the train step, which is a TinyJit replay like a real training loop.
+Every case builds the same computation in each library on the same seeded random inputs. Each (case, library) is
+measured in a fresh worker process of that library alone (bench/_procs.py): a library's threads keep spinning after
+its call and would slow whatever ran next in the same process. The workers run in blocks that rotate the library
+order, so a slow phase of a shared machine hits every library alike. A worker warms up (compiles, captures), then
+times `--runs` calls; the table shows the median over all blocks, the work rate (GFLOPS for compute-bound cases, GB/s
+of the unavoidable memory traffic for memory-bound ones) and each library's time relative to NumPy's (or PyTorch's
+where NumPy has no equivalent) in the same run. In the first block every worker also saves its output, which is
+checked against the reference library's. PyTorch runs with 2 threads; NumPy's BLAS with what it finds. fusegrad
+times are whole `realize()` calls on a fresh lazy graph (scheduling and launch overhead included), except the train
+steps, which are TinyJit replays like a real training loop.
 """
 from __future__ import annotations
 
 import argparse
 import gc
+import importlib.metadata
+import importlib.util
+import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
-from typing import Callable
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from fusegrad import Tensor, TinyJit, dtypes, nn  # noqa: E402
-from fusegrad.nn.optim import Adam  # noqa: E402
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+import _procs
 
-try:
-    import torch
-    import torch.nn.functional as F
-    torch.set_num_threads(2)
-except ImportError:
-    torch = None
+from fusegrad import Tensor, TinyJit, dtypes, nn
+from fusegrad.nn.optim import Adam
+
+LIBS = ["fusegrad", "numpy", "torch"]
 
 
 @dataclass
 class Case:
+    group: str                                   # --only NAME selects a case by its name or its group's
     name: str
-    impls: dict[str, Callable[[], object]]      # library -> one run (returns something to compare)
-    work: float = 0.0                            # flops (unit GFLOPS) or bytes (unit GB/s)
+    libs: list[str]                              # the reference is numpy when it is here, else torch
+    build: Callable[[str], Callable[[], Any]]    # library -> one call (returning the output to check); in a worker
+    work: float = 0.0                            # flops (unit GFLOPS) or bytes (unit GB/s) per call
     unit: str = "GFLOPS"
-    check: Callable[[dict[str, object]], None] | None = None
-    times: dict[str, list[float]] = field(default_factory=dict)
+    tol: float | None = 2e-3                     # largest error, relative to max(|reference|, 1); None: no check
+    warmup: int = 2
 
 
-def to_np(x: object) -> np.ndarray:
+def to_np(x: Any) -> np.ndarray:
     if isinstance(x, Tensor): return x.numpy()
-    if torch is not None and isinstance(x, torch.Tensor): return x.detach().numpy()
+    if hasattr(x, "detach"): return x.detach().numpy()   # a torch.Tensor
     if isinstance(x, (list, tuple)): return np.concatenate([to_np(v).ravel() for v in x])
     return np.asarray(x)
 
 
-def agree(rtol: float = 1e-3, atol: float = 1e-3) -> Callable[[dict[str, object]], None]:
-    def check(outs: dict[str, object]) -> None:
-        ref_name = "numpy" if "numpy" in outs else "torch"
-        if ref_name not in outs: return
-        ref = to_np(outs[ref_name]).astype(np.float64)
-        for k, v in outs.items():
-            got = to_np(v).astype(np.float64)
-            scale = max(float(np.abs(ref).max()), 1.0)
-            if got.shape != ref.shape or float(np.abs(got - ref).max()) > atol * scale + rtol * scale:
-                raise RuntimeError(f"{k} disagrees with {ref_name} (max err {float(np.abs(got - ref).max()):.3g})")
-    return check
-
-
-def fg(build: Callable[[], Tensor | list[Tensor]]) -> Callable[[], object]:
-    def run() -> object:
+def fg(build: Callable[[], Tensor | list[Tensor]]) -> Callable[[], Any]:
+    def run() -> Any:
         out = build()
         for t in (out if isinstance(out, list) else [out]): t.realize()
         return out
     return run
 
 
-rng = np.random.default_rng(0)
+def load_torch() -> Any:
+    import torch
+    torch.set_num_threads(2)
+    return torch
 
 
-def rand(*shape: int) -> np.ndarray: return rng.standard_normal(shape, dtype=np.float32)
+def rand(rng: np.random.Generator, *shape: int) -> np.ndarray: return rng.standard_normal(shape, dtype=np.float32)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# cases
+# cases: each builds its inputs and one library's call only when a worker asks for it
+
+def array_case(group: str, name: str, shapes: Sequence[tuple[int, ...]], fns: dict[str, Callable[..., Any]],
+               work: float, unit: str = "GB/s", tol: float = 2e-3, scales: tuple[float, ...] = ()) -> Case:
+    """A case whose call is `fns[lib](*inputs)` on float32 inputs of `shapes` (NumPy arrays, realized Tensors or
+    torch tensors sharing the arrays' memory), each times its entry in `scales` (default 1)."""
+    def build(lib: str) -> Callable[[], Any]:
+        rng = np.random.default_rng(zlib.crc32(name.encode()))   # the same inputs in every worker
+        arrays = [rand(rng, *s) * (scales[i] if i < len(scales) else 1) for i, s in enumerate(shapes)]
+        fn = fns[lib]
+        if lib == "numpy": return lambda: fn(*arrays)
+        if lib == "torch":
+            ts = [load_torch().from_numpy(a) for a in arrays]
+            return lambda: fn(*ts)
+        tensors = [Tensor(a).realize() for a in arrays]
+        return fg(lambda: fn(*tensors))
+    return Case(group, name, list(fns), build, work, unit, tol)
+
+
+def same(fn: Callable[..., Any], libs: list[str] = LIBS) -> dict[str, Callable[..., Any]]:
+    return {lib: fn for lib in libs}
+
 
 def matmul_cases(sizes: list[int]) -> list[Case]:
-    out = []
-    for n in sizes:
-        an, bn = rand(n, n), rand(n, n)
-        a, b = Tensor(an).realize(), Tensor(bn).realize()
-        impls = {"fusegrad": fg(lambda a=a, b=b: a @ b), "numpy": lambda an=an, bn=bn: an @ bn}
-        if torch is not None:
-            ta, tb = torch.from_numpy(an), torch.from_numpy(bn)
-            impls["torch"] = lambda ta=ta, tb=tb: ta @ tb
-        out.append(Case(f"matmul {n} fp32", impls, 2 * n ** 3, check=agree(1e-4, 1e-4)))
-    return out
+    return [array_case("matmul", f"matmul {n} fp32", [(n, n), (n, n)], same(lambda a, b: a @ b), 2 * n ** 3,
+                       "GFLOPS", 2e-4) for n in sizes]
 
 
 def bf16_matmul_case(n: int) -> list[Case]:
     """bfloat16 matmul where the CPU device supports it (emulated with float32 math on 16-bit storage)."""
     from fusegrad import Device
     if dtypes.bfloat16 not in Device["CPU"].renderer.supported_dtypes(): return []
-    an, bn = rand(n, n), rand(n, n)
-    a, b = Tensor(an).cast(dtypes.bfloat16).realize(), Tensor(bn).cast(dtypes.bfloat16).realize()
-    impls: dict[str, Callable[[], object]] = {"fusegrad": fg(lambda: (a @ b).cast(dtypes.float32))}
-    if torch is not None:
-        ta, tb = torch.from_numpy(an).bfloat16(), torch.from_numpy(bn).bfloat16()
-        impls["torch"] = lambda: (ta @ tb).float()
-    return [Case(f"matmul {n} bf16", impls, 2 * n ** 3, check=agree(3e-2, 3e-2))]
+
+    def build(lib: str) -> Callable[[], Any]:
+        rng = np.random.default_rng(n)
+        an, bn = rand(rng, n, n), rand(rng, n, n)
+        if lib == "torch":
+            torch = load_torch()
+            ta, tb = torch.from_numpy(an).bfloat16(), torch.from_numpy(bn).bfloat16()
+            return lambda: (ta @ tb).float()
+        a, b = (Tensor(v).cast(dtypes.bfloat16).realize() for v in (an, bn))
+        return fg(lambda: (a @ b).cast(dtypes.float32))
+    return [Case("matmul", f"matmul {n} bf16", ["fusegrad", "torch"], build, 2 * n ** 3, tol=6e-2)]
 
 
 def beam_rows() -> list[list[str]]:
@@ -121,8 +137,9 @@ def beam_rows() -> list[list[str]]:
     from fusegrad import Context
     from fusegrad.codegen import search
     rows = []
-    a = Tensor(rand(512, 512)).realize()
-    x, w = Tensor(rand(64, 32, 24, 24)).realize(), Tensor(rand(32, 32, 5, 5)).realize()
+    rng = np.random.default_rng(0)
+    a = Tensor(rand(rng, 512, 512)).realize()
+    x, w = Tensor(rand(rng, 64, 32, 24, 24)).realize(), Tensor(rand(rng, 32, 32, 5, 5)).realize()
     for name, t in (("matmul 512", a @ a), ("conv2 fwd bs64", x.conv2d(w))):
         si = t.schedule()[-1]  # the conv's own kernel (a weight layout copy may come first)
         with Context(BEAM=2, IGNORE_BEAM_CACHE=1): search.beam_search(si.ast, "CPU", 2, name)
@@ -137,71 +154,71 @@ MNIST_CONVS = [("conv1 1->32 k5 28x28", 1, 32, 5, 28), ("conv2 32->32 k5 24x24",
                ("conv3 32->64 k3 10x10", 32, 64, 3, 10), ("conv4 64->64 k3 8x8", 64, 64, 3, 8)]
 
 
+def torch_conv2d(x: Any, w: Any) -> Any:
+    import torch.nn.functional as F  # the worker imported torch already: a dictionary lookup
+    return F.conv2d(x, w)
+
+
+def conv_bwd_case(name: str, shapes: Sequence[tuple[int, ...]], flops: int) -> Case:
+    """The input and weight gradients of a convolution for a given output gradient."""
+    def build(lib: str) -> Callable[[], Any]:
+        rng = np.random.default_rng(zlib.crc32(name.encode()))
+        xn, wn, gn = rand(rng, *shapes[0]), rand(rng, *shapes[1]) * 0.1, rand(rng, *shapes[2])
+        if lib == "fusegrad":
+            g = Tensor(gn).realize()
+
+            def fg_bwd() -> Any:
+                x, w = Tensor(xn, requires_grad=True), Tensor(wn, requires_grad=True)
+                x.conv2d(w).backward(g)
+                Tensor.realize(x.grad, w.grad)
+                return [x.grad, w.grad]
+            return fg_bwd
+        torch = load_torch()
+        tx, tw, tg = torch.from_numpy(xn), torch.from_numpy(wn), torch.from_numpy(gn)
+
+        def torch_bwd() -> Any:
+            a, b = tx.clone().requires_grad_(), tw.clone().requires_grad_()
+            torch_conv2d(a, b).backward(tg)
+            return [a.grad, b.grad]
+        return torch_bwd
+    return Case("conv", name, ["fusegrad", "torch"], build, flops)
+
+
 def conv_cases(bs: int) -> list[Case]:
     out = []
     for name, cin, cout, k, hw in MNIST_CONVS:
-        xn, wn = rand(bs, cin, hw, hw), rand(cout, cin, k, k) * 0.1
         o = hw - k + 1
         flops = 2 * bs * cout * o * o * cin * k * k
-        gn = rand(bs, cout, o, o)
-        x, w, g = Tensor(xn).realize(), Tensor(wn).realize(), Tensor(gn).realize()
-        fwd = {"fusegrad": fg(lambda x=x, w=w: x.conv2d(w))}
-
-        def fg_bwd(xn=xn, wn=wn, g=g) -> object:
-            xt, wt = Tensor(xn, requires_grad=True), Tensor(wn, requires_grad=True)
-            xt.conv2d(wt).backward(g)
-            Tensor.realize(xt.grad, wt.grad)
-            return [xt.grad, wt.grad]
-        bwd = {"fusegrad": fg_bwd}
-        if torch is not None:
-            tx, tw, tg = torch.from_numpy(xn), torch.from_numpy(wn), torch.from_numpy(gn)
-            fwd["torch"] = lambda tx=tx, tw=tw: F.conv2d(tx, tw)
-
-            def torch_bwd(tx=tx, tw=tw, tg=tg) -> object:
-                a, b = tx.clone().requires_grad_(), tw.clone().requires_grad_()
-                F.conv2d(a, b).backward(tg)
-                return [a.grad, b.grad]
-            bwd["torch"] = torch_bwd
-        out.append(Case(f"{name} fwd bs{bs}", fwd, flops, check=agree()))
-        out.append(Case(f"{name} bwd bs{bs}", bwd, 2 * flops, check=agree()))
+        shapes = [(bs, cin, hw, hw), (cout, cin, k, k)]
+        fwd = {"fusegrad": lambda x, w: x.conv2d(w), "torch": torch_conv2d}
+        out.append(array_case("conv", f"{name} fwd bs{bs}", shapes, fwd, flops, "GFLOPS", scales=(1, 0.1)))
+        out.append(conv_bwd_case(f"{name} bwd bs{bs}", shapes + [(bs, cout, o, o)], 2 * flops))
     return out
+
+
+def np_softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(1, keepdims=True))
+    return e / e.sum(1, keepdims=True)
+
+
+def np_layernorm(x: np.ndarray) -> np.ndarray:
+    return (x - x.mean(1, keepdims=True)) / np.sqrt(x.var(1, keepdims=True) + 1e-5)
+
+
+def torch_layernorm(x: Any) -> Any:
+    import torch.nn.functional as F
+    return F.layer_norm(x, (x.shape[-1],))
 
 
 def memory_cases() -> list[Case]:
     n = 1 << 24
-    an, bn, cn = rand(n), rand(n), rand(n)
-    a, b, c = (Tensor(v).realize() for v in (an, bn, cn))
-    cases = []
-    triad = {"fusegrad": fg(lambda: a * b + c), "numpy": lambda: an * bn + cn}
-    s = {"fusegrad": fg(lambda: a.sum()), "numpy": lambda: an.sum()}
-    m = {"fusegrad": fg(lambda: a.max()), "numpy": lambda: an.max()}
-    xn = rand(4096, 4096)
-    x = Tensor(xn).realize()
-
-    def np_softmax() -> np.ndarray:
-        e = np.exp(xn - xn.max(1, keepdims=True))
-        return e / e.sum(1, keepdims=True)
-    sm = {"fusegrad": fg(lambda: x.softmax(1)), "numpy": np_softmax}
-    ln_n = rand(4096, 1024)
-    ln = Tensor(ln_n).realize()
-
-    def np_layernorm() -> np.ndarray:
-        mu = ln_n.mean(1, keepdims=True)
-        return (ln_n - mu) / np.sqrt(ln_n.var(1, keepdims=True) + 1e-5)
-    lnc = {"fusegrad": fg(lambda: ln.layernorm()), "numpy": np_layernorm}
-    if torch is not None:
-        ta, tb, tc, tx, tl = (torch.from_numpy(v) for v in (an, bn, cn, xn, ln_n))
-        triad["torch"] = lambda: ta * tb + tc
-        s["torch"] = lambda: ta.sum()
-        m["torch"] = lambda: ta.max()
-        sm["torch"] = lambda: torch.softmax(tx, 1)
-        lnc["torch"] = lambda: F.layer_norm(tl, (1024,))
-    cases.append(Case("a*b+c 16M fp32", triad, 16 * n, "GB/s", agree(1e-5, 1e-5)))
-    cases.append(Case("sum 16M fp32", s, 4 * n, "GB/s", agree(1e-3, 1e-3)))
-    cases.append(Case("max 16M fp32", m, 4 * n, "GB/s", agree(0, 0)))
-    cases.append(Case("softmax 4096x4096", sm, 8 * 4096 * 4096, "GB/s", agree(1e-5, 1e-5)))
-    cases.append(Case("layernorm 4096x1024", lnc, 8 * 4096 * 1024, "GB/s", agree(1e-4, 1e-4)))
-    return cases
+    softmax = {"fusegrad": lambda x: x.softmax(1), "numpy": np_softmax, "torch": lambda x: x.softmax(1)}
+    layernorm = {"fusegrad": lambda x: x.layernorm(), "numpy": np_layernorm, "torch": torch_layernorm}
+    return [array_case("a*b+c", "a*b+c 16M fp32", [(n,)] * 3, same(lambda a, b, c: a * b + c), 16 * n, tol=2e-5),
+            array_case("a*b+c", "sum 16M fp32", [(n,)], same(lambda a: a.sum()), 4 * n),
+            array_case("a*b+c", "max 16M fp32", [(n,)], same(lambda a: a.max()), 4 * n, tol=0.0),
+            array_case("a*b+c", "softmax 4096x4096", [(4096, 4096)], softmax, 8 * 4096 * 4096, tol=2e-5),
+            array_case("a*b+c", "layernorm 4096x1024", [(4096, 1024)], layernorm, 8 * 4096 * 1024, tol=2e-4)]
 
 
 class FgModel:
@@ -214,9 +231,10 @@ class FgModel:
     def __call__(self, x: Tensor) -> Tensor: return x.sequential(self.layers)
 
 
-def train_step_case(bs: int) -> Case:
-    xn = rng.integers(0, 255, (bs, 1, 28, 28)).astype(np.float32) / 255
-    yn = rng.integers(0, 10, (bs,)).astype(np.int32)
+POOL = 4096   # images the device-sampled train step draws its batch from
+
+
+def fg_train_step(xn: np.ndarray, yn: np.ndarray, bs: int, sampled: bool) -> Callable[[], float]:
     model = FgModel()
     opt = Adam(nn.state.get_parameters(model))
     X, Y = Tensor(xn).realize(), Tensor(yn).realize()
@@ -225,88 +243,165 @@ def train_step_case(bs: int) -> Case:
     @Tensor.train()
     def step() -> Tensor:
         opt.zero_grad()
-        loss = model(X).sparse_categorical_crossentropy(Y).backward()
+        if sampled:
+            idx = Tensor.randint(bs, high=POOL)   # the batch is drawn on the device, as examples/beautiful_mnist.py
+            x, y = X[idx], Y[idx]
+        else:
+            x, y = X, Y
+        loss = model(x).sparse_categorical_crossentropy(y).backward()
         return loss.realize(*opt.schedule_step())  # one schedule: the forward isn't computed twice
-    impls: dict[str, Callable[[], object]] = {"fusegrad": lambda: step().item()}
-    if torch is not None:
-        tm = torch.nn.Sequential(
-            torch.nn.Conv2d(1, 32, 5), torch.nn.ReLU(), torch.nn.Conv2d(32, 32, 5), torch.nn.ReLU(),
-            torch.nn.BatchNorm2d(32), torch.nn.MaxPool2d(2), torch.nn.Conv2d(32, 64, 3), torch.nn.ReLU(),
-            torch.nn.Conv2d(64, 64, 3), torch.nn.ReLU(), torch.nn.BatchNorm2d(64), torch.nn.MaxPool2d(2),
-            torch.nn.Flatten(), torch.nn.Linear(576, 10))
-        topt = torch.optim.Adam(tm.parameters())
-        tx, ty = torch.from_numpy(xn), torch.from_numpy(yn).long()
+    return lambda: step().item()
 
-        def torch_step() -> float:
-            topt.zero_grad()
-            loss = F.cross_entropy(tm(tx), ty)
-            loss.backward()
-            topt.step()
-            return loss.item()
-        impls["torch"] = torch_step
+
+def torch_train_step(xn: np.ndarray, yn: np.ndarray, bs: int, sampled: bool) -> Callable[[], float]:
+    torch = load_torch()
+    tnn = torch.nn
+    model = tnn.Sequential(
+        tnn.Conv2d(1, 32, 5), tnn.ReLU(), tnn.Conv2d(32, 32, 5), tnn.ReLU(), tnn.BatchNorm2d(32), tnn.MaxPool2d(2),
+        tnn.Conv2d(32, 64, 3), tnn.ReLU(), tnn.Conv2d(64, 64, 3), tnn.ReLU(), tnn.BatchNorm2d(64), tnn.MaxPool2d(2),
+        tnn.Flatten(), tnn.Linear(576, 10))
+    opt = torch.optim.Adam(model.parameters())
+    X, Y = torch.from_numpy(xn), torch.from_numpy(yn).long()
+
+    def step() -> float:
+        if sampled:
+            idx = torch.randint(POOL, (bs,))
+            x, y = X[idx], Y[idx]
+        else:
+            x, y = X, Y
+        opt.zero_grad()
+        loss = tnn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss.item()
+    return step
+
+
+def train_step_case(bs: int, sampled: bool) -> Case:
+    def build(lib: str) -> Callable[[], float]:
+        rng = np.random.default_rng(2)
+        n = POOL if sampled else bs
+        xn = rng.integers(0, 255, (n, 1, 28, 28)).astype(np.float32) / 255
+        yn = rng.integers(0, 10, (n,)).astype(np.int32)
+        return (fg_train_step if lib == "fusegrad" else torch_train_step)(xn, yn, bs, sampled)
     flops = 0
     for _, cin, cout, k, hw in MNIST_CONVS:
         o = hw - k + 1
         flops += 3 * 2 * bs * cout * o * o * cin * k * k  # forward + two backward convs
-    return Case(f"beautiful_mnist train step bs{bs}", impls, flops)
+    name = f"beautiful_mnist train step bs{bs}" + (", device-sampled" if sampled else "")
+    return Case("beautiful_mnist", name, ["fusegrad", "torch"], build, flops, tol=None, warmup=3)
+
+
+def all_cases(bs: int) -> list[Case]:
+    return (matmul_cases([256, 512, 1024, 2048]) + bf16_matmul_case(512) + conv_cases(bs) + memory_cases()
+            + [train_step_case(bs, sampled=False), train_step_case(bs, sampled=True)])
 
 
 FIRST_STEP = """
-import time, numpy as np
+import time, json, numpy as np
 st = time.perf_counter()
 import sys; sys.path.insert(0, {root!r}); sys.path.insert(0, {bench!r})
-sys.modules["torch"] = None  # run.py would import PyTorch (about 1 s), which a fusegrad program doesn't
 from run import FgModel
 from fusegrad import Tensor, nn
 from fusegrad.nn.optim import Adam
 model = FgModel(); opt = Adam(nn.state.get_parameters(model))
-X = Tensor(np.random.rand({bs}, 1, 28, 28).astype(np.float32)); Y = Tensor(np.random.randint(0, 10, {bs}))
+X = Tensor(np.random.rand({n}, 1, 28, 28).astype(np.float32)); Y = Tensor(np.random.randint(0, 10, {n}))
 with Tensor.train():
-    opt.zero_grad(); loss = model(X).sparse_categorical_crossentropy(Y).backward()
+    opt.zero_grad()
+    idx = Tensor.randint({bs}, high={n}) if {sampled} else None
+    x, y = (X[idx], Y[idx]) if {sampled} else (X, Y)
+    loss = model(x).sparse_categorical_crossentropy(y).backward()
     loss.realize(*opt.schedule_step()).item()  # the loss with the update, as examples/beautiful_mnist.py does
-print("FIRST_STEP", time.perf_counter() - st)
+print(json.dumps(time.perf_counter() - st))
 """
 
 
 def first_step(bs: int) -> list[list[str]]:
     """Wall time of a fresh process's first training step: cold (empty kernel cache) and warm (cache filled by the
-    cold run). Includes importing fusegrad and building the model, not importing PyTorch."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    code = FIRST_STEP.format(root=root, bench=os.path.dirname(os.path.abspath(__file__)), bs=bs)
+    cold run), with a fixed batch and with a batch sampled on the device. Includes importing fusegrad and building
+    the model."""
     rows = []
-    with tempfile.TemporaryDirectory() as cache:
-        env = {**os.environ, "XDG_CACHE_HOME": cache}
-        for label in ("cold", "warm"):
-            out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=1800)
-            if out.returncode != 0: raise RuntimeError(out.stderr[-2000:])
-            t = float(out.stdout.split("FIRST_STEP")[1])
-            rows.append([f"first train step bs{bs} ({label} cache)", "fusegrad", f"{t * 1e3:.0f}", "-", "-"])
+    for sampled in (False, True):
+        code = FIRST_STEP.format(root=os.path.dirname(HERE), bench=HERE, n=POOL if sampled else bs, bs=bs,
+                                 sampled=sampled)
+        what = f"first train step bs{bs}" + (", device-sampled" if sampled else "")
+        with tempfile.TemporaryDirectory() as cache:
+            for label in ("cold", "warm"):
+                t = _procs.spawn(["-c", code], {"XDG_CACHE_HOME": cache}, timeout=1800)
+                rows.append([f"{what} ({label} cache)", "fusegrad", f"{t * 1e3:.0f}", "-", "-"])
     return rows
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# running
+# a worker: one library, one case
 
-def run_case(case: Case, runs: int, warmup: int) -> None:
-    outs = {}
-    for lib, f in case.impls.items():
-        for _ in range(warmup): outs[lib] = f()
-    if case.check is not None: case.check(outs)
-    # drop the warm-up results: a live fusegrad result of the same graph would be served from the result cache, and
-    # the timed runs would measure a cache lookup instead of the computation
-    outs.clear()
-    libs = list(case.impls)
-    for r in range(runs):
-        k = r % len(libs)
-        for lib in libs[k:] + libs[:k]:
-            gc.collect()
-            st = time.perf_counter()
-            case.impls[lib]()
-            case.times.setdefault(lib, []).append(time.perf_counter() - st)
+def measure(case: Case, lib: str, runs: int, save: str | None) -> list[float]:
+    """Warm up (at least `case.warmup` calls and 50 ms), save the output to `save` (a .npy file) when given, then
+    time `runs` calls."""
+    fn = case.build(lib)
+    out, calls, st = None, 0, time.perf_counter()
+    while calls < case.warmup or (time.perf_counter() - st < 0.05 and calls < 100):  # fast calls: 50 ms of warm-up
+        out = None   # a live result would serve the next call of the same graph from fusegrad's result cache
+        out = fn()
+        calls += 1
+    if save: np.save(save, to_np(out))
+    del out          # ... and so would make the timed calls cache lookups
+    times = []
+    for _ in range(runs):
+        gc.collect()
+        st = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - st)
+    return times
 
 
-def rows_of(case: Case) -> list[list[str]]:
-    med = {lib: statistics.median(t) for lib, t in case.times.items()}
+def worker(name: str, lib: str, bs: int, runs: int, save: str | None) -> Any:
+    if name == "beam": return beam_rows()
+    case = next(c for c in all_cases(bs) if c.name == name)
+    return measure(case, lib, runs, save)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# running the workers
+
+def check_outputs(case: Case, path: Callable[[str], str]) -> None:
+    """Compare the outputs the first block's workers saved with the reference library's."""
+    if case.tol is None or not os.path.exists(path(case.libs[0])): return
+    ref_lib = "numpy" if "numpy" in case.libs else "torch" if "torch" in case.libs else None
+    if ref_lib is None: return
+    ref = np.load(path(ref_lib)).astype(np.float64)
+    scale = max(float(np.abs(ref).max()), 1.0)
+    for lib in case.libs:
+        got = np.load(path(lib)).astype(np.float64)
+        err = float(np.abs(got - ref).max()) if got.shape == ref.shape else float("inf")
+        if err > case.tol * scale: raise RuntimeError(f"{lib} disagrees with {ref_lib} (max err {err:.3g})")
+    for lib in case.libs: os.remove(path(lib))
+
+
+def run_cases(cases: list[Case], blocks: int, runs: int, bs: int) -> list[list[str]]:
+    """Measure every case in worker processes (`blocks` rotating blocks of `runs` calls each) and return its rows."""
+    by_name = {c.name: c for c in cases}
+    with tempfile.TemporaryDirectory() as outdir:
+        def path(name: str) -> Callable[[str], str]:
+            return lambda lib: os.path.join(outdir, f"{list(by_name).index(name)}-{lib}.npy")
+
+        def spawn(block: int, name: str, lib: str) -> list[float]:
+            argv = [os.path.abspath(__file__), "--worker", name, lib, "--bs", str(bs), "--runs", str(runs)]
+            return _procs.spawn(argv + (["--save", path(name)(lib)] if block == 0 else []))
+        times, failed = _procs.run_blocks({c.name: c.libs for c in cases}, blocks, spawn,
+                                          lambda name: check_outputs(by_name[name], path(name)))
+    rows = []
+    for case in cases:
+        if case.name in failed:
+            error = failed[case.name]
+            rows.append([case.name, "FAILED", error.split(":")[0], error.strip().splitlines()[-1][:80], "-"])
+        else:
+            rows += rows_of(case, {lib: times[case.name, lib] for lib in case.libs})
+    return rows
+
+
+def rows_of(case: Case, times: dict[str, list[float]]) -> list[list[str]]:
+    med = {lib: statistics.median(t) for lib, t in times.items()}
     ref = "numpy" if "numpy" in med else "torch" if "torch" in med else None
     rows = []
     for lib, t in med.items():
@@ -369,34 +464,34 @@ def plot_ratios(rows: list[list[str]], path: str) -> str | None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", nargs="*", default=None, help="run only cases whose name starts with one of these")
-    ap.add_argument("--quick", action="store_true", help="3 runs, train step at batch 64, conv at batch 64")
-    ap.add_argument("--runs", type=int, default=None)
+    ap.add_argument("--quick", action="store_true", help="2 blocks of 3 calls, train step and conv at batch 64")
+    ap.add_argument("--blocks", type=int, default=None, help="worker blocks (default 3, --quick 2)")
+    ap.add_argument("--runs", type=int, default=None, help="timed calls per worker (default 5, --quick 3)")
     ap.add_argument("--markdown", nargs="?", const="bench/results.md", default=None)
     ap.add_argument("--plot", nargs="?", const="bench/results.png", default=None, metavar="PATH",
                     help="also save a bar chart of the time ratios (default path: bench/results.png)")
+    ap.add_argument("--worker", nargs=2, default=None, metavar=("CASE", "LIB"), help=argparse.SUPPRESS)
+    ap.add_argument("--bs", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--save", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    runs = args.runs or (3 if args.quick else 7)
-    bs = 64 if args.quick else 512
-    groups: list[tuple[str, Callable[[], list[Case]]]] = [
-        ("matmul", lambda: matmul_cases([256, 512, 1024, 2048]) + bf16_matmul_case(512)),
-        ("conv", lambda: conv_cases(bs)),
-        ("a*b+c", memory_cases), ("beautiful_mnist", lambda: [train_step_case(bs)])]
-    want = lambda name: args.only is None or any(name.startswith(o) for o in args.only)  # noqa: E731
-    rows: list[list[str]] = []
-    st = time.perf_counter()
-    for gname, make in groups:
-        cases = [c for c in make() if want(c.name) or want(gname)]
-        for case in cases:
-            print(f"running {case.name} ...", file=sys.stderr, flush=True)
-            try:
-                run_case(case, runs if "train" not in case.name else max(runs, 5), warmup=2)
-                rows += rows_of(case)
-            except Exception as e:  # one failing case shouldn't hide the rest of the table
-                rows.append([case.name, "FAILED", type(e).__name__, str(e)[:80], "-"])
+    runs = args.runs or (3 if args.quick else 5)
+    bs = args.bs or (64 if args.quick else 512)
+    if args.worker:
+        print(json.dumps(worker(args.worker[0], args.worker[1], bs, runs, args.save)))
+        return
+    blocks = args.blocks or (2 if args.quick else 3)
+    have = [lib for lib in LIBS if lib != "torch" or importlib.util.find_spec("torch") is not None]
+    want = lambda name: args.only is None or any(name.startswith(o) for o in args.only)
+    cases = [c for c in all_cases(bs) if want(c.name) or want(c.group)]
+    for c in cases: c.libs = [lib for lib in c.libs if lib in have]
+    st, load = time.perf_counter(), os.getloadavg()[0]
+    rows = run_cases(cases, blocks, runs, bs)
     if want("first"): rows += first_step(bs)
-    if want("BEAM") or want("beam"): rows += beam_rows()
-    print(f"\n{len(rows)} rows, {time.perf_counter() - st:.0f} s, python {sys.version.split()[0]}, numpy {np.__version__}"
-          f", torch {torch.__version__ if torch else '-'}, {os.cpu_count()} cpus\n")
+    if want("BEAM") or want("beam"): rows += _procs.spawn([os.path.abspath(__file__), "--worker", "beam", "fusegrad"])
+    versions = {lib: importlib.metadata.version(lib) for lib in have if lib != "fusegrad"}
+    print(f"\n{len(rows)} rows, {time.perf_counter() - st:.0f} s, {blocks} blocks x {runs} calls per library, load "
+          f"average {load:.2f} at the start and {os.getloadavg()[0]:.2f} at the end, python {sys.version.split()[0]}, "
+          + ", ".join(f"{k} {v}" for k, v in versions.items()) + f", {os.cpu_count()} cpus\n")
     print_table(rows, args.markdown)
     if args.plot and (saved := plot_ratios(rows, args.plot)) is not None:
         print(f"\nbar chart saved to {os.path.abspath(saved)}")

@@ -1,0 +1,54 @@
+"""Benchmark workers: every measurement in a fresh process of one library, in blocks that rotate the library order.
+
+A library's worker threads (OpenMP, OpenBLAS) keep spinning for a while after its call and slow whatever runs next
+in the same process, so no two libraries share one. Block 1 measures every (case, library) once, then block 2, ...;
+each case starts its libraries one further along than the case before and than in the block before, so a slow phase
+of a shared machine hits all of them alike. Used by bench/run.py and bench/models.py.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+from collections.abc import Callable
+from typing import Any
+
+
+def spawn(argv: list[str], env: dict[str, str] | None = None, timeout: float = 3600) -> Any:
+    """Run `python *argv` in a new process and return the JSON value on the last line of its stdout."""
+    out = subprocess.run([sys.executable, *argv], capture_output=True, text=True, env={**os.environ, **(env or {})},
+                         check=False, timeout=timeout)
+    if out.returncode != 0: raise RuntimeError(f"worker {' '.join(argv[1:])} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def rotated(items: list[str], k: int) -> list[str]:
+    k %= len(items)
+    return items[k:] + items[:k]
+
+
+def run_blocks(cases: dict[str, list[str]], blocks: int, measure: Callable[[int, str, str], list[float]],
+               check: Callable[[str], None] | None = None) -> tuple[dict[tuple[str, str], list[float]], dict[str, str]]:
+    """Time every case's libraries (`cases`: case -> libraries) in `blocks` rotating blocks.
+
+    `measure(block, case, lib)` runs one worker and returns its times; `check(case)` runs after the first block's
+    workers of a case. Returns the times per (case, library) over all blocks, and the cases that failed (case -> the
+    error), which are not run again."""
+    times: dict[tuple[str, str], list[float]] = {}
+    failed: dict[str, str] = {}
+    for b in range(blocks):
+        for i, (case, libs) in enumerate(cases.items()):
+            if case in failed: continue
+            try:
+                for lib in rotated(libs, b + i):
+                    got = measure(b, case, lib)
+                    times.setdefault((case, lib), []).extend(got)
+                    print(f"block {b + 1}/{blocks}  {case:40s} {lib:13s} median so far "
+                          f"{statistics.median(times[case, lib]) * 1e3:9.2f} ms", file=sys.stderr, flush=True)
+                if b == 0 and check is not None: check(case)
+            except Exception as e:  # one failing case shouldn't hide the rest of the table
+                failed[case] = f"{type(e).__name__}: {e}"
+                print(f"block {b + 1}/{blocks}  {case} FAILED: {failed[case][-2000:]}", file=sys.stderr, flush=True)
+    return times, failed

@@ -1,0 +1,27 @@
+"""bench/run.py runs a case in worker processes (one library each) and prints the table; only that it runs and what
+it prints is checked here, never a time."""
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_run_quick_one_case():
+    pytest.importorskip("numpy", reason="bench/run.py needs numpy")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    argv = [sys.executable, str(ROOT / "bench" / "run.py"), "--quick", "--only", "matmul 256", "--blocks", "1",
+            "--runs", "1"]
+    out = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.splitlines()
+    assert any(line.split()[:5] == ["case", "library", "median", "ms", "rate"] for line in lines), out.stdout
+    rows = [line for line in lines if line.startswith("matmul 256 fp32")]
+    assert [r.split()[3] for r in rows][:2] == ["fusegrad", "numpy"], out.stdout
+    assert all(r.rstrip().endswith("x") for r in rows), out.stdout     # a time ratio against NumPy in every row
+    assert "FAILED" not in out.stdout
