@@ -296,10 +296,6 @@ class TinyJit(Generic[ReturnType]):
         assert self.captured is not None
         _realize_pending()   # a replay reads memory as it is now: a pending `w += 1` on a tensor it reads runs first
         in_bufs = self._prepare_inputs(tensors)
-        # lazy tensors built before this call that read memory the replay writes keep the value they were built with
-        # (as the eager call's realize keeps it: views.py _preserve_old_values)
-        ins = {id(b): nb for b, nb in zip(self.captured.inputs, in_bufs)}
-        _realize_readers([ins.get(id(it.bufs[0]), it.bufs[0]) for it in self.captured.items if it.inplace])
         outs = self.captured.replay(in_bufs, var_vals)
         self.cnt += 1
         return self._rebuild(outs, var_vals, tensors)
@@ -329,16 +325,6 @@ def _realize_pending() -> None:
     if not _assign_owner: return
     pending = [t for r in list(_assign_owner.values()) if (t := r()) is not None and t.uop.op is Ops.ASSIGN]
     if pending: Tensor.realize(*pending)
-
-
-def _realize_readers(written: list[Buffer]) -> None:
-    """Realize the live lazy tensors that read the memory of `written` (buffers a replay is about to overwrite)."""
-    if not written: return
-    from fusegrad.tensor import Tensor, _all_tensors, _is_realized
-    mems = {storage.memory_of(b) for b in written}
-    lazy = [t for t in list(_all_tensors) if not _is_realized(t.uop)
-            and any(storage.memory_of(b) in mems for b in storage.buffers_read(t.uop))]
-    if lazy: Tensor.realize(*lazy)
 
 
 def _rebind(shape: tuple[Any, ...], var_vals: dict[Any, int]) -> tuple[Any, ...]:
