@@ -76,11 +76,24 @@ class _Device:
 Device = _Device()
 
 
+# set once a tuple of devices was used: until then no graph can hold a multi-device node, and the scheduler skips the
+# walk that looks for them (schedule/multi.py)
+multi_device_seen = False
+
+
+def canonical_devices(devices: Any, what: str) -> tuple[str, ...]:
+    """A tuple/list of device names -> canonical names; at least one, no repeats."""
+    global multi_device_seen
+    out = tuple(Device.canonicalize(d) for d in devices)
+    if not out: raise ValueError(f"{what}: an empty tuple of devices")
+    if len(set(out)) != len(out): raise ValueError(f"{what}: a device appears twice in {out}")
+    multi_device_seen = True
+    return out
+
+
 def single_device(device: Any, what: str) -> Any:
     """`device` itself, or a tuple/list of devices (a tensor on several devices, fusegrad/sharding.py) canonicalized."""
-    if isinstance(device, (tuple, list)):
-        from fusegrad.sharding import canonical_devices
-        return canonical_devices(device, what)
+    if isinstance(device, (tuple, list)): return canonical_devices(device, what)
     return device
 
 

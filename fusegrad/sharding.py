@@ -14,23 +14,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from fusegrad.device import Buffer, Device
+from fusegrad.device import Buffer, canonical_devices
 from fusegrad.dtype import DType
 from fusegrad.ir import build
 from fusegrad.ir.ops import Ops, UOp
-from fusegrad.schedule import multi
 
 if TYPE_CHECKING:
     from fusegrad.tensor import Tensor
-
-
-def canonical_devices(devices: Any, what: str) -> tuple[str, ...]:
-    """A tuple/list of device names -> canonical names; at least one, no repeats."""
-    out = tuple(Device.canonicalize(d) for d in devices)
-    if not out: raise ValueError(f"{what}: an empty tuple of devices")
-    if len(set(out)) != len(out): raise ValueError(f"{what}: a device appears twice in {out}")
-    multi.seen = True   # the scheduler now looks for multi-device graphs
-    return out
 
 
 def split_sizes(n: int, parts: int) -> list[int]:

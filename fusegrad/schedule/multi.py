@@ -15,15 +15,13 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from fusegrad import device
 from fusegrad.dtype import dtypes
 from fusegrad.ir import build
 from fusegrad.ir.ops import GroupOp, Ops, UOp
 from fusegrad.ir.shape import all_static
 
 ALLREDUCE_ALGOS = ("ring", "tree")
-# set by the frontend (sharding.py) once a tuple of devices was used: until then no graph can hold one, and the
-# scheduler skips the walk that looks for them
-seen = False
 
 
 @dataclass(frozen=True)
@@ -58,7 +56,7 @@ def _dims(u: UOp) -> tuple[Any, ...]:
 
 def has_multi(root: UOp) -> bool:
     """Whether a graph holds anything on several devices (only then does the pass run)."""
-    return seen and any(_multi_here(n) for n in root.toposort(gate=lambda u: u.op is not Ops.BUFFER))
+    return device.multi_device_seen and any(_multi_here(n) for n in root.toposort(gate=lambda u: u.op is not Ops.BUFFER))
 
 
 def _multi_here(n: UOp) -> bool:
