@@ -5,7 +5,7 @@ scheduled before the write). docs/tensor/mutation.md states the rules; storage.p
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from fusegrad import storage
 from fusegrad.dtype import dtypes
@@ -211,3 +211,27 @@ def _substitute_outside_assigns(root: UOp, mapping: dict[UOp, UOp]) -> UOp:
             src = tuple(memo[x] for x in n.src)
             memo[n] = n if all(a is b for a, b in zip(src, n.src)) else n.replace(src=src)
     return memo[root]
+
+
+# ----- writing into part of a DISK tensor (a file: runtime/ops_disk.py) -----
+
+def disk_assign(target: "Tensor", x: Any) -> "Tensor":
+    """`target.assign(x)` for a DISK tensor: x is computed on its device and its bytes written into the file range
+    `target` views (one contiguous range: a slice of whole rows, a reshape). Cached reads of the file are dropped."""
+    from fusegrad.device import Device
+    from fusegrad.runtime.ops_disk import _region, is_disk, region_of
+    from fusegrad.tensor import Tensor
+    if not isinstance(x, Tensor): x = Tensor(x, dtype=target.dtype)
+    if x.shape != target.shape: x = x.expand(target.shape) if x.ndim <= target.ndim else x
+    if x.shape != target.shape: raise RuntimeError(f"assign shape mismatch {x.shape} != {target.shape}")
+    if (r := _region(target.uop)) is None:
+        raise RuntimeError(f"assign into {target.device}: the target must be one contiguous byte range of the file "
+                           "(a slice of whole rows, a reshape), not a strided view")
+    buf, offset, _ = r
+    src = x.cast(target.dtype)
+    if is_disk(src.device): src = src.to(Device.DEFAULT)
+    data = src.contiguous()._buffer().as_bytes()
+    region = region_of(buf)
+    region.device.write(region.offset + offset, memoryview(data))
+    storage.written(buf)
+    return target

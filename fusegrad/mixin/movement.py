@@ -406,8 +406,8 @@ class MovementMixin:
         memory, sees the new value; lazy tensors built before keep the value they were built with. Writing to a view
         (a slice, transpose, reshape, flip, detach or same-size bitcast of another tensor) writes into that tensor."""
         Tensor = _T()
-        if isinstance(self.device, str) and self.device.startswith("DISK:"):   # a write into a file: runtime/ops_disk.py
-            from fusegrad.runtime.ops_disk import disk_assign
+        if isinstance(self.device, str) and self.device.startswith("DISK:"):   # a write into a file: views.disk_assign
+            from fusegrad.views import disk_assign
             return disk_assign(self, x)
         if not isinstance(x, Tensor): x = Tensor(x, device=self.device, dtype=self.dtype)
         if x.shape != self.shape: x = x._broadcast_to(self.shape) if x.ndim <= self.ndim else x

@@ -1,10 +1,10 @@
 """DISK device: a file as tensor memory. `DISK:/path` names one file; a tensor on it holds bytes of that file.
 
-Nothing is computed on DISK. The scheduler calls `lower_disk` first: a graph that reads a DISK tensor reads, through a
-memory map, only the contiguous byte range its slices and reshapes select (a COPY of that range to the device that
-computes), and the rest of the graph (casts, bitcasts to other sizes, math) runs there. Writing a tensor to
-`DISK:/path` (`t.to("disk:/path")`) or into part of a DISK tensor (`disk_t[a:b].assign(x)`) writes the file, creating
-or growing it as needed. Reads never go past the file's end: such a read raises ValueError naming the range and size.
+Nothing is computed on DISK. The scheduler calls `lower_disk` (schedule/disk.py) first: a graph that reads a DISK
+tensor reads, through a memory map, only the contiguous byte range its slices and reshapes select (a COPY of that range
+to the device that computes), and the rest of the graph (casts, bitcasts to other sizes, math) runs there. Writing a
+tensor to `DISK:/path` (`t.to("disk:/path")`) or into part of a DISK tensor (`disk_t[a:b].assign(x)`,
+views.disk_assign) writes the file, creating or growing it as needed. Reads never go past the file's end: such a read raises ValueError naming the range and size.
 
 >>> import os, tempfile
 >>> from fusegrad import Tensor, dtypes
@@ -144,76 +144,3 @@ def region_of(buf: Buffer) -> DiskRegion:
     dev = Device[buf.device]
     assert isinstance(dev, DiskDevice), f"{buf.device} is no DISK device"
     return DiskRegion(dev, 0, buf.nbytes)
-
-
-def _read_region(buf: Buffer, offset: int, u: UOp) -> UOp:
-    """A new DISK buffer node for `prod(u.shape)` elements of `u.dtype` at byte `offset` of `buf`, shaped like u."""
-    from fusegrad.storage import buffer_uop, buffer_view
-    assert u.shape is not None
-    n = prod(u.shape)
-    base = region_of(buf)
-    view = Buffer(buf.device, n, u.dtype, base=buf)
-    view._opaque = DiskRegion(base.device, base.offset + offset, n * u.dtype.itemsize)
-    return buffer_view(buffer_uop(view), u.shape)
-
-
-def lower_disk(sink: UOp) -> UOp:
-    """Rewrite every use of a DISK tensor into a COPY of the byte range it reads (to the device that consumes it, or
-    the default device), so that no kernel runs on DISK. Graphs without DISK nodes come back unchanged."""
-    from fusegrad.ir.pattern import substitute
-    if not any(n.op is Ops.DEVICE and is_disk(n.arg) for n in sink.toposort()): return sink
-    memo: dict[tuple[UOp, str], UOp] = {}
-
-    def move(u: UOp, dev: str) -> UOp:
-        """`u` (a DISK graph) recomputed on `dev`, reading DISK memory by COPYs of the ranges it selects."""
-        if (u, dev) in memo: return memo[(u, dev)]
-        if u.op is Ops.DEVICE: out = UOp(Ops.DEVICE, arg=dev) if is_disk(u.arg) else u
-        elif not is_disk(u.device): out = u
-        elif u.op is Ops.COPY: out = move(u.src[0], dev)   # a value bound for DISK is used where it was made
-        elif (r := _region(u)) is not None: out = UOp(Ops.COPY, u.dtype, (_read_region(*r),), dev)
-        elif u.op in (Ops.BUFFER, Ops.ASSIGN):
-            raise RuntimeError(f"can't read {u.op.name} on {u.device} here; realize the DISK tensor first")
-        else: out = u.replace(src=tuple(move(s, dev) for s in u.src))
-        memo[(u, dev)] = out
-        return out
-
-    compute = Device.DEFAULT
-    mapping: dict[UOp, UOp] = {}
-    for n in sink.toposort():
-        if n.op is not Ops.COPY or not is_disk(n.src[0].device) or _is_plain_buffer(n.src[0]): continue
-        # DISK -> DISK goes through the compute device; DISK -> dev reads the selected range (and computes on dev)
-        mapping[n] = n.replace(src=(move(n.src[0], compute),)) if is_disk(n.arg) else move(n.src[0], n.arg)
-    for t in sink.src:   # a DISK tensor realized for its own sake (numpy() of a slice)
-        if not is_disk(t.device) or t.op is Ops.COPY or _is_plain_buffer(t) or t in mapping: continue
-        # a contiguous range stays a DISK tensor (a view of the file); anything computed is computed on the default
-        mapping[t] = _read_region(*r) if (r := _region(t)) is not None else move(t, compute)
-    return substitute(sink, mapping) if mapping else sink
-
-
-def _is_plain_buffer(u: UOp) -> bool:
-    while u.op is Ops.RESHAPE: u = u.src[0]
-    return u.op is Ops.BUFFER
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# writing into part of a DISK tensor
-
-def disk_assign(target: Any, x: Any) -> Any:
-    """`target.assign(x)` for a DISK tensor: x is computed on its device and its bytes written into the file range
-    `target` views (one contiguous range: a slice of whole rows, a reshape). Cached reads of the file are dropped."""
-    from fusegrad import storage
-    from fusegrad.tensor import Tensor
-    if not isinstance(x, Tensor): x = Tensor(x, dtype=target.dtype)
-    if x.shape != target.shape: x = x.expand(target.shape) if x.ndim <= target.ndim else x
-    if x.shape != target.shape: raise RuntimeError(f"assign shape mismatch {x.shape} != {target.shape}")
-    if (r := _region(target.uop)) is None:
-        raise RuntimeError(f"assign into {target.device}: the target must be one contiguous byte range of the file "
-                           "(a slice of whole rows, a reshape), not a strided view")
-    buf, offset, _ = r
-    src = x.cast(target.dtype)
-    if is_disk(src.device): src = src.to(Device.DEFAULT)
-    data = src.contiguous()._buffer().as_bytes()
-    region = region_of(buf)
-    region.device.write(region.offset + offset, memoryview(data))
-    storage.written(buf)
-    return target

@@ -48,7 +48,7 @@ def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, U
     """Schedule the computation of `targets`. Returns the items in execution order and, per target, the node of the
     buffer holding its result (BUFFER reshaped to the target's shape; MULTI of those for a multi-device target).
     Graphs on several devices are first lowered to one graph per device (multi.py), graphs that read DISK tensors to
-    copies of the byte ranges they read (runtime/ops_disk.py); a graph with the structure of an earlier one reuses
+    copies of the byte ranges they read (disk.py); a graph with the structure of an earlier one reuses
     its schedule (cache.py)."""
     from fusegrad.schedule.multi import has_multi, lower_multi
     from fusegrad.storage import realized
@@ -70,10 +70,11 @@ def _schedule_disk(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UO
     (only once a DISK device was opened in this process: no extra walk otherwise)."""
     from fusegrad.runtime import ops_disk
     if not ops_disk.opened: return _schedule(targets)
+    from fusegrad.schedule.disk import lower_disk
     from fusegrad.storage import realized
     sink = UOp(Ops.SINK, src=tuple(targets))
     memo = substitute_memo(sink, {n: realized[n] for n in sink.toposort() if n in realized})
-    lowered = ops_disk.lower_disk(memo[sink])
+    lowered = lower_disk(memo[sink])
     if lowered is memo[sink]: return _schedule(targets)
     items, res = _schedule(list(dict.fromkeys(lowered.src)))
     return items, {orig: res[new] for orig, new in zip(targets, lowered.src)}
