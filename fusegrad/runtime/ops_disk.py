@@ -4,7 +4,8 @@ Nothing is computed on DISK. The scheduler calls `lower_disk` (schedule/disk.py)
 tensor reads, through a memory map, only the contiguous byte range its slices and reshapes select (a COPY of that range
 to the device that computes), and the rest of the graph (casts, bitcasts to other sizes, math) runs there. Writing a
 tensor to `DISK:/path` (`t.to("disk:/path")`) or into part of a DISK tensor (`disk_t[a:b].assign(x)`,
-views.disk_assign) writes the file, creating or growing it as needed. Reads never go past the file's end: such a read raises ValueError naming the range and size.
+views.disk_assign) writes the file, creating or growing it as needed. Reads never go past the file's end: such a
+read raises ValueError naming the range and size.
 
 >>> import os, tempfile
 >>> from fusegrad import Tensor, dtypes
