@@ -223,10 +223,8 @@ def _make_view(t, r, kind, k):
     return None
 
 
-@settings(max_examples=N_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(step_st, min_size=1, max_size=10))
-def test_property_mutation_matches_torch(steps):
-    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+def _run_program(steps, a: np.ndarray) -> None:
+    """Run `steps` on a fresh tensor holding `a` and on torch's copy; every pool tensor and read must end equal."""
     pool = [(fresh(a), torch.tensor(a))]          # the base and views of it (ours, torch's)
     reads = []                                     # lazy tensors computed from the pool, and torch's eager values
     for op, i, kind, k in steps:
@@ -247,6 +245,23 @@ def test_property_mutation_matches_torch(steps):
         elif op == "realize":
             t.realize()
     for t, r in pool + reads: np.testing.assert_array_equal(t.numpy(), r.numpy())
+
+
+@settings(max_examples=N_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(step_st, min_size=1, max_size=10))
+def test_property_mutation_matches_torch(steps):
+    _run_program(steps, np.arange(12, dtype=np.float32).reshape(3, 4))
+
+
+@settings(max_examples=int(os.environ.get("MUTATION_EXAMPLES", "40")), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(step_st, min_size=1, max_size=10), st.integers(0, 3))
+def test_property_mutation_twice_matches_torch(steps, seed):
+    """The same program twice, on other data and buffers: the second run's realizes hit the schedule cache
+    (schedule/cache.py), which must not change a value."""
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    _run_program(steps, a)
+    _run_program(steps, a + seed)
 
 
 def test_backward_after_weights_changed_raises_like_torch():
