@@ -396,7 +396,8 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
     def _realize_todo(todo: list["Tensor"], traced: bool = False) -> None:
         from fusegrad.engine.realize import run_schedule
         from fusegrad.schedule import create_schedule
-        todo = _view_bases(todo)
+        # each tensor once (realize(a, a), two views of one lazy base): a second visit would find it realized already
+        todo = list({id(t): t for t in _view_bases(todo)}.values())
         if not todo: return
         # tensors that read memory this realize overwrites keep the value they were built with (as in eager execution)
         readers: list[Tensor] = []

@@ -337,3 +337,21 @@ def test_equal_lazy_reduce_keeps_old_value_after_the_other_was_realized():
     np.testing.assert_array_equal(r1.numpy(), want.numpy())
     np.testing.assert_array_equal(r2.numpy(), want.numpy())
     np.testing.assert_array_equal(((t * 2).sum(1)).numpy(), (r * 2).sum(1).numpy())
+
+
+def test_realize_the_same_tensor_twice_in_one_call():
+    # realize(a, a) and two views of one lazy base realized together crashed with KeyError (the second visit of the
+    # same tensor found it already replaced by its buffer); a pending write owned twice did the same before a TinyJit call
+    a = Tensor.ones(3) + 1
+    a.realize(a)
+    np.testing.assert_array_equal(a.numpy(), [2, 2, 2])
+    b = Tensor.ones(4).contiguous() + 1
+    v1, v2 = b[0:2], b[2:4]
+    Tensor.realize(v1, v2)
+    np.testing.assert_array_equal(v1.numpy(), [2, 2])
+    np.testing.assert_array_equal(v2.numpy(), [2, 2])
+    w = Tensor(np.ones(6, np.float32)).contiguous().realize()
+    w[0:1] += 1
+    w[1:2] += 2
+    Tensor.realize(w, w)
+    np.testing.assert_array_equal(w.numpy(), [2, 3, 1, 1, 1, 1])

@@ -149,6 +149,17 @@ class CapturedJit:
             args = [None if id(b) in per_call else b.opaque for b in it.bufs]
             self.launches.append(_Launch(prg, args, slots, it))
 
+        # the memory a replay writes, other than the fresh outputs: state written in place (an input's buffer is this
+        # call's), and the intermediates -- the same buffers on every replay, so a tensor still reading one (a lazy
+        # read of a snapshot taken during the capture) would see the next call's contents
+        self._written_inputs = sorted({per_call[id(it.bufs[0])] for it in items if id(it.bufs[0]) in per_call
+                                       and per_call[id(it.bufs[0])] < len(inputs)})
+        self._written_fixed = {storage.memory_of(it.bufs[0]) for it in items if id(it.bufs[0]) not in per_call}
+
+    def written_memory(self, in_bufs: list[Buffer]) -> set[int]:
+        """The memory (storage.memory_of) a replay with these input buffers writes, fresh outputs aside."""
+        return self._written_fixed | {storage.memory_of(in_bufs[i]) for i in self._written_inputs}
+
     def replay(self, in_bufs: list[Buffer], var_vals: dict[Any, int] | None = None) -> list[Buffer]:
         from fusegrad.helpers import GlobalCounters
         outs = [Buffer(b.device, b.size, b.dtype) for b in self.outputs]
@@ -296,6 +307,9 @@ class TinyJit(Generic[ReturnType]):
         assert self.captured is not None
         _realize_pending()   # a replay reads memory as it is now: a pending `w += 1` on a tensor it reads runs first
         in_bufs = self._prepare_inputs(tensors)
+        # lazy tensors built before this call that read memory the replay writes keep the value they were built with
+        # (as the eager call's realize keeps it: views.py _preserve_old_values)
+        _realize_readers(self.captured.written_memory(in_bufs))
         outs = self.captured.replay(in_bufs, var_vals)
         self.cnt += 1
         return self._rebuild(outs, var_vals, tensors)
@@ -325,6 +339,23 @@ def _realize_pending() -> None:
     if not _assign_owner: return
     pending = [t for r in list(_assign_owner.values()) if (t := r()) is not None and t.uop.op is Ops.ASSIGN]
     if pending: Tensor.realize(*pending)
+
+
+def _realize_readers(mems: set[int]) -> None:
+    """Realize the live lazy tensors that read memory in `mems` (what a replay is about to overwrite), so they keep the
+    value they were built with, as an eager call's write leaves them (views.py _preserve_old_values). Views of that
+    memory are left alone: they see the write, as they do eagerly."""
+    if not mems: return
+    from fusegrad.ir.ops import Ops
+    from fusegrad.tensor import Tensor, _all_tensors, _is_realized
+    from fusegrad.views import _view_chain
+    lazy = []
+    for t in list(_all_tensors):   # once per replay over every live tensor: the common realized ones cost one test
+        u = t.uop
+        if u.op is Ops.BUFFER or (u.op is Ops.RESHAPE and u.src[0].op is Ops.BUFFER): continue
+        if _is_realized(u) or (t._view is not None and _view_chain(u, t._view[1]) is not None): continue
+        if any(storage.memory_of(b) in mems for b in storage.buffers_read(u)): lazy.append(t)
+    if lazy: Tensor.realize(*lazy)
 
 
 def _rebind(shape: tuple[Any, ...], var_vals: dict[Any, int]) -> tuple[Any, ...]:

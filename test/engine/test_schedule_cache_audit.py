@@ -347,9 +347,9 @@ def test_cache_actually_hits():
     assert schedule_cache.hits > before
 
 
-@pytest.mark.xfail(strict=True, reason="known bug, not fixed yet: a TinyJit replay that writes memory in place does not "
-                   "snapshot lazy tensors built before it that read that memory (eager execution does, views.py)")
 def test_tinyjit_replay_write_keeps_old_value_of_earlier_lazy_reads():
+    # bug: a replay that writes memory in place left lazy tensors built before it reading that memory, so they were
+    # computed from the new contents (the eager call's realize keeps their old value, as torch does)
     wn = np.arange(6, dtype=np.float32)
     w = Tensor(wn).contiguous().realize()
 
