@@ -68,19 +68,43 @@ _steps = st.lists(st.tuples(st.sampled_from(["call", "call", "lazy", "view", "re
                             st.integers(0, N - 1), st.integers(1, N), st.integers(-3, 3)), min_size=1, max_size=24)
 
 
+def _bodies(w, m, tw, tm):
+    """The jitted function and the same steps in torch, by name."""
+    def opt(x):   # an optimizer-like update: two state tensors written in place, a fresh output
+        m.assign(m * 0.5 + x)
+        w.assign(w - m * 0.25)
+        return (w * 2 + m).realize()
+
+    def t_opt(x):
+        tm.mul_(0.5).add_(x)
+        tw.sub_(tm * 0.25)
+        return tw * 2 + tm
+
+    def view_write(x):   # a write through a view of the state
+        w[1:4] += x[1:4]
+        return (w * m).sum().realize()
+
+    def t_view_write(x):
+        tw[1:4] += x[1:4]
+        return (tw * tm).sum()
+
+    def reads_only(x):   # no writes: reads state the program writes eagerly between calls
+        return (x * w + m.sum()).realize()
+
+    def t_reads_only(x):
+        return x * tw + tm.sum()
+    return {"opt": (opt, t_opt), "view_write": (view_write, t_view_write), "reads_only": (reads_only, t_reads_only)}
+
+
 @settings(max_examples=int(os.environ.get("JIT_READERS_EXAMPLES", "40")), deadline=None)
-@given(_steps)
-def test_jit_calls_interleaved_with_lazy_reads_match_torch(program):
+@given(st.sampled_from(["opt", "view_write", "reads_only"]), _steps)
+def test_jit_calls_interleaved_with_lazy_reads_match_torch(body, program):
     rng = np.random.default_rng(0)
     w0, m0 = rng.integers(-4, 5, N).astype(np.float32), rng.integers(-4, 5, N).astype(np.float32)
     w, m = Tensor(w0).contiguous().realize(), Tensor(m0).contiguous().realize()
     tw, tm = torch.tensor(w0), torch.tensor(m0)
-
-    @TinyJit
-    def step(x):   # an optimizer-like update: two state tensors written in place, a fresh output
-        m.assign(m * 0.5 + x)
-        w.assign(w - m * 0.25)
-        return (w * 2 + m).realize()
+    fn, t_fn = _bodies(w, m, tw, tm)[body]
+    step = TinyJit(fn)
 
     held: list[tuple[Tensor, torch.Tensor, bool]] = []   # (ours, torch's, is a view)
     outs: list[tuple[Tensor, torch.Tensor]] = []
@@ -88,10 +112,7 @@ def test_jit_calls_interleaved_with_lazy_reads_match_torch(program):
         lo, hi = min(a, b - 1), max(a + 1, b)
         if kind == "call":
             x = rng.integers(-4, 5, N).astype(np.float32)
-            o = step(Tensor(x))
-            tm.mul_(0.5).add_(torch.tensor(x))
-            tw.sub_(tm * 0.25)
-            outs.append((o, tw * 2 + tm))
+            outs.append((step(Tensor(x)), t_fn(torch.tensor(x))))
         elif kind == "lazy":
             src, tsrc = (w, tw) if k >= 0 else (m, tm)
             held.append((src[lo:hi] * k + src.sum(), tsrc[lo:hi] * k + tsrc.sum(), False))
@@ -99,17 +120,17 @@ def test_jit_calls_interleaved_with_lazy_reads_match_torch(program):
             src, tsrc = (w, tw) if k >= 0 else (m, tm)
             held.append((src[lo:hi], tsrc[lo:hi], True))
         elif kind == "eager_write":
-            w[lo:hi] += k
-            tw[lo:hi] += k
+            (w if k >= 0 else m)[lo:hi] += k
+            (tw if k >= 0 else tm)[lo:hi] += k
         elif kind == "realize" and held:
             held[a % len(held)][0].realize()
         elif kind == "read" and held:
             ours, theirs, _ = held[a % len(held)]
-            np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=1e-6, err_msg=f"step {i}: {program[:i+1]}")
+            np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=1e-6, err_msg=f"{body} step {i}: {program[:i+1]}")
     for ours, theirs, _ in held:
-        np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=1e-6, err_msg=str(program))
+        np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=1e-6, err_msg=f"{body}: {program}")
     for o, to in outs:
-        np.testing.assert_allclose(o.numpy(), to.numpy(), rtol=1e-6, err_msg=str(program))
+        np.testing.assert_allclose(o.numpy(), to.numpy(), rtol=1e-6, err_msg=f"{body}: {program}")
     np.testing.assert_allclose(w.numpy(), tw.numpy(), rtol=1e-6)
     np.testing.assert_allclose(m.numpy(), tm.numpy(), rtol=1e-6)
 
