@@ -10,9 +10,23 @@ import functools
 import math
 import operator
 import weakref
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from fusegrad.dtype import ConstType, DType, PtrDType, dtypes
+
+if TYPE_CHECKING:
+    _cached_property = functools.cached_property
+else:
+    class _cached_property:
+        """functools.cached_property without its per-instance lock (Python 3.11 takes an RLock on every first
+        access): a node's shape, device and bounds are computed once per node, for every node a graph builds."""
+        def __init__(self, fn):
+            self.fn, self.name, self.__doc__ = fn, fn.__name__, fn.__doc__
+
+        def __get__(self, obj, cls=None):
+            if obj is None: return self
+            val = obj.__dict__[self.name] = self.fn(obj)
+            return val
 
 
 class Ops(enum.Enum):
@@ -86,6 +100,9 @@ class Ops(enum.Enum):
     MULACC = enum.auto()        # a*b+c
 
     def __repr__(self) -> str: return f"Ops.{self.name}"
+    # hashed by identity (each member is a singleton), in C: Enum's own __hash__ is a Python call, and every graph
+    # operation looks ops up in the GroupOp sets and in rule tables
+    __hash__ = object.__hash__
     # pickled by name, not by the auto() number, so a pickle stays valid when ops are added or reordered
     def __reduce_ex__(self, protocol: Any) -> tuple: return getattr, (self.__class__, self._name_)
 
@@ -175,7 +192,7 @@ class UOp(metaclass=UOpMetaClass):
                     if s not in out: stack.append((s, False))
         return out
 
-    @functools.cached_property
+    @_cached_property
     def key(self) -> bytes:
         """A structural hash stable across processes (for disk caches and process replay)."""
         import hashlib
@@ -187,7 +204,7 @@ class UOp(metaclass=UOpMetaClass):
         return pretty(self)
 
     # ----- tensor-level properties -----
-    @functools.cached_property
+    @_cached_property
     def shape(self) -> tuple[int, ...] | None:
         from fusegrad.ir.shape import infer_shape
         return infer_shape(self)
@@ -199,7 +216,7 @@ class UOp(metaclass=UOpMetaClass):
         from fusegrad.ir.shape import sprod
         return sprod(self.shape)
 
-    @functools.cached_property
+    @_cached_property
     def device(self) -> str | tuple[str, ...] | None:
         """The device name; a tuple of names for a tensor on several devices (MULTI, or a constant made for them)."""
         if self.op is Ops.DEVICE: return self.arg
@@ -342,7 +359,7 @@ class UOp(metaclass=UOpMetaClass):
     def logical_and(self, x: "UOp") -> "UOp": return self.alu(Ops.AND, x)
 
     # ----- symbolic bounds (integers and bools) -----
-    @functools.cached_property
+    @_cached_property
     def vmin_vmax(self) -> tuple[ConstType, ConstType]:
         from fusegrad.ir.symbolic import bounds
         return bounds(self)

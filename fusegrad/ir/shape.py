@@ -4,6 +4,7 @@ The checks here are the last line of defence; the Tensor frontend raises torch-s
 """
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any, Sequence, Union
 
 
@@ -93,8 +94,15 @@ def sle(a: sint, b: sint) -> bool:
     return sym_eq(a, b) or smax(a) <= smin(b) or smax(ssub(a, b)) <= 0
 
 
-def infer_shape(u: "UOp") -> tuple[int, ...] | None:
+@functools.cache
+def _ops() -> tuple[Any, Any]:
+    """(Ops, GroupOp): ir/ops.py imports this module, so they are looked up on first use (once, not per node)."""
     from fusegrad.ir.ops import GroupOp, Ops
+    return Ops, GroupOp
+
+
+def infer_shape(u: "UOp") -> tuple[int, ...] | None:
+    Ops, GroupOp = _ops()
     op, arg = u.op, u.arg
     if op is Ops.BUFFER: return (arg[1],)
     if op is Ops.IOTA: return (arg,)
@@ -161,7 +169,10 @@ def canonical(x: sint) -> sint:
 
 
 def canonical_shape(shape: Sequence[sint]) -> tuple[sint, ...]:
-    return tuple(canonical(s) for s in shape)
+    shape = tuple(shape)
+    for s in shape:   # the common case, a static shape, is its own canonical form
+        if s.__class__ is not int: return tuple(canonical(s) for s in shape)
+    return shape
 
 
 def sym_value_dtype(x: "UOp") -> Any:
