@@ -30,7 +30,7 @@ from fusegrad.mixin.reduce import ReduceMixin
 # the buffer registry and result cache live below the frontend (storage.py); re-exported here for older imports
 from fusegrad import storage  # noqa: E402
 from fusegrad.storage import buffer_uop, buffer_view, buffers, lazy_of, leaf_of, realized  # noqa: E402,F401
-from fusegrad.views import _VIEW_OPS, _assign_owner, _mark_view, _preserve_old_values, _refresh_views, \
+from fusegrad.views import _VIEW_OPS, _ViewRefs, _assign_owner, _mark_view, _preserve_old_values, _refresh_views, \
     _substitute_outside_assigns, _view_bases, _view_chain, _write_through  # noqa: E402,F401
 
 
@@ -48,7 +48,18 @@ def _with_history(u: UOp) -> UOp:
 Variable = UOp.variable  # `from fusegrad.tensor import Variable` as in tinygrad
 
 # every live tensor: backward() fills .grad for those in the graph that require a gradient
-_all_tensors: "weakref.WeakSet[Tensor]" = weakref.WeakSet()
+class _LiveTensors:
+    """A weak set of tensors. weakref.WeakSet's add is a Python call per tensor made; here it is a C-level reference
+    whose callback (the set's own discard) drops it. A reference hashes as its tensor (by id), so two live
+    tensors never collide and their elementwise `==` never runs."""
+    def __init__(self) -> None: self.refs: set[weakref.ref[Tensor]] = set()
+
+    def add(self, t: "Tensor") -> None: self.refs.add(weakref.ref(t, self.refs.discard))
+
+    def __iter__(self) -> Any: return iter([t for r in list(self.refs) if (t := r()) is not None])
+
+
+_all_tensors = _LiveTensors()
 _unique_ids = iter(range(1, 1 << 62))
 
 
@@ -99,6 +110,7 @@ def _pack(values: list[Any], dtype: DType) -> bytes:
 
 
 def _broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
+    if all(s == shapes[0] for s in shapes): return shapes[0]
     n = max(len(s) for s in shapes)
     padded = [(1,) * (n - len(s)) + s for s in shapes]
     out = []
@@ -197,7 +209,7 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
         # a 0-d tensor made from a bare Python scalar (no dtype given) is weakly typed in promotion, like the scalar
         self._no_graph = False
         self._view: tuple[Tensor, UOp] | None = None   # (base tensor, its node this view's movement ops start from)
-        self._views: weakref.WeakValueDictionary[int, Tensor] | None = None   # live views (they see its writes)
+        self._views: _ViewRefs | None = None   # live views (they see its writes)
         self._weak = dt is None and isinstance(data, (int, float)) and not isinstance(data, bool)
         if requires_grad: self.uop = _make_unique(self.uop)
         _all_tensors.add(self)
@@ -217,18 +229,20 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
     @staticmethod
     def _wrap(u: UOp, *parents: "Tensor") -> "Tensor":
         t = Tensor.__new__(Tensor)
-        if Tensor.no_grad and not (u.op is Ops.DETACH and u.arg is None) and any(p.requires_grad for p in parents):
+        needs_grad = has_no_graph = False
+        for p in parents:
+            p._used = True
+            if p.requires_grad: needs_grad = True
+            if p._no_graph: has_no_graph = True
+        if needs_grad and Tensor.no_grad:
             # computed under no_grad from tensors that need a gradient: a constant for autograd (torch too), so a
-            # later graph that uses it alongside those tensors sends no gradient back through it
-            u = UOp(Ops.DETACH, u.dtype, (u,))
-        t.uop, t.grad, t.is_param = u, None, False
-        t.requires_grad = True if not Tensor.no_grad and any(p.requires_grad for p in parents) else None
-        t._derived, t._used, t._weak = bool(t.requires_grad), False, False
-        # computed under Tensor.no_grad from tensors that need a gradient (or from such a tensor): no autograd graph
-        t._no_graph = (Tensor.no_grad and any(p.requires_grad for p in parents)) or \
-            (not t.requires_grad and any(p._no_graph for p in parents))
-        for p in parents: p._used = True
-        t._view, t._views = None, None
+            # later graph that uses it alongside those tensors sends no gradient back through it; no autograd graph
+            if not (u.op is Ops.DETACH and u.arg is None): u = UOp(Ops.DETACH, u.dtype, (u,))
+            t.requires_grad, t._derived, t._no_graph = None, False, True
+        elif needs_grad: t.requires_grad, t._derived, t._no_graph = True, True, False
+        # (computed from a tensor without an autograd graph: none either)
+        else: t.requires_grad, t._derived, t._no_graph = None, False, has_no_graph
+        t.uop, t.grad, t.is_param, t._weak, t._used, t._view, t._views = u, None, False, False, False, None, None
         # a movement op (or a same-size bitcast) of one tensor is a view of it: writes through it reach the base, and
         # it sees the base's writes (PAD is not a view: padding makes new elements)
         if len(parents) == 1:
@@ -449,7 +463,16 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
         return x._broadcast_to(shape), yt._broadcast_to(shape)
 
     def _broadcast_to(self, shape: tuple[int, ...]) -> "Tensor":
-        if self.shape == shape: return self
+        s = self.shape
+        if s == shape: return self
+        if len(s) <= len(shape) and not (Tensor.no_grad and self.requires_grad):
+            # the common case in one step (every elementwise op with a broadcast operand comes here): one new tensor
+            # for the reshape and expand together; what reshape() then expand() would check and record, for less
+            old = (1,) * (len(shape) - len(s)) + s
+            if all(o.__class__ is int and n.__class__ is int and (o == n or o == 1) for o, n in zip(old, shape)):
+                t = Tensor._wrap(build.expand(build.reshape(self.uop, old), shape), self)
+                if t._view is None: _mark_view(t, self)
+                return t
         x = self.reshape((1,) * (len(shape) - self.ndim) + self.shape) if self.ndim < len(shape) else self
         return x.expand(shape)
 

@@ -10,6 +10,7 @@ import functools
 import math
 import operator
 import weakref
+from _weakref import _remove_dead_weakref  # type: ignore[attr-defined]
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from fusegrad.dtype import ConstType, DType, PtrDType, dtypes
@@ -129,16 +130,26 @@ class GroupOp:
 
 # ---------------------------------------------------------------------------------------------------------------------
 
+# (op, dtype, src, arg) -> a weak reference to the live node; a node's reference drops its entry when the node dies.
+# A plain dict of plain references (weakref.WeakValueDictionary does the same with Python-level get, set and keyed
+# references: a quarter of the cost of building a node). Never iterated, so removal needs no iteration guard.
+_ucache: dict[tuple, "weakref.ref[UOp]"] = {}
+
+
 class UOpMetaClass(type):
     """Hash-consing: constructing a UOp with the same (op, dtype, src, arg) returns the existing node."""
-    ucache: "weakref.WeakValueDictionary[tuple, UOp]" = weakref.WeakValueDictionary()
 
     def __call__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple["UOp", ...] = (), arg: Any = None) -> "UOp":
         key = (op, dtype, src, arg)
-        if (ret := UOpMetaClass.ucache.get(key)) is not None: return ret
+        if (ref := _ucache.get(key)) is not None and (ret := ref()) is not None: return ret
         ret = super().__call__(op, dtype, src, arg)
-        UOpMetaClass.ucache[key] = ret
+        _ucache[key] = weakref.ref(ret, functools.partial(_drop_node, key))
         return ret
+
+
+def _drop_node(key: tuple, ref: "weakref.ref[UOp]", _remove: Any = _remove_dead_weakref,
+               _cache: dict = _ucache) -> None:
+    _remove(_cache, key)   # only if the entry is still a dead reference (not a newer node's); bound early for shutdown
 
 
 class BindError(ValueError, AssertionError):
