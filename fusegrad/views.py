@@ -11,7 +11,7 @@ from fusegrad import storage
 from fusegrad.dtype import dtypes
 from fusegrad.helpers import prod
 from fusegrad.ir import build
-from fusegrad.ir.ops import Ops, UOp
+from fusegrad.ir.ops import Ops, UOp, live_assigns
 from fusegrad.ir.shape import ssub, sym_eq
 from fusegrad.storage import lazy_of, realized
 
@@ -166,6 +166,8 @@ def _preserve_old_values(todo: Sequence[Tensor], readers: list[Tensor]) -> list[
     alone (they see the write). Returns the snapshot nodes, to be realized with `todo`; the tensors pointed at them
     are appended to `readers`."""
     from fusegrad.tensor import _all_tensors, _unique_ids
+    # no write pending anywhere (every ASSIGN alive has run): nothing to look for in the graphs
+    if all(n in realized for n in list(live_assigns)): return []
     # the writes still to run (an ASSIGN computed before is just its buffer now)
     overwritten = {n.src[0].base for t in todo for n in t.uop.toposort(gate=lambda x: x not in realized)
                    if n.op is Ops.ASSIGN and n not in realized}

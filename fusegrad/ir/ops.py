@@ -134,6 +134,8 @@ class GroupOp:
 # A plain dict of plain references (weakref.WeakValueDictionary does the same with Python-level get, set and keyed
 # references: a quarter of the cost of building a node). Never iterated, so removal needs no iteration guard.
 _ucache: dict[tuple, "weakref.ref[UOp]"] = {}
+# every live ASSIGN node: a realize with none pending anywhere skips looking for writes in its graph (views.py)
+live_assigns: "weakref.WeakSet[UOp]" = weakref.WeakSet()
 
 
 class UOpMetaClass(type):
@@ -144,6 +146,7 @@ class UOpMetaClass(type):
         if (ref := _ucache.get(key)) is not None and (ret := ref()) is not None: return ret
         ret = super().__call__(op, dtype, src, arg)
         _ucache[key] = weakref.ref(ret, functools.partial(_drop_node, key))
+        if op is Ops.ASSIGN: live_assigns.add(ret)
         return ret
 
 

@@ -110,6 +110,12 @@ def infer_shape(u: "UOp") -> tuple[int, ...] | None:
     if op in (Ops.SINK, Ops.DEVICE) or not u.src: return None
     ss = u.src[0].shape
     if ss is None: return None
+    if op in GroupOp.ALU:   # the most common node: first
+        for x in u.src[1:]:
+            if (xs := x.shape) is not ss and xs != ss and (xs is None or len(xs) != len(ss) or
+                                                           not all(map(sym_eq, xs, ss))):
+                raise ValueError(f"{op} with mismatched shapes {[y.shape for y in u.src]}")
+        return ss
     if op is Ops.RESHAPE:
         if not sym_eq(sprod(arg), sprod(ss)):
             raise ValueError(f"reshape from {ss} to {arg}: sizes {sprod(ss)} != {sprod(arg)}")
@@ -146,11 +152,6 @@ def infer_shape(u: "UOp") -> tuple[int, ...] | None:
         if ids is None or len(ids) != len(xs) or any(i > x for d, (i, x) in enumerate(zip(ids, xs)) if d != arg):
             raise ValueError(f"gather index shape {ids} doesn't fit source shape {xs} on axis {arg}")
         return ids
-    if op in GroupOp.ALU:
-        shapes = [s.shape for s in u.src]
-        if any(s != ss and (s is None or len(s) != len(ss) or not all(map(sym_eq, s, ss))) for s in shapes):
-            raise ValueError(f"{op} with mismatched shapes {shapes}")
-        return ss
     return ss  # CAST, BITCAST, CONTIGUOUS, DETACH, COPY keep the shape
 
 
