@@ -52,9 +52,11 @@ class _LiveTensors:
     """A weak set of tensors. weakref.WeakSet's add is a Python call per tensor made; here it is a C-level reference
     whose callback (the set's own discard) drops it. A reference hashes as its tensor (by id), so two live
     tensors never collide and their elementwise `==` never runs."""
-    def __init__(self) -> None: self.refs: set[weakref.ref[Tensor]] = set()
+    def __init__(self) -> None:
+        self.refs: set[weakref.ref[Tensor]] = set()
+        self._discard = self.refs.discard
 
-    def add(self, t: "Tensor") -> None: self.refs.add(weakref.ref(t, self.refs.discard))
+    def add(self, t: "Tensor") -> None: self.refs.add(weakref.ref(t, self._discard))
 
     def __iter__(self) -> Any: return iter([t for r in list(self.refs) if (t := r()) is not None])
 
@@ -297,7 +299,8 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
     def __bool__(self) -> bool:
         raise TypeError("the truth value of a Tensor is ambiguous; use .item(), .any() or .all()")
 
-    def __hash__(self) -> int: return id(self)
+    # by identity (`==` is elementwise), in C: every new tensor is hashed once (_all_tensors)
+    __hash__ = object.__hash__
 
     def __reduce__(self) -> tuple:
         """Pickle by value: the data is realized and stored with dtype, shape, device and the autograd flags (the
