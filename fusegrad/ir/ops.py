@@ -14,6 +14,7 @@ from _weakref import _remove_dead_weakref  # type: ignore[attr-defined]
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from fusegrad.dtype import ConstType, DType, PtrDType, dtypes
+from fusegrad.ir.shape import infer_shape, sprod   # (shape.py reaches this module only inside its functions)
 
 if TYPE_CHECKING:
     _cached_property = functools.cached_property
@@ -219,15 +220,12 @@ class UOp(metaclass=UOpMetaClass):
 
     # ----- tensor-level properties -----
     @_cached_property
-    def shape(self) -> tuple[int, ...] | None:
-        from fusegrad.ir.shape import infer_shape
-        return infer_shape(self)
+    def shape(self) -> tuple[int, ...] | None: return infer_shape(self)
 
     @property
     def size(self) -> "int | UOp":
         """The number of elements: an int, or a symbolic int when the shape has variables in it."""
         assert self.shape is not None
-        from fusegrad.ir.shape import sprod
         return sprod(self.shape)
 
     @_cached_property
