@@ -112,7 +112,11 @@ def _pack(values: list[Any], dtype: DType) -> bytes:
 
 
 def _broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
-    if all(s == shapes[0] for s in shapes): return shapes[0]
+    if len(shapes) == 2:   # the common cases at once: equal shapes, or a 0-d operand (a scalar)
+        a, b = shapes
+        if a == b or not b: return a
+        if not a: return b
+    elif all(s == shapes[0] for s in shapes): return shapes[0]
     n = max(len(s) for s in shapes)
     padded = [(1,) * (n - len(s)) + s for s in shapes]
     out = []
