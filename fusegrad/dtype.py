@@ -342,16 +342,29 @@ def _recursive_parents(d: DType) -> set[DType]:
     return {d}.union(*[_recursive_parents(p) for p in _promo_lattice[d]])
 
 
+# least_upper_dtype's answers by argument tuple: "float" / "int" stand for the default float / int, which can change
+_lud_cache: dict[tuple[DType, ...], "DType | str"] = {}
+
+
 def least_upper_dtype(*ds: DType) -> DType:
     """The smallest dtype every one of `ds` promotes to; weak (Python scalar) dtypes yield to strong ones."""
+    out = _lud_cache.get(ds)
+    if out is None:
+        out = _least_upper(ds)
+        if len(ds) <= 4 and len(_lud_cache) < 4096: _lud_cache[ds] = out
+    if out.__class__ is str: return dtypes.default_float if out == "float" else dtypes.default_int
+    return out  # type: ignore[return-value]
+
+
+def _least_upper(ds: tuple[DType, ...]) -> "DType | str":
     strong = [d for d in ds if d not in dtypes.weaks]
     weak_float = any(d == dtypes.weakfloat for d in ds)
     if not strong:
         return dtypes.weakfloat if weak_float else dtypes.weakint
     common = set.intersection(*[_recursive_parents(d) for d in strong])
     out = min(common)
-    if weak_float and not dtypes.is_float(out): return dtypes.default_float
-    if any(d == dtypes.weakint for d in ds) and out == dtypes.bool: return dtypes.default_int
+    if weak_float and not dtypes.is_float(out): return "float"
+    if any(d == dtypes.weakint for d in ds) and out == dtypes.bool: return "int"
     return out
 
 

@@ -28,9 +28,12 @@ class ResultCache:
 
     def __init__(self) -> None:
         self._d: "weakref.WeakKeyDictionary[UOp, Any]" = weakref.WeakKeyDictionary()
+        # the dict under it (keyed by weak references to the nodes): a lookup per node of every graph realized reads
+        # it directly, one Python call less than WeakKeyDictionary.get
+        self._data: dict[Any, Any] = self._d.data  # type: ignore[attr-defined]
 
     def get(self, key: UOp, default: Any = None) -> Any:
-        v = self._d.get(key)
+        v = self._data.get(weakref.ref(key))
         if v is None: return default
         if isinstance(v, weakref.ref):
             if (v := v()) is None: return default

@@ -14,9 +14,9 @@ from fusegrad import autograd
 from fusegrad.device import Buffer, Device, canonical_device as _canonical_device, single_device as _single_device
 from fusegrad.dtype import ConstType, DType, DTypeLike, dtypes, least_upper_dtype, \
     strong_dtype, to_dtype, weak_dtype
-from fusegrad.helpers import PROFILE, TRAINING, VIZ, ShapeError, argfix, dedup, make_tuple, prod
+from fusegrad.helpers import TRAINING, ShapeError, argfix, make_tuple, prod
 from fusegrad.ir import build
-from fusegrad.ir.ops import Ops, UOp, VarVals, sym_infer
+from fusegrad.ir.ops import Ops, UOp, sym_infer
 from fusegrad.ir.shape import (all_static, canonical_shape, is_sym_int as _is_sym_int, sle, smax, sprod, sym_eq,
                                sym_value_dtype)
 from fusegrad.mixin.alu import ALUMixin
@@ -24,12 +24,13 @@ from fusegrad.mixin.creation import CreationMixin
 from fusegrad.mixin.math import MathMixin
 from fusegrad.mixin.movement import MovementMixin
 from fusegrad.mixin.nn import NNMixin
+from fusegrad.mixin.realize import RealizeMixin, _is_contiguous_buffer, _is_realized  # noqa: F401 - re-exported
 from fusegrad.mixin.reduce import ReduceMixin
 
 # the buffer registry and result cache live below the frontend (storage.py); re-exported here for older imports
 from fusegrad import storage  # noqa: E402
 from fusegrad.storage import buffer_uop, buffer_view, buffers, lazy_of, leaf_of, realized  # noqa: E402,F401
-from fusegrad.views import _VIEW_OPS, _assign_owner, _mark_view, _preserve_old_values, _refresh_views, \
+from fusegrad.views import _VIEW_OPS, _ViewRefs, _assign_owner, _mark_view, _preserve_old_values, _refresh_views, \
     _substitute_outside_assigns, _view_bases, _view_chain, _write_through  # noqa: E402,F401
 
 
@@ -47,21 +48,21 @@ def _with_history(u: UOp) -> UOp:
 Variable = UOp.variable  # `from fusegrad.tensor import Variable` as in tinygrad
 
 # every live tensor: backward() fills .grad for those in the graph that require a gradient
-_all_tensors: "weakref.WeakSet[Tensor]" = weakref.WeakSet()
+class _LiveTensors:
+    """A weak set of tensors. weakref.WeakSet's add is a Python call per tensor made; here it is a C-level reference
+    whose callback (the set's own discard) drops it. A reference hashes as its tensor (by id), so two live
+    tensors never collide and their elementwise `==` never runs."""
+    def __init__(self) -> None:
+        self.refs: set[weakref.ref[Tensor]] = set()
+        self._discard = self.refs.discard
+
+    def add(self, t: "Tensor") -> None: self.refs.add(weakref.ref(t, self._discard))
+
+    def __iter__(self) -> Any: return iter([t for r in list(self.refs) if (t := r()) is not None])
+
+
+_all_tensors = _LiveTensors()
 _unique_ids = iter(range(1, 1 << 62))
-
-
-
-def _half_memoryview() -> bool:
-    """Whether memoryview.cast accepts float16 ('e'): Python 3.12 and later."""
-    try:
-        memoryview(bytes(2)).cast("e")
-        return True
-    except ValueError:
-        return False
-
-
-_HALF_MEMORYVIEW = _half_memoryview()
 
 
 def _make_unique(u: UOp) -> UOp:
@@ -110,18 +111,12 @@ def _pack(values: list[Any], dtype: DType) -> bytes:
     return struct.pack(f"{len(values)}{dtype.fmt}", *(dtypes.as_const(v, dtype) for v in values))
 
 
-def _unpack(data: bytes, dtype: DType) -> list[Any]:
-    if dtype in dtypes.fp8s:
-        from fusegrad.dtype import fp8_to_float
-        return [fp8_to_float(b, dtype) for b in data]
-    if dtype == dtypes.bfloat16:
-        from fusegrad.dtype import bf16_to_float
-        return [bf16_to_float(v) for v in struct.unpack(f"{len(data) // 2}H", data)]
-    assert dtype.fmt is not None
-    return list(struct.unpack(f"{len(data) // dtype.itemsize}{dtype.fmt}", data))
-
-
 def _broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
+    if len(shapes) == 2:   # the common cases at once: equal shapes, or a 0-d operand (a scalar)
+        a, b = shapes
+        if a == b or not b: return a
+        if not a: return b
+    elif all(s == shapes[0] for s in shapes): return shapes[0]
     n = max(len(s) for s in shapes)
     padded = [(1,) * (n - len(s)) + s for s in shapes]
     out = []
@@ -147,7 +142,8 @@ class _TensorMeta(type):
     def training(cls, v: bool) -> None: TRAINING.value = int(bool(v))
 
 
-class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNMixin, metaclass=_TensorMeta):
+class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNMixin, RealizeMixin,
+             metaclass=_TensorMeta):
     """A lazy n-dimensional array with autograd.
 
     >>> (Tensor([1.0, 2.0]) * 3).tolist()
@@ -219,7 +215,7 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
         # a 0-d tensor made from a bare Python scalar (no dtype given) is weakly typed in promotion, like the scalar
         self._no_graph = False
         self._view: tuple[Tensor, UOp] | None = None   # (base tensor, its node this view's movement ops start from)
-        self._views: weakref.WeakValueDictionary[int, Tensor] | None = None   # live views (they see its writes)
+        self._views: _ViewRefs | None = None   # live views (they see its writes)
         self._weak = dt is None and isinstance(data, (int, float)) and not isinstance(data, bool)
         if requires_grad: self.uop = _make_unique(self.uop)
         _all_tensors.add(self)
@@ -239,18 +235,20 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
     @staticmethod
     def _wrap(u: UOp, *parents: "Tensor") -> "Tensor":
         t = Tensor.__new__(Tensor)
-        if Tensor.no_grad and not (u.op is Ops.DETACH and u.arg is None) and any(p.requires_grad for p in parents):
+        needs_grad = has_no_graph = False
+        for p in parents:
+            p._used = True
+            if p.requires_grad: needs_grad = True
+            if p._no_graph: has_no_graph = True
+        if needs_grad and Tensor.no_grad:
             # computed under no_grad from tensors that need a gradient: a constant for autograd (torch too), so a
-            # later graph that uses it alongside those tensors sends no gradient back through it
-            u = UOp(Ops.DETACH, u.dtype, (u,))
-        t.uop, t.grad, t.is_param = u, None, False
-        t.requires_grad = True if not Tensor.no_grad and any(p.requires_grad for p in parents) else None
-        t._derived, t._used, t._weak = bool(t.requires_grad), False, False
-        # computed under Tensor.no_grad from tensors that need a gradient (or from such a tensor): no autograd graph
-        t._no_graph = (Tensor.no_grad and any(p.requires_grad for p in parents)) or \
-            (not t.requires_grad and any(p._no_graph for p in parents))
-        for p in parents: p._used = True
-        t._view, t._views = None, None
+            # later graph that uses it alongside those tensors sends no gradient back through it; no autograd graph
+            if not (u.op is Ops.DETACH and u.arg is None): u = UOp(Ops.DETACH, u.dtype, (u,))
+            t.requires_grad, t._derived, t._no_graph = None, False, True
+        elif needs_grad: t.requires_grad, t._derived, t._no_graph = True, True, False
+        # (computed from a tensor without an autograd graph: none either)
+        else: t.requires_grad, t._derived, t._no_graph = None, False, has_no_graph
+        t.uop, t.grad, t.is_param, t._weak, t._used, t._view, t._views = u, None, False, False, False, None, None
         # a movement op (or a same-size bitcast) of one tensor is a view of it: writes through it reach the base, and
         # it sees the base's writes (PAD is not a view: padding makes new elements)
         if len(parents) == 1:
@@ -305,7 +303,8 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
     def __bool__(self) -> bool:
         raise TypeError("the truth value of a Tensor is ambiguous; use .item(), .any() or .all()")
 
-    def __hash__(self) -> int: return id(self)
+    # by identity (`==` is elementwise), in C: every new tensor is hashed once (_all_tensors)
+    __hash__ = object.__hash__
 
     def __reduce__(self) -> tuple:
         """Pickle by value: the data is realized and stored with dtype, shape, device and the autograd flags (the
@@ -361,182 +360,7 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
         self.requires_grad = requires_grad
         return self
 
-    # ----- realize and data access -----
-    def schedule(self, *lst: "Tensor") -> list[Any]:
-        """The kernels realize() would run, without running them."""
-        from fusegrad.schedule import create_schedule
-        return create_schedule([t.uop for t in (self,) + lst])[0]
-
-    def schedule_linear(self, *lst: "Tensor") -> list[Any]:
-        """The kernels (in run order) that realize() would run for this tensor and `lst`, without running them."""
-        return self.schedule(*lst)
-
-    def linear_with_vars(self, *lst: "Tensor") -> tuple[list[Any], dict[Any, int]]:
-        """`(schedule_linear(*lst), {variable: bound value})` for the bound Variables the graphs use (a `VarVals`:
-        a lookup also takes the variable's name, `var_vals["n"]`, like tinygrad's newer releases)."""
-        items = self.schedule(*lst)
-        return items, VarVals({v: val for si in items for v, val in si.var_vals.items()})
-
-    def realize(self, *lst: "Tensor", do_update_stats: bool = True) -> "Tensor":
-        """Compute this tensor (and `lst`) now; later uses read the stored result. (`do_update_stats` is accepted
-        for tinygrad compatibility; fusegrad always counts kernels.)"""
-        Tensor._realize_all([self, *lst])
-        return self
-
-    @staticmethod
-    def _realize_all(tensors: Sequence["Tensor"]) -> None:
-        todo = [t for t in tensors if not _is_realized(t.uop)]
-        if not todo: return
-        if VIZ or PROFILE:  # fusegrad/viz records this realize as one context (schedule, kernels, timeline)
-            from fusegrad.viz.recorder import realize_context
-            with realize_context(len(todo)): return Tensor._realize_todo(todo, traced=True)
-        Tensor._realize_todo(todo)
-
-    @staticmethod
-    def _realize_todo(todo: list["Tensor"], traced: bool = False) -> None:
-        from fusegrad.engine.realize import run_schedule
-        from fusegrad.schedule import create_schedule
-        # each tensor once (realize(a, a), two views of one lazy base): a second visit would find it realized already
-        todo = list({id(t): t for t in _view_bases(todo)}.values())
-        if not todo: return
-        # tensors that read memory this realize overwrites keep the value they were built with (as in eager execution)
-        readers: list[Tensor] = []
-        snaps = _preserve_old_values(todo, readers)
-        uops = dedup([t.uop for t in todo] + snaps)
-        # (custom backward rules are stripped by the scheduler: schedule/cache.py)
-        if traced:
-            from fusegrad.viz.recorder import traced_schedule
-            sched, results = traced_schedule(create_schedule, uops)
-        else: sched, results = create_schedule(uops)
-        run_schedule(sched)
-        written = {id(si.bufs[0]): si.bufs[0] for si in sched if si.inplace}
-        for b in written.values(): storage.written(b)   # cached results computed from the old contents are void
-        written_now = {storage.memory_of(b) for b in written.values()}
-        snap_ids = {id(u) for u in snaps}
-        # an ASSIGN overwritten by a later one in the same schedule is done, but its value is gone
-        superseded = {n.src[0].base for n in results if n.op is Ops.ASSIGN}
-        for old, new in results.items():
-            if old in superseded: storage.executed.add(old)
-            else: storage.cache_result(old, new, None if id(old) in snap_ids else written_now)
-            if old.op is Ops.CONTIGUOUS and (src := storage.relayout_source(old)) is not None and \
-               storage.memory_of(storage.buffers[src[0]]) not in written_now:
-                storage.relayout_put(old, new)   # a relayout of an unchanged buffer: reused until it is written
-        for t in todo:
-            old = t.uop
-            new = results[old]
-            if t._derived: storage.record_history(new, old)  # keep the history for backward()
-            elif old.op is Ops.CONTIGUOUS and isinstance(old.arg, int): leaf_of.setdefault(new, old)
-            t.uop = new
-        for t in todo: _refresh_views(t, realized_now=True)
-        # readers of a snapshot hold its buffer itself (a cached result lives only while some tensor holds it)
-        if snaps:
-            done = {s: results[s] for s in snaps}
-            for t in readers:
-                if not _is_contiguous_buffer(t.uop): t.uop = _substitute_outside_assigns(t.uop, done)
-        # a tensor whose pending write ran as part of another graph now holds its buffer (the ASSIGN is done)
-        for old, new in results.items():
-            if old.op is Ops.ASSIGN and (ref := _assign_owner.pop(old, None)) is not None and \
-               (t := ref()) is not None and t.uop is old:
-                t.uop = new
-                _refresh_views(t)
-
-    def _buffer(self) -> Buffer:
-        """The realized, contiguous buffer holding this tensor's data."""
-        from fusegrad.engine.jit import JitError, capturing
-        if capturing:
-            raise JitError("reading tensor data (.item()/.numpy()/.tolist()) inside a TinyJit function: the value "
-                           "would be frozen into the capture. Return the tensor instead and read it outside")
-        if isinstance(self.device, tuple): return self.to(self.device[0])._buffer()   # gathered on the first device
-        self.realize()
-        t = self if _is_contiguous_buffer(self.uop) else Tensor._wrap(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)))
-        t.realize()
-        buf = buffers[t.uop.base]
-        if all_static(self.shape): return buf
-        # a symbolic shape lives in a prefix of a buffer allocated at its largest size
-        n = prod(self._concrete_shape())
-        if Buffer.supports_views(buf.device): return buf.view(n, buf.dtype)
-        return Buffer(buf.device, n, buf.dtype).copyin(buf.as_bytes()[:n * buf.dtype.itemsize])
-
-    def data(self) -> memoryview:
-        """The data as a memoryview in the dtype's struct format, shaped like the tensor.
-
-        float16 ('e') views need Python 3.12; on older versions a float16 tensor comes back as its bit patterns in
-        format 'H' (uint16), which `numpy.frombuffer(t.data(), numpy.float16)` reads on any version. Dtypes without
-        a struct format (bfloat16, fp8) come back as flat bytes ('B').
-
-        >>> Tensor([[1, 2], [3, 4]]).data().tolist()
-        [[1, 2], [3, 4]]
-        """
-        mv = memoryview(self._buffer().as_bytes())
-        if self.dtype.fmt is None: return mv
-        fmt = self.dtype.fmt if self.dtype.fmt != "e" or _HALF_MEMORYVIEW else "H"
-        shape = self._concrete_shape()
-        return mv.cast(fmt, shape) if shape and 0 not in shape else mv.cast(fmt)
-
-    def numpy(self) -> Any:
-        """A NumPy copy of the data."""
-        import numpy as np
-        from fusegrad.dtype import to_np_dtype
-        if self.dtype == dtypes.bfloat16 or self.dtype in dtypes.fp8s: return self.float().numpy()
-        out = np.empty(self._concrete_shape(), dtype=to_np_dtype(self.dtype))
-        if out.size: self._buffer().copyout(memoryview(out.reshape(-1).view(np.uint8)))
-        return out
-
-    # ----- interop -----
-    @staticmethod
-    def from_dlpack(x: Any, device: str | None = None, copy: bool | None = None) -> "Tensor":
-        """A tensor of `x`'s data, for any `x` with `__dlpack__` (NumPy arrays, torch tensors, ...), keeping its dtype
-        and shape. Shares `x`'s memory (writes show on both sides) when `x` is compact row-major host memory, writable
-        and aligned, and `device` keeps buffers in host memory (CPU, LLVM); copies otherwise. `copy=True` always
-        copies; `copy=False` raises BufferError instead of copying. See docs/interop.md.
-
-        >>> import numpy as np
-        >>> a = np.arange(3, dtype=np.float32)
-        >>> t = Tensor.from_dlpack(a, device="CPU")
-        >>> a[0] = 7.0; t.tolist()
-        [7.0, 1.0, 2.0]
-        """
-        from fusegrad.dlpack import import_dlpack
-        return import_dlpack(x, _canonical_device(device), copy)
-
-    def __dlpack__(self, *, stream: Any = None, max_version: tuple[int, int] | None = None, dl_device: Any = None,
-                   copy: bool | None = None) -> Any:
-        """A DLPack capsule of this tensor (what `numpy.from_dlpack(t)` and `torch.from_dlpack(t)` call). A whole
-        realized buffer on a host-memory device (CPU, LLVM) is shared; a lazy tensor is realized first, and a view,
-        a constant or a tensor on another device is copied to host memory. `copy=False` raises BufferError instead.
-
-        >>> import numpy as np
-        >>> t = Tensor([1.0, 2.0], device="CPU").realize()
-        >>> a = np.from_dlpack(t); a[1] = 5.0; t.tolist()
-        [1.0, 5.0]
-        """
-        if stream is not None: raise BufferError(f"fusegrad hands out host memory: stream must be None, not {stream!r}")
-        if dl_device is not None and tuple(int(x) for x in dl_device) != (1, 0):
-            raise BufferError(f"fusegrad exports to the host (kDLCPU, 0) only, not dl_device={tuple(dl_device)}")
-        from fusegrad.dlpack import export
-        return export(self, max_version, copy)
-
-    def __dlpack_device__(self) -> tuple[int, int]:
-        """(kDLCPU, 0): `__dlpack__` always hands out host memory (a copy from a device without host memory)."""
-        return (1, 0)
-
-    def tolist(self) -> Any:
-        shape = self._concrete_shape()
-        vals = _unpack(self._buffer().as_bytes(), self.dtype) if prod(shape) else []
-        if dtypes.is_bool(self.dtype): vals = [bool(v) for v in vals]
-        if not shape: return vals[0]
-
-        def nest(flat: list[Any], shape: tuple[int, ...]) -> list[Any]:
-            if len(shape) == 1: return flat
-            step = prod(shape[1:])
-            return [nest(flat[i * step:(i + 1) * step], shape[1:]) for i in range(shape[0])]
-        return nest(vals, shape)
-
-    def item(self) -> ConstType:
-        if prod(self._concrete_shape()) != 1:
-            raise RuntimeError(f"a Tensor with {self.numel()} elements cannot be converted to a Python scalar")
-        return self.reshape(()).tolist()
-
+    # ----- materializing, copies and devices (realize and data access: mixin/realize.py) -----
     def contiguous(self, **kwargs: Any) -> "Tensor":
         """A tensor whose data is materialized in row-major order (a realize point for the scheduler).
         Keyword arguments (tinygrad's kernel options) are accepted and ignored."""
@@ -646,7 +470,16 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
         return x._broadcast_to(shape), yt._broadcast_to(shape)
 
     def _broadcast_to(self, shape: tuple[int, ...]) -> "Tensor":
-        if self.shape == shape: return self
+        s = self.shape
+        if s == shape: return self
+        if len(s) <= len(shape) and not (Tensor.no_grad and self.requires_grad):
+            # the common case in one step (every elementwise op with a broadcast operand comes here): one new tensor
+            # for the reshape and expand together; what reshape() then expand() would check and record, for less
+            old = (1,) * (len(shape) - len(s)) + s
+            if all(o.__class__ is int and n.__class__ is int and (o == n or o == 1) for o, n in zip(old, shape)):
+                t = Tensor._wrap(build.expand(build.reshape(self.uop, old), shape), self)
+                if t._view is None: _mark_view(t, self)
+                return t
         x = self.reshape((1,) * (len(shape) - self.ndim) + self.shape) if self.ndim < len(shape) else self
         return x.expand(shape)
 
@@ -871,32 +704,6 @@ def _unpickle_tensor(data: bytes, dtype: DType, shape: tuple[int, ...], device: 
     t.requires_grad, t.is_param = requires_grad, bool(is_param)
     if requires_grad: t.uop = _make_unique(t.uop)
     return t
-
-
-def _is_contiguous_buffer(u: UOp) -> bool:
-    if u.op is Ops.MULTI: return all(_is_contiguous_buffer(s) for s in u.src)   # one buffer per device
-    while u.op is Ops.RESHAPE: u = u.src[0]
-    if u.op is Ops.SHRINK and u.src[0].op is Ops.BUFFER and u.arg[0][0] == 0 and isinstance(u.arg[0][1], UOp):
-        return True  # a symbolic shape: a prefix of a buffer allocated at its largest size
-    return u.op is Ops.BUFFER
-
-
-
-
-
-def _is_realized(u: UOp) -> bool:
-    """Already computed: a whole buffer, or a constant broadcast to a shape (never materialized)."""
-    if _is_contiguous_buffer(u): return True
-    # stops at the first other op (a lazy graph's root, usually): no walk of the whole graph on every realize
-    stack, seen = [u], {u}
-    while stack:
-        x = stack.pop()
-        if x.op not in (Ops.RESHAPE, Ops.EXPAND, Ops.CONST, Ops.DEVICE): return False
-        for s in x.src:
-            if s not in seen:
-                seen.add(s)
-                stack.append(s)
-    return True
 
 
 __all__ = ["Tensor", "make_tuple"]

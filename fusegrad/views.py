@@ -11,7 +11,7 @@ from fusegrad import storage
 from fusegrad.dtype import dtypes
 from fusegrad.helpers import prod
 from fusegrad.ir import build
-from fusegrad.ir.ops import Ops, UOp
+from fusegrad.ir.ops import Ops, UOp, live_assigns
 from fusegrad.ir.shape import ssub, sym_eq
 from fusegrad.storage import lazy_of, realized
 
@@ -35,8 +35,34 @@ def _mark_view(t: Tensor, src: Tensor) -> None:
     if src._view is not None and _view_chain(src.uop, src._view[1]) is not None: base, b0 = src._view
     else: base, b0 = src, src.uop
     t._view = (base, b0)
-    if base._views is None: base._views = weakref.WeakValueDictionary()
-    base._views[id(t)] = t   # keyed by id: a WeakSet would compare tensors with ==, which is elementwise
+    views = base._views
+    if views is None: views = base._views = _ViewRefs()
+    views.append(weakref.ref(t))
+    if len(views) > views.limit: views.prune()
+
+
+class _ViewRefs(list):
+    """A base tensor's views, as weak references without callbacks (a WeakValueDictionary entry costs a Python-level
+    keyed reference and a removal callback per view, and nearly every op makes a view). Dead references are dropped
+    when the list has doubled since the last pruning, and skipped when the views are read."""
+    __slots__ = ("limit",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.limit = 16
+
+    def prune(self) -> None:
+        self[:] = [r for r in self if r() is not None]
+        self.limit = max(16, 2 * len(self))
+
+    def live(self) -> list[Tensor]:
+        """The live views, each once, oldest first."""
+        out, seen = [], set()
+        for r in self:
+            if (v := r()) is not None and id(v) not in seen:
+                seen.add(id(v))
+                out.append(v)
+        return out
 
 
 def _view_chain(u: UOp, b0: UOp) -> list[UOp] | None:
@@ -53,7 +79,7 @@ def _refresh_views(base: Tensor, realized_now: bool = False) -> None:
     """After `base` got a new node (a write, a realize), its views are rebuilt on it, so they read the new value.
     After a realize (same value, now in a buffer) a view with autograd history keeps its lazy graph for backward."""
     if not base._views: return
-    for v in list(base._views.values()):
+    for v in base._views.live():
         if v._view is None or v._view[0] is not base: continue
         b0 = v._view[1]
         if b0 is base.uop: continue
@@ -140,6 +166,8 @@ def _preserve_old_values(todo: Sequence[Tensor], readers: list[Tensor]) -> list[
     alone (they see the write). Returns the snapshot nodes, to be realized with `todo`; the tensors pointed at them
     are appended to `readers`."""
     from fusegrad.tensor import _all_tensors, _unique_ids
+    # no write pending anywhere (every ASSIGN alive has run): nothing to look for in the graphs
+    if all(n in realized for n in list(live_assigns)): return []
     # the writes still to run (an ASSIGN computed before is just its buffer now)
     overwritten = {n.src[0].base for t in todo for n in t.uop.toposort(gate=lambda x: x not in realized)
                    if n.op is Ops.ASSIGN and n not in realized}

@@ -10,9 +10,25 @@ import functools
 import math
 import operator
 import weakref
-from typing import Any, Callable, Iterator
+from _weakref import _remove_dead_weakref  # type: ignore[attr-defined]
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from fusegrad.dtype import ConstType, DType, PtrDType, dtypes
+from fusegrad.ir.shape import infer_shape, sprod   # (shape.py reaches this module only inside its functions)
+
+if TYPE_CHECKING:
+    _cached_property = functools.cached_property
+else:
+    class _cached_property:
+        """functools.cached_property without its per-instance lock (Python 3.11 takes an RLock on every first
+        access): a node's shape, device and bounds are computed once per node, for every node a graph builds."""
+        def __init__(self, fn):
+            self.fn, self.name, self.__doc__ = fn, fn.__name__, fn.__doc__
+
+        def __get__(self, obj, cls=None):
+            if obj is None: return self
+            val = obj.__dict__[self.name] = self.fn(obj)
+            return val
 
 
 class Ops(enum.Enum):
@@ -86,6 +102,9 @@ class Ops(enum.Enum):
     MULACC = enum.auto()        # a*b+c
 
     def __repr__(self) -> str: return f"Ops.{self.name}"
+    # hashed by identity (each member is a singleton), in C: Enum's own __hash__ is a Python call, and every graph
+    # operation looks ops up in the GroupOp sets and in rule tables
+    __hash__ = object.__hash__
     # pickled by name, not by the auto() number, so a pickle stays valid when ops are added or reordered
     def __reduce_ex__(self, protocol: Any) -> tuple: return getattr, (self.__class__, self._name_)
 
@@ -112,16 +131,29 @@ class GroupOp:
 
 # ---------------------------------------------------------------------------------------------------------------------
 
+# (op, dtype, src, arg) -> a weak reference to the live node; a node's reference drops its entry when the node dies.
+# A plain dict of plain references (weakref.WeakValueDictionary does the same with Python-level get, set and keyed
+# references: a quarter of the cost of building a node). Never iterated, so removal needs no iteration guard.
+_ucache: dict[tuple, "weakref.ref[UOp]"] = {}
+# every live ASSIGN node: a realize with none pending anywhere skips looking for writes in its graph (views.py)
+live_assigns: "weakref.WeakSet[UOp]" = weakref.WeakSet()
+
+
 class UOpMetaClass(type):
     """Hash-consing: constructing a UOp with the same (op, dtype, src, arg) returns the existing node."""
-    ucache: "weakref.WeakValueDictionary[tuple, UOp]" = weakref.WeakValueDictionary()
 
     def __call__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple["UOp", ...] = (), arg: Any = None) -> "UOp":
         key = (op, dtype, src, arg)
-        if (ret := UOpMetaClass.ucache.get(key)) is not None: return ret
+        if (ref := _ucache.get(key)) is not None and (ret := ref()) is not None: return ret
         ret = super().__call__(op, dtype, src, arg)
-        UOpMetaClass.ucache[key] = ret
+        _ucache[key] = weakref.ref(ret, functools.partial(_drop_node, key))
+        if op is Ops.ASSIGN: live_assigns.add(ret)
         return ret
+
+
+def _drop_node(key: tuple, ref: "weakref.ref[UOp]", _remove: Any = _remove_dead_weakref,
+               _cache: dict = _ucache) -> None:
+    _remove(_cache, key)   # only if the entry is still a dead reference (not a newer node's); bound early for shutdown
 
 
 class BindError(ValueError, AssertionError):
@@ -175,7 +207,7 @@ class UOp(metaclass=UOpMetaClass):
                     if s not in out: stack.append((s, False))
         return out
 
-    @functools.cached_property
+    @_cached_property
     def key(self) -> bytes:
         """A structural hash stable across processes (for disk caches and process replay)."""
         import hashlib
@@ -187,19 +219,16 @@ class UOp(metaclass=UOpMetaClass):
         return pretty(self)
 
     # ----- tensor-level properties -----
-    @functools.cached_property
-    def shape(self) -> tuple[int, ...] | None:
-        from fusegrad.ir.shape import infer_shape
-        return infer_shape(self)
+    @_cached_property
+    def shape(self) -> tuple[int, ...] | None: return infer_shape(self)
 
     @property
     def size(self) -> "int | UOp":
         """The number of elements: an int, or a symbolic int when the shape has variables in it."""
         assert self.shape is not None
-        from fusegrad.ir.shape import sprod
         return sprod(self.shape)
 
-    @functools.cached_property
+    @_cached_property
     def device(self) -> str | tuple[str, ...] | None:
         """The device name; a tuple of names for a tensor on several devices (MULTI, or a constant made for them)."""
         if self.op is Ops.DEVICE: return self.arg
@@ -342,7 +371,7 @@ class UOp(metaclass=UOpMetaClass):
     def logical_and(self, x: "UOp") -> "UOp": return self.alu(Ops.AND, x)
 
     # ----- symbolic bounds (integers and bools) -----
-    @functools.cached_property
+    @_cached_property
     def vmin_vmax(self) -> tuple[ConstType, ConstType]:
         from fusegrad.ir.symbolic import bounds
         return bounds(self)

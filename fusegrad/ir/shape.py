@@ -4,6 +4,7 @@ The checks here are the last line of defence; the Tensor frontend raises torch-s
 """
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any, Sequence, Union
 
 
@@ -93,8 +94,15 @@ def sle(a: sint, b: sint) -> bool:
     return sym_eq(a, b) or smax(a) <= smin(b) or smax(ssub(a, b)) <= 0
 
 
-def infer_shape(u: "UOp") -> tuple[int, ...] | None:
+@functools.cache
+def _ops() -> tuple[Any, Any]:
+    """(Ops, GroupOp): ir/ops.py imports this module, so they are looked up on first use (once, not per node)."""
     from fusegrad.ir.ops import GroupOp, Ops
+    return Ops, GroupOp
+
+
+def infer_shape(u: "UOp") -> tuple[int, ...] | None:
+    Ops, GroupOp = _ops()
     op, arg = u.op, u.arg
     if op is Ops.BUFFER: return (arg[1],)
     if op is Ops.IOTA: return (arg,)
@@ -102,6 +110,12 @@ def infer_shape(u: "UOp") -> tuple[int, ...] | None:
     if op in (Ops.SINK, Ops.DEVICE) or not u.src: return None
     ss = u.src[0].shape
     if ss is None: return None
+    if op in GroupOp.ALU:   # the most common node: first
+        for x in u.src[1:]:
+            if (xs := x.shape) is not ss and xs != ss and (xs is None or len(xs) != len(ss) or
+                                                           not all(map(sym_eq, xs, ss))):
+                raise ValueError(f"{op} with mismatched shapes {[y.shape for y in u.src]}")
+        return ss
     if op is Ops.RESHAPE:
         if not sym_eq(sprod(arg), sprod(ss)):
             raise ValueError(f"reshape from {ss} to {arg}: sizes {sprod(ss)} != {sprod(arg)}")
@@ -138,11 +152,6 @@ def infer_shape(u: "UOp") -> tuple[int, ...] | None:
         if ids is None or len(ids) != len(xs) or any(i > x for d, (i, x) in enumerate(zip(ids, xs)) if d != arg):
             raise ValueError(f"gather index shape {ids} doesn't fit source shape {xs} on axis {arg}")
         return ids
-    if op in GroupOp.ALU:
-        shapes = [s.shape for s in u.src]
-        if any(s != ss and (s is None or len(s) != len(ss) or not all(map(sym_eq, s, ss))) for s in shapes):
-            raise ValueError(f"{op} with mismatched shapes {shapes}")
-        return ss
     return ss  # CAST, BITCAST, CONTIGUOUS, DETACH, COPY keep the shape
 
 
@@ -161,7 +170,10 @@ def canonical(x: sint) -> sint:
 
 
 def canonical_shape(shape: Sequence[sint]) -> tuple[sint, ...]:
-    return tuple(canonical(s) for s in shape)
+    shape = tuple(shape)
+    for s in shape:   # the common case, a static shape, is its own canonical form
+        if s.__class__ is not int: return tuple(canonical(s) for s in shape)
+    return shape
 
 
 def sym_value_dtype(x: "UOp") -> Any:

@@ -73,6 +73,10 @@ class Normalized:
         return nodes
 
 
+# ops whose arg `one` rewrites (unique ids renumbered, variables unbound): not taken by normalize's inline path
+_SPECIAL_ARGS = {Ops.ASSIGN, Ops.CONTIGUOUS, Ops.CONST, Ops.IOTA}
+
+
 def normalize(sink: UOp, cached: Callable[[UOp], UOp | None], executed: Any) -> Normalized:
     """One walk over the graph to realize, stopping at BUFFERs and at nodes computed before (`cached(n)`: the buffer
     view holding n's value, read instead). It writes down the normalized graph (module docstring) as a tuple of
@@ -109,12 +113,18 @@ def normalize(sink: UOp, cached: Callable[[UOp], UOp | None], executed: Any) -> 
         pos[x] = len(enc)
         enc.append((x.op.value, x.dtype, arg, tuple(pos[s] for s in x.src)))
 
+    movement, buffer_op, detach_op = GroupOp.Movement, Ops.BUFFER, Ops.DETACH
     stack: list[tuple[UOp, bool]] = [(sink, False)]
     while stack:
         n, expanded = stack.pop()
         if n in pos: continue
         if expanded:
-            one(n)
+            op = n.op
+            # the common node (no buffer, custom backward, unique id or movement arg): `one`'s last lines, inline
+            if op is buffer_op or op is detach_op or op in movement or op in _SPECIAL_ARGS: one(n)
+            else:
+                pos[n] = len(enc)
+                enc.append((op.value, n.dtype, n.arg, tuple([pos[s] for s in n.src])))
             continue
         if n is not sink and (r := cached(n)) is not None:   # computed before: read its buffer
             for x in r.toposort(gate=lambda u: u.op is not Ops.BUFFER):

@@ -1,0 +1,248 @@
+"""Realize and data access: hand a tensor's graph to the scheduler (schedule/) and the engine (engine/), then read
+the result back (`numpy`, `tolist`, `item`, `data`) or share it through DLPack.
+
+Mixed into `Tensor`; `realize()` is the one place the frontend calls into the lower stages.
+"""
+from __future__ import annotations
+
+import struct
+from typing import TYPE_CHECKING, Any, Sequence
+
+from fusegrad import storage
+from fusegrad.device import Buffer, canonical_device as _canonical_device
+from fusegrad.dtype import ConstType, DType, dtypes
+from fusegrad.helpers import PROFILE, VIZ, dedup, prod
+from fusegrad.ir.ops import Ops, UOp, VarVals
+from fusegrad.ir.shape import all_static
+from fusegrad.storage import buffers, leaf_of
+from fusegrad.views import _assign_owner, _preserve_old_values, _refresh_views, _substitute_outside_assigns, \
+    _view_bases
+
+if TYPE_CHECKING:
+    from fusegrad.tensor import Tensor
+
+
+def _half_memoryview() -> bool:
+    """Whether memoryview.cast accepts float16 ('e'): Python 3.12 and later."""
+    try:
+        memoryview(bytes(2)).cast("e")
+        return True
+    except ValueError:
+        return False
+
+
+_HALF_MEMORYVIEW = _half_memoryview()
+
+
+def _unpack(data: bytes, dtype: DType) -> list[Any]:
+    if dtype in dtypes.fp8s:
+        from fusegrad.dtype import fp8_to_float
+        return [fp8_to_float(b, dtype) for b in data]
+    if dtype == dtypes.bfloat16:
+        from fusegrad.dtype import bf16_to_float
+        return [bf16_to_float(v) for v in struct.unpack(f"{len(data) // 2}H", data)]
+    assert dtype.fmt is not None
+    return list(struct.unpack(f"{len(data) // dtype.itemsize}{dtype.fmt}", data))
+
+
+def _is_contiguous_buffer(u: UOp) -> bool:
+    """A whole buffer (under reshapes), or one per device: reading it needs no kernel."""
+    if u.op is Ops.MULTI: return all(_is_contiguous_buffer(s) for s in u.src)   # one buffer per device
+    while u.op is Ops.RESHAPE: u = u.src[0]
+    if u.op is Ops.SHRINK and u.src[0].op is Ops.BUFFER and u.arg[0][0] == 0 and isinstance(u.arg[0][1], UOp):
+        return True  # a symbolic shape: a prefix of a buffer allocated at its largest size
+    return u.op is Ops.BUFFER
+
+
+def _is_realized(u: UOp) -> bool:
+    """Already computed: a whole buffer, or a constant broadcast to a shape (never materialized)."""
+    if _is_contiguous_buffer(u): return True
+    # stops at the first other op (a lazy graph's root, usually): no walk of the whole graph on every realize
+    stack, seen = [u], {u}
+    while stack:
+        x = stack.pop()
+        if x.op not in (Ops.RESHAPE, Ops.EXPAND, Ops.CONST, Ops.DEVICE): return False
+        for s in x.src:
+            if s not in seen:
+                seen.add(s)
+                stack.append(s)
+    return True
+
+
+class RealizeMixin:
+    __slots__ = ()
+
+    def schedule(self: "Tensor", *lst: "Tensor") -> list[Any]:
+        """The kernels realize() would run, without running them."""
+        from fusegrad.schedule import create_schedule
+        return create_schedule([t.uop for t in (self,) + lst])[0]
+
+    def schedule_linear(self: "Tensor", *lst: "Tensor") -> list[Any]:
+        """The kernels (in run order) that realize() would run for this tensor and `lst`, without running them."""
+        return self.schedule(*lst)
+
+    def linear_with_vars(self: "Tensor", *lst: "Tensor") -> tuple[list[Any], dict[Any, int]]:
+        """`(schedule_linear(*lst), {variable: bound value})` for the bound Variables the graphs use (a `VarVals`:
+        a lookup also takes the variable's name, `var_vals["n"]`, like tinygrad's newer releases)."""
+        items = self.schedule(*lst)
+        return items, VarVals({v: val for si in items for v, val in si.var_vals.items()})
+
+    def realize(self: "Tensor", *lst: "Tensor", do_update_stats: bool = True) -> "Tensor":
+        """Compute this tensor (and `lst`) now; later uses read the stored result. (`do_update_stats` is accepted
+        for tinygrad compatibility; fusegrad always counts kernels.)"""
+        type(self)._realize_all([self, *lst])
+        return self
+
+    @classmethod
+    def _realize_all(cls: "type[Tensor]", tensors: Sequence["Tensor"]) -> None:
+        todo = [t for t in tensors if not _is_realized(t.uop)]
+        if not todo: return
+        if VIZ or PROFILE:  # fusegrad/viz records this realize as one context (schedule, kernels, timeline)
+            from fusegrad.viz.recorder import realize_context
+            with realize_context(len(todo)): return cls._realize_todo(todo, traced=True)
+        cls._realize_todo(todo)
+
+    @classmethod
+    def _realize_todo(cls: "type[Tensor]", todo: list["Tensor"], traced: bool = False) -> None:
+        from fusegrad.engine.realize import run_schedule
+        from fusegrad.schedule import create_schedule
+        # each tensor once (realize(a, a), two views of one lazy base): a second visit would find it realized already
+        todo = list({id(t): t for t in _view_bases(todo)}.values())
+        if not todo: return
+        # tensors that read memory this realize overwrites keep the value they were built with (as in eager execution)
+        readers: list[Tensor] = []
+        snaps = _preserve_old_values(todo, readers)
+        uops = dedup([t.uop for t in todo] + snaps)
+        # (custom backward rules are stripped by the scheduler: schedule/cache.py)
+        if traced:
+            from fusegrad.viz.recorder import traced_schedule
+            sched, results = traced_schedule(create_schedule, uops)
+        else: sched, results = create_schedule(uops)
+        run_schedule(sched)
+        written = {id(si.bufs[0]): si.bufs[0] for si in sched if si.inplace}
+        for b in written.values(): storage.written(b)   # cached results computed from the old contents are void
+        written_now = {storage.memory_of(b) for b in written.values()}
+        snap_ids = {id(u) for u in snaps}
+        # an ASSIGN overwritten by a later one in the same schedule is done, but its value is gone
+        superseded = {n.src[0].base for n in results if n.op is Ops.ASSIGN}
+        for old, new in results.items():
+            if old in superseded: storage.executed.add(old)
+            else: storage.cache_result(old, new, None if id(old) in snap_ids else written_now)
+            if old.op is Ops.CONTIGUOUS and (src := storage.relayout_source(old)) is not None and \
+               storage.memory_of(storage.buffers[src[0]]) not in written_now:
+                storage.relayout_put(old, new)   # a relayout of an unchanged buffer: reused until it is written
+        for t in todo:
+            old = t.uop
+            new = results[old]
+            if t._derived: storage.record_history(new, old)  # keep the history for backward()
+            elif old.op is Ops.CONTIGUOUS and isinstance(old.arg, int): leaf_of.setdefault(new, old)
+            t.uop = new
+        for t in todo: _refresh_views(t, realized_now=True)
+        # readers of a snapshot hold its buffer itself (a cached result lives only while some tensor holds it)
+        if snaps:
+            done = {s: results[s] for s in snaps}
+            for t in readers:
+                if not _is_contiguous_buffer(t.uop): t.uop = _substitute_outside_assigns(t.uop, done)
+        # a tensor whose pending write ran as part of another graph now holds its buffer (the ASSIGN is done)
+        for old, new in results.items():
+            if old.op is Ops.ASSIGN and (ref := _assign_owner.pop(old, None)) is not None and \
+               (t := ref()) is not None and t.uop is old:
+                t.uop = new
+                _refresh_views(t)
+
+    def _buffer(self: "Tensor") -> Buffer:
+        """The realized, contiguous buffer holding this tensor's data."""
+        from fusegrad.engine.jit import JitError, capturing
+        if capturing:
+            raise JitError("reading tensor data (.item()/.numpy()/.tolist()) inside a TinyJit function: the value "
+                           "would be frozen into the capture. Return the tensor instead and read it outside")
+        if isinstance(self.device, tuple): return self.to(self.device[0])._buffer()   # gathered on the first device
+        self.realize()
+        t = self if _is_contiguous_buffer(self.uop) else self._wrap(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)))
+        t.realize()
+        buf = buffers[t.uop.base]
+        if all_static(self.shape): return buf
+        # a symbolic shape lives in a prefix of a buffer allocated at its largest size
+        n = prod(self._concrete_shape())
+        if Buffer.supports_views(buf.device): return buf.view(n, buf.dtype)
+        return Buffer(buf.device, n, buf.dtype).copyin(buf.as_bytes()[:n * buf.dtype.itemsize])
+
+    def data(self: "Tensor") -> memoryview:
+        """The data as a memoryview in the dtype's struct format, shaped like the tensor.
+
+        float16 ('e') views need Python 3.12; on older versions a float16 tensor comes back as its bit patterns in
+        format 'H' (uint16), which `numpy.frombuffer(t.data(), numpy.float16)` reads on any version. Dtypes without
+        a struct format (bfloat16, fp8) come back as flat bytes ('B').
+
+        >>> Tensor([[1, 2], [3, 4]]).data().tolist()
+        [[1, 2], [3, 4]]
+        """
+        mv = memoryview(self._buffer().as_bytes())
+        if self.dtype.fmt is None: return mv
+        fmt = self.dtype.fmt if self.dtype.fmt != "e" or _HALF_MEMORYVIEW else "H"
+        shape = self._concrete_shape()
+        return mv.cast(fmt, shape) if shape and 0 not in shape else mv.cast(fmt)
+
+    def numpy(self: "Tensor") -> Any:
+        """A NumPy copy of the data."""
+        import numpy as np
+        from fusegrad.dtype import to_np_dtype
+        if self.dtype == dtypes.bfloat16 or self.dtype in dtypes.fp8s: return self.float().numpy()
+        out = np.empty(self._concrete_shape(), dtype=to_np_dtype(self.dtype))
+        if out.size: self._buffer().copyout(memoryview(out.reshape(-1).view(np.uint8)))
+        return out
+
+    # ----- interop -----
+    @staticmethod
+    def from_dlpack(x: Any, device: str | None = None, copy: bool | None = None) -> "Tensor":
+        """A tensor of `x`'s data, for any `x` with `__dlpack__` (NumPy arrays, torch tensors, ...), keeping its dtype
+        and shape. Shares `x`'s memory (writes show on both sides) when `x` is compact row-major host memory, writable
+        and aligned, and `device` keeps buffers in host memory (CPU, LLVM); copies otherwise. `copy=True` always
+        copies; `copy=False` raises BufferError instead of copying. See docs/interop.md.
+
+        >>> import numpy as np
+        >>> a = np.arange(3, dtype=np.float32)
+        >>> t = Tensor.from_dlpack(a, device="CPU")
+        >>> a[0] = 7.0; t.tolist()
+        [7.0, 1.0, 2.0]
+        """
+        from fusegrad.dlpack import import_dlpack
+        return import_dlpack(x, _canonical_device(device), copy)
+
+    def __dlpack__(self: "Tensor", *, stream: Any = None, max_version: tuple[int, int] | None = None,
+                   dl_device: Any = None, copy: bool | None = None) -> Any:
+        """A DLPack capsule of this tensor (what `numpy.from_dlpack(t)` and `torch.from_dlpack(t)` call). A whole
+        realized buffer on a host-memory device (CPU, LLVM) is shared; a lazy tensor is realized first, and a view,
+        a constant or a tensor on another device is copied to host memory. `copy=False` raises BufferError instead.
+
+        >>> import numpy as np
+        >>> t = Tensor([1.0, 2.0], device="CPU").realize()
+        >>> a = np.from_dlpack(t); a[1] = 5.0; t.tolist()
+        [1.0, 5.0]
+        """
+        if stream is not None: raise BufferError(f"fusegrad hands out host memory: stream must be None, not {stream!r}")
+        if dl_device is not None and tuple(int(x) for x in dl_device) != (1, 0):
+            raise BufferError(f"fusegrad exports to the host (kDLCPU, 0) only, not dl_device={tuple(dl_device)}")
+        from fusegrad.dlpack import export
+        return export(self, max_version, copy)
+
+    def __dlpack_device__(self: "Tensor") -> tuple[int, int]:
+        """(kDLCPU, 0): `__dlpack__` always hands out host memory (a copy from a device without host memory)."""
+        return (1, 0)
+
+    def tolist(self: "Tensor") -> Any:
+        shape = self._concrete_shape()
+        vals = _unpack(self._buffer().as_bytes(), self.dtype) if prod(shape) else []
+        if dtypes.is_bool(self.dtype): vals = [bool(v) for v in vals]
+        if not shape: return vals[0]
+
+        def nest(flat: list[Any], shape: tuple[int, ...]) -> list[Any]:
+            if len(shape) == 1: return flat
+            step = prod(shape[1:])
+            return [nest(flat[i * step:(i + 1) * step], shape[1:]) for i in range(shape[0])]
+        return nest(vals, shape)
+
+    def item(self: "Tensor") -> ConstType:
+        if prod(self._concrete_shape()) != 1:
+            raise RuntimeError(f"a Tensor with {self.numel()} elements cannot be converted to a Python scalar")
+        return self.reshape(()).tolist()

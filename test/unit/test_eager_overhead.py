@@ -1,0 +1,72 @@
+"""The bookkeeping structures made cheap for eager calls (docs/performance.md, "Per-call overhead") keep their
+meaning: hash-consing drops dead nodes, a base's view list stays bounded and still reaches live views, the memoized
+dtype promotion follows a changed default float, and the one-step broadcast makes the same nodes as reshape+expand."""
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+
+from fusegrad import Tensor, dtypes
+from fusegrad.ir import ops as ir_ops
+from fusegrad.ir.ops import Ops, UOp
+
+
+def test_hash_consing_returns_one_node_and_forgets_dead_ones():
+    gc.collect()
+    before = len(ir_ops._ucache)
+    a = UOp(Ops.DEVICE, arg="test-eager-overhead")
+    assert UOp(Ops.DEVICE, arg="test-eager-overhead") is a
+    assert len(ir_ops._ucache) == before + 1
+    del a
+    gc.collect()
+    assert len(ir_ops._ucache) == before
+
+
+def test_view_list_is_pruned_and_live_views_still_see_writes():
+    base = Tensor.zeros(4).contiguous().realize()
+    kept = base.reshape(2, 2)
+    for _ in range(200): base.reshape(4, 1)   # views that die at once
+    gc.collect()
+    assert base._views is not None and len(base._views) <= 2 * base._views.limit
+    base[1:3] = 5.0
+    assert kept.tolist() == [[0.0, 5.0], [5.0, 0.0]]
+
+
+def test_promotion_memo_follows_the_default_float():
+    x = Tensor([1, 2], dtype=dtypes.int32)
+    assert (x * 1.5).dtype == dtypes.float32
+    old = dtypes.default_float
+    try:
+        dtypes.default_float = dtypes.float16
+        assert (x * 1.5).dtype == dtypes.float16
+    finally: dtypes.default_float = old
+    assert (x * 1.5).dtype == dtypes.float32
+
+
+@pytest.mark.parametrize("shapes", [((3,), (2, 3)), ((2, 1), (2, 3)), ((1, 3), (4, 2, 3)), ((), (2, 2))])
+def test_one_step_broadcast_builds_reshape_then_expand(shapes):
+    xs, ys = shapes
+    x, y = Tensor.ones(*xs).contiguous(), Tensor.ones(*ys).contiguous()
+    out = (x + y).uop
+    bx = out.src[0]
+    assert bx.op is Ops.EXPAND and bx.arg == ys
+    inner = bx.src[0]
+    if len(xs) < len(ys): assert inner.op is Ops.RESHAPE and inner.src[0] is x.uop
+    else: assert inner is x.uop
+    np.testing.assert_equal((x + y).numpy(), np.ones(xs) + np.ones(ys))
+
+
+def test_broadcast_under_no_grad_keeps_the_result_off_the_graph():
+    w = Tensor([1.0, 2.0], requires_grad=True)
+    Tensor.no_grad = True
+    try: y = w + Tensor.ones(3, 2)
+    finally: Tensor.no_grad = False
+    assert not y.requires_grad
+    with pytest.raises(RuntimeError, match="does not require grad"): y.sum().backward()
+
+
+def test_alu_of_mismatched_shapes_is_refused_by_shape_inference():
+    a, b = Tensor.ones(2, 3), Tensor.ones(3, 2)
+    with pytest.raises(ValueError, match="mismatched shapes"): UOp(Ops.ADD, a.dtype, (a.uop, b.uop)).shape
