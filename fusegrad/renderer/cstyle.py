@@ -352,6 +352,7 @@ class ClangRenderer(CStyleLanguage):
     get fused multiply-adds, through GCC's optimize attribute; other compilers ignore it)."""
     device = "CPU"
     reduce_prefix = '__attribute__((optimize("fp-contract=fast"))) '
+    vector_exp2 = True   # fg_exp2f_xN
     float_fn = {**CStyleLanguage.float_fn, Ops.EXP2: "fg_exp2f", Ops.LOG2: "fg_log2f"}
 
     def render_alu(self, op: Ops, dt: DType, a: list[str], src_dtype: DType) -> str:
