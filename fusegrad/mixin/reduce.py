@@ -55,6 +55,15 @@ def _merges_permuted(u: UOp) -> bool:
     return len(merged) > 1 and order != list(range(order[0], order[0] + len(order)))
 
 
+TRANSPOSED_WEIGHT_ROWS = 64   # x @ b.T copies b.T row-major from this many rows of x (see dot)
+
+
+def _is_transpose(u: UOp) -> bool:
+    """u swaps the last two axes of its source and nothing else (b.T, b.transpose(-1, -2))."""
+    n = len(u.arg) if u.op is Ops.PERMUTE else 0
+    return n >= 2 and u.arg == tuple(range(n - 2)) + (n - 1, n - 2)
+
+
 class ReduceMixin:
     __slots__ = ()
 
@@ -130,6 +139,13 @@ class ReduceMixin:
         # T, H)`: heads back into the hidden axis) would be read with div/mod index math and strides inside the reduce
         # loop; a contiguous copy costs one pass (usually none: the copy is the store of the kernel computing `a`)
         if _merges_permuted(x.uop): x = x.contiguous()
+        # `x @ b.T` (a Linear layer's weight, stored (out, in)) reads b along its rows in the reduce: the kernel then
+        # forms dot products (vectorized along k, lanes summed per output), 2-3x slower on the CPU than the outer-
+        # product form a row-major w gives (vectorized along the output columns, a register tile of accumulators).
+        # With enough rows to amortize it, w is copied to row-major first; the copy of a realized weight is a relayout
+        # that storage.py keeps until the weight is written, so eager calls make it once per weight version.
+        if _is_transpose(w.uop) and not _is_transpose(x.uop) and x.ndim >= 2 and \
+                all_static(x.shape) and prod(x.shape[:-1]) >= TRANSPOSED_WEIGHT_ROWS: w = w.contiguous()
         out_dt = least_upper_dtype(x.dtype, w.dtype) if dtype is None else to_dtype(dtype)
         if out_dt in (dtypes.float16, dtypes.bfloat16):
             # 16-bit floats: exact float32 products and a float32 sum, rounded once at the end (torch's and a GEMM's
