@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from fusegrad.dtype import ConstType, DTypeLike, dtypes, least_upper_dtype, sum_acc_dtype, to_dtype
 from fusegrad.helpers import ShapeError, prod
 from fusegrad.ir import build
-from fusegrad.ir.ops import Ops, UOp, ssimplify
+from fusegrad.ir.ops import GroupOp, Ops, UOp, ssimplify
 from fusegrad.ir.shape import all_static, sprod
 
 if TYPE_CHECKING:
@@ -62,6 +62,11 @@ def _is_transpose(u: UOp) -> bool:
     """u swaps the last two axes of its source and nothing else (b.T, b.transpose(-1, -2))."""
     n = len(u.arg) if u.op is Ops.PERMUTE else 0
     return n >= 2 and u.arg == tuple(range(n - 2)) + (n - 1, n - 2)
+
+
+def _is_buffer_view(u: UOp) -> bool:
+    while u.op in GroupOp.Movement or (u.op is Ops.DETACH and u.arg is None): u = u.src[0]
+    return u.op is Ops.BUFFER
 
 
 class ReduceMixin:
@@ -142,9 +147,10 @@ class ReduceMixin:
         # `x @ b.T` (a Linear layer's weight, stored (out, in)) reads b along its rows in the reduce: the kernel then
         # forms dot products (vectorized along k, lanes summed per output), 2-3x slower on the CPU than the outer-
         # product form a row-major w gives (vectorized along the output columns, a register tile of accumulators).
-        # With enough rows to amortize it, w is copied to row-major first; the copy of a realized weight is a relayout
-        # that storage.py keeps until the weight is written, so eager calls make it once per weight version.
-        if _is_transpose(w.uop) and not _is_transpose(x.uop) and x.ndim >= 2 and \
+        # With enough rows to amortize it, a realized b is copied to row-major first: a relayout that storage.py keeps
+        # until b is written, so eager calls make it once per weight version (a computed b is left alone: its copy
+        # would be a kernel of its own on every call, as in X @ X.T).
+        if _is_transpose(w.uop) and _is_buffer_view(w.uop.src[0]) and not _is_transpose(x.uop) and x.ndim >= 2 and \
                 all_static(x.shape) and prod(x.shape[:-1]) >= TRANSPOSED_WEIGHT_ROWS: w = w.contiguous()
         out_dt = least_upper_dtype(x.dtype, w.dtype) if dtype is None else to_dtype(dtype)
         if out_dt in (dtypes.float16, dtypes.bfloat16):
