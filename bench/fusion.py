@@ -133,7 +133,10 @@ def strided_cases() -> list[Case]:
               "torch": lambda a, w: load_torch().einsum("bhtd,hdk->btk", a, w)}
     conv = {"fusegrad": lambda x, w: x.permute(0, 3, 1, 2).conv2d(w, padding=1),
             "torch": lambda x, w: tf().conv2d(x.permute(0, 3, 1, 2), w, padding=1)}
-    return [mm(ab), mm(aTb), mm(abT), mm(aTbT),
+    t, h, f = 1024, 384, 1536
+    linear = array_case("strided", f"linear x@w.T {t}x{h}@({f}x{h}).T", [(t, h), (f, h)], same(lambda x, w: x @ w.T),
+                        2 * t * h * f, "GFLOPS", 2e-4)
+    return [mm(ab), mm(aTb), mm(abT), mm(aTbT), linear,
             array_case("strided", f"heads merged @ Wo {B}x{H}x{T}x{D}", [(B, H, T, D), (H * D, H * D)], heads,
                        2 * B * T * (H * D) ** 2, "GFLOPS", 2e-4),
             array_case("strided", "einsum bhtd,hdk->btk", [(B, H, T, D), (H, D, H * D)], einsum,
