@@ -132,12 +132,13 @@ VECTOR_DTYPES = {dtypes.float32, dtypes.float64, dtypes.int32, dtypes.uint32, dt
 
 
 def elementwise_opts(nodes: list[UOp], renderer: Renderer | None) -> list[Opt]:
-    """Elementwise kernels are left to the C compiler's vectorizer, except those that evaluate exp2 (exp, sigmoid,
-    tanh, erf, GELU) where the renderer has a whole-vector exp2: GCC -O2 doesn't vectorize a loop whose bounds are a
-    thread's chunk, so each element ran the scalar fg_exp2f and the selects around it one by one (GELU over 1024x1536:
-    7.5 ms). VECTORIZE the range along which the loads and stores are contiguous, at the SIMD width."""
-    if renderer is None or not renderer.vector_exp2 or not renderer.simd_bytes: return []
-    if not any(n.op is Ops.EXP2 and n.dtype == dtypes.float32 for n in nodes): return []
+    """Elementwise kernels are left to the C compiler's vectorizer, except those that evaluate exp2 or log2 (exp,
+    sigmoid, tanh, erf, GELU, log, softplus) where the renderer has them for whole vectors: GCC -O2 doesn't vectorize
+    a loop whose bounds are a thread's chunk, so each element ran the scalar fg_exp2f and the selects around it one by
+    one (GELU over 1024x1536: 7.5 ms). VECTORIZE the range along which the loads and stores are contiguous, at the
+    SIMD width (or half, or a quarter, when that doesn't divide it)."""
+    if renderer is None or not renderer.vector_math or not renderer.simd_bytes: return []
+    if not any(n.op in (Ops.EXP2, Ops.LOG2) and n.dtype == dtypes.float32 for n in nodes): return []
     if not {n.dtype.scalar() for n in nodes if n.op not in (Ops.STORE, Ops.PARAM, Ops.INDEX, Ops.SINK)} <= \
             {dtypes.float32, dtypes.int32, dtypes.bool}: return []
     sizes = {n: int(n.src[0].arg) for n in nodes if n.op is Ops.RANGE and n.src[0].op is Ops.CONST}
