@@ -25,3 +25,16 @@ def test_run_quick_one_case():
     assert [r.split()[3] for r in rows][:2] == ["fusegrad", "numpy"], out.stdout
     assert all(r.rstrip().endswith("x") for r in rows), out.stdout     # a time ratio against NumPy in every row
     assert "FAILED" not in out.stdout
+
+
+def test_fusion_bench_one_case_with_base():
+    # bench/fusion.py: one case, fusegrad and numpy (and torch when installed) plus the same checkout as "base"
+    pytest.importorskip("numpy", reason="bench/fusion.py needs numpy")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    argv = [sys.executable, str(ROOT / "bench" / "fusion.py"), "--only", "sigmoid", "--blocks", "1", "--runs", "1",
+            "--base", str(ROOT)]
+    out = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=180, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [line.split() for line in out.stdout.splitlines() if line.startswith("sigmoid 1024x1536")]
+    assert {"fusegrad", "numpy", "base"} <= {r[2] for r in rows}, out.stdout
+    assert "FAILED" not in out.stdout

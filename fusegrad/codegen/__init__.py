@@ -53,6 +53,8 @@ def mark_thread_loop(uops: list[UOp], renderer: Renderer) -> int:
     work = 1
     for u in uops[first:]:  # trip count of the deepest loop nest, a cheap proxy for the work
         if u.op is Ops.RANGE: work *= max(trip_count(u), 1)
+    if not any(u.op is Ops.RANGE and u.arg[1] == "reduce" for u in uops):  # a vectorized elementwise loop: each trip
+        work *= max((u.dtype.count for u in uops if u.op is Ops.LOAD), default=1)  # does w elements' work
     if size < 2 or work < renderer.min_thread_work: return 0
     old = uops[first]
     new = UOp(Ops.RANGE, old.dtype, old.src, (old.arg[0], "thread"))

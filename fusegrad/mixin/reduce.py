@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from fusegrad.dtype import ConstType, DTypeLike, dtypes, least_upper_dtype, sum_acc_dtype, to_dtype
 from fusegrad.helpers import ShapeError, prod
 from fusegrad.ir import build
-from fusegrad.ir.ops import Ops, UOp, ssimplify
+from fusegrad.ir.ops import GroupOp, Ops, UOp, ssimplify
 from fusegrad.ir.shape import all_static, sprod
 
 if TYPE_CHECKING:
@@ -53,6 +53,20 @@ def _merges_permuted(u: UOp) -> bool:
     merged = [a for a in range(i, len(ps)) if ps[a] != 1]
     order = [p.arg[a] for a in merged]
     return len(merged) > 1 and order != list(range(order[0], order[0] + len(order)))
+
+
+TRANSPOSED_WEIGHT_ROWS = 64   # x @ b.T copies b.T row-major from this many rows of x (see dot)
+
+
+def _is_transpose(u: UOp) -> bool:
+    """u swaps the last two axes of its source and nothing else (b.T, b.transpose(-1, -2))."""
+    n = len(u.arg) if u.op is Ops.PERMUTE else 0
+    return n >= 2 and u.arg == tuple(range(n - 2)) + (n - 1, n - 2)
+
+
+def _is_buffer_view(u: UOp) -> bool:
+    while u.op in GroupOp.Movement or (u.op is Ops.DETACH and u.arg is None): u = u.src[0]
+    return u.op is Ops.BUFFER
 
 
 class ReduceMixin:
@@ -130,6 +144,14 @@ class ReduceMixin:
         # T, H)`: heads back into the hidden axis) would be read with div/mod index math and strides inside the reduce
         # loop; a contiguous copy costs one pass (usually none: the copy is the store of the kernel computing `a`)
         if _merges_permuted(x.uop): x = x.contiguous()
+        # `x @ b.T` (a Linear layer's weight, stored (out, in)) reads b along its rows in the reduce: the kernel then
+        # forms dot products (vectorized along k, lanes summed per output), 2-3x slower on the CPU than the outer-
+        # product form a row-major w gives (vectorized along the output columns, a register tile of accumulators).
+        # With enough rows to amortize it, a realized b is copied to row-major first: a relayout that storage.py keeps
+        # until b is written, so eager calls make it once per weight version (a computed b is left alone: its copy
+        # would be a kernel of its own on every call, as in X @ X.T).
+        if _is_transpose(w.uop) and _is_buffer_view(w.uop.src[0]) and not _is_transpose(x.uop) and x.ndim >= 2 and \
+                all_static(x.shape) and prod(x.shape[:-1]) >= TRANSPOSED_WEIGHT_ROWS: w = w.contiguous()
         out_dt = least_upper_dtype(x.dtype, w.dtype) if dtype is None else to_dtype(dtype)
         if out_dt in (dtypes.float16, dtypes.bfloat16):
             # 16-bit floats: exact float32 products and a float32 sum, rounded once at the end (torch's and a GEMM's

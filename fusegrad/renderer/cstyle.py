@@ -347,15 +347,40 @@ static inline {F} fg_exp2f_x{w}({F} x) {{
 }}"""
 
 
+def vector_log2_c(w: int) -> str:
+    """fg_log2f on w-lane float vectors: the scalar algorithm op for op (the same results), selects on compare masks."""
+    F, I = f"float_x{w}", f"int_m{w}"
+    return f"""typedef int {I} __attribute__((vector_size({4 * w})));
+static inline {F} fg_log2f_x{w}({F} x) {{
+  {F} tiny = ({F}){{}} + 1.17549435e-38f, zero = ({F}){{}}, inf = ({F}){{}} + __builtin_inff();
+  {I} sub = x < tiny;                                          /* subnormals: scale into the normal range */
+  {I} ui = ((({I})(x * 8388608.0f)) & sub) | ((({I})x) & ~sub);
+  {I} e = ((ui >> 23) & 0xff) - 127 - (23 & sub);
+  {F} uf = ({F})((ui & 0x007fffff) | 0x3f800000);              /* mantissa in [1, 2) */
+  {I} big = uf > (({F}){{}} + 1.41421356f);
+  {F} m = ({F})(((({I})(uf * 0.5f)) & big) | ((({I})uf) & ~big));
+  {F} s = (m - 1.0f) / (m + 1.0f), t = s * s;
+  {F} q = ((0.14962947f*t + 0.19987394f)*t + 0.33333409f)*t + 1.0f;
+  {F} r = __builtin_convertvector(e - big, {F}) + 2.8853900817779268f * s * q;   /* big is -1 where set */
+  {I} nan = (x != x) | (x < zero), mzero = x == zero, minf = x == inf;
+  {F} ninf = zero - inf, qnan = ({F}){{}} + __builtin_nanf("");
+  r = ({F})((({I})x & minf) | (({I})r & ~minf));
+  r = ({F})((({I})ninf & mzero) | (({I})r & ~mzero));
+  return ({F})((({I})qnan & nan) | (({I})r & ~nan));
+}}"""
+
+
 class ClangRenderer(CStyleLanguage):
     """C for the CPU device, compiled by the system C compiler (flags: -ffp-contract=off, so only float reduce kernels
     get fused multiply-adds, through GCC's optimize attribute; other compilers ignore it)."""
     device = "CPU"
     reduce_prefix = '__attribute__((optimize("fp-contract=fast"))) '
+    vector_math = True   # fg_exp2f_xN, fg_log2f_xN
     float_fn = {**CStyleLanguage.float_fn, Ops.EXP2: "fg_exp2f", Ops.LOG2: "fg_log2f"}
 
     def render_alu(self, op: Ops, dt: DType, a: list[str], src_dtype: DType) -> str:
         if op is Ops.EXP2 and dt.count > 1 and dt.scalar() == dtypes.float32: return f"fg_exp2f_x{dt.count}({a[0]})"
+        if op is Ops.LOG2 and dt.count > 1 and dt.scalar() == dtypes.float32: return f"fg_log2f_x{dt.count}({a[0]})"
         if op is Ops.MAX and dt in (dtypes.float32, dtypes.float64) and not any(x.startswith("acc") for x in a):
             # (a reduce's running max keeps the branchy form: its compare is predictable, and the selects would make
             # one long dependency chain, 3.5x slower over 4096-long rows)
@@ -373,6 +398,7 @@ class ClangRenderer(CStyleLanguage):
         src = super().render_kernel(name, args, body, has_float_acc)
         used = [FAST_MATH_C[fn] for fn in FAST_MATH_C if fn + "(" in src]
         used += [vector_exp2_c(w) for w in (4, 8, 16) if f"fg_exp2f_x{w}(" in src]
+        used += [vector_log2_c(w) for w in (4, 8, 16) if f"fg_log2f_x{w}(" in src]
         return "".join(f + "\n" for f in used) + src
 
 

@@ -26,6 +26,7 @@ from fusegrad.ir.ops import GroupOp, Ops, UOp
 from fusegrad.ir.symbolic import simplify
 from fusegrad.ir.shape import all_static, smax, smul, sprod, sym_eq
 from fusegrad.schedule.recompute import RecomputePolicy
+from fusegrad.schedule.reduce_order import order_reduce_loops
 
 TRUE = UOp.const(dtypes.bool, True)
 INDEX_MAX = 2**31 - 1
@@ -340,4 +341,5 @@ def lower_kernel(root: UOp, realize_points: set[UOp], policy: RecomputePolicy | 
     reduces, and with a `policy`, nodes this kernel alone would recompute too often."""
     ix = Indexer(root, realize_points, policy)
     kb = ix.build()
+    if not ix.violations: kb.ast = order_reduce_loops(kb.ast)
     return kb, ix.violations

@@ -120,3 +120,43 @@ def test_matmul_of_merged_heads_reads_a_contiguous_copy():
     x = Tensor(rng.standard_normal((2, 3, 4), dtype=np.float32))
     assert not _merges_permuted(x.reshape(2, 12).uop) and not _merges_permuted(x.permute(2, 0, 1).reshape(4, 6).uop)
     assert _merges_permuted(x.permute(1, 0, 2).reshape(3, 8).uop)   # (2, 4) of (2, 3, 4): strides 12 and 1
+
+
+def test_matmul_transposed_weight_reads_a_row_major_copy():
+    # `x @ w.T` (a Linear layer) with >= 64 rows of x: the realized w is copied row-major first (a relayout, computed
+    # once while w is unwritten), so the matmul kernel reads it like `x @ b`; values and gradients stay torch's
+    from fusegrad import GlobalCounters
+    from fusegrad.codegen.opt import hand_coded_opts
+    from fusegrad.ir.pattern import graph_rewrite
+    from fusegrad.ir.symbolic import pm_symbolic
+    from fusegrad.mixin.reduce import TRANSPOSED_WEIGHT_ROWS
+    rng = np.random.default_rng(1)
+    xn, wn = rng.standard_normal((TRANSPOSED_WEIGHT_ROWS, 48), dtype=np.float32), rng.standard_normal((32, 48),
+                                                                                                   dtype=np.float32)
+    w = Tensor(wn).realize()
+    x = Tensor(xn, requires_grad=True).realize()
+    items = (x @ w.T).schedule()
+    assert len(items) == 2 and "REDUCE_AXIS(ADD)" not in items[0].tensor_ops   # the copy, then the matmul
+    GlobalCounters.reset()
+    np.testing.assert_allclose((x @ w.T).numpy(), xn @ wn.T, rtol=1e-5, atol=1e-5)
+    assert GlobalCounters.kernel_count == 2
+    GlobalCounters.reset()
+    np.testing.assert_allclose((x @ w.T).numpy(), xn @ wn.T, rtol=1e-5, atol=1e-5)
+    assert GlobalCounters.kernel_count == 1   # the copy is reused while w is unwritten
+    # the matmul kernel vectorizes an output axis (outer products), not the reduce axis (dot products)
+    ast = graph_rewrite(items[-1].ast, pm_symbolic)
+    rngs = {n.arg[0]: n.arg[1] for n in ast.toposort() if n.op.name == "RANGE"}
+    from fusegrad import Device
+    vec = [o for o in hand_coded_opts(ast, Device["CPU"].renderer) if o.op == "VECTORIZE"]
+    assert all(rngs[o.axis] != "reduce" for o in vec)
+    # fewer rows, a computed b (X @ X.T), or a transposed x: no copy
+    assert len((Tensor(xn[:TRANSPOSED_WEIGHT_ROWS - 1]) @ w.T).schedule()) == 1
+    assert len((Tensor(xn).realize() @ (w * 2).T).schedule()) == 1
+    assert len((Tensor(xn.T.copy()).realize().T @ w.T).schedule()) == 1
+    # gradients
+    tw, tx = torch.tensor(wn, requires_grad=True), torch.tensor(xn, requires_grad=True)
+    fw = Tensor(wn, requires_grad=True).realize()
+    (x @ fw.T).square().sum().backward()
+    (tx @ tw.T).square().sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(fw.grad.numpy(), tw.grad.numpy(), rtol=1e-4, atol=1e-3)

@@ -1,0 +1,100 @@
+"""Elementwise kernels that evaluate exp2 (exp, sigmoid, tanh, erf, GELU) are vectorized by the heuristic
+(codegen/opt.py, elementwise_opts) and threaded by lanes of work; their results still match PyTorch."""
+import numpy as np
+import pytest
+import torch
+
+from fusegrad import Context, Device, Tensor, dtypes
+from fusegrad.codegen import to_program
+from fusegrad.codegen.opt import hand_coded_opts
+from fusegrad.ir.pattern import graph_rewrite
+from fusegrad.ir.symbolic import pm_symbolic
+
+CPU = Device["CPU"].renderer
+needs_simd = pytest.mark.skipif(not (CPU.simd_bytes and CPU.vector_math), reason="no vector exp2/log2 on this CPU")
+rng = np.random.default_rng(18)
+X = (rng.standard_normal((64, 48)) * 4).astype(np.float32)
+X[0, :16] = [np.nan, np.inf, -np.inf, 0, -0.0, 88, -88, 100, -100, 1e-30, -1e-30, 20, -20, 9.5, -9.5, 3e38]
+
+FNS = {  # name: (fusegrad, torch)
+    "exp": (lambda x: x.exp(), torch.exp),
+    "sigmoid": (lambda x: x.sigmoid(), torch.sigmoid),
+    "tanh": (lambda x: x.tanh(), torch.tanh),
+    "erf": (lambda x: x.erf(), torch.erf),
+    "gelu_erf": (lambda x: x.gelu("none"), lambda x: torch.nn.functional.gelu(x)),
+    "gelu_tanh": (lambda x: x.gelu("tanh"), lambda x: torch.nn.functional.gelu(x, approximate="tanh")),
+    "silu": (lambda x: x.silu(), torch.nn.functional.silu),
+    "softplus": (lambda x: x.softplus(), torch.nn.functional.softplus),
+    "mish": (lambda x: x.mish(), torch.nn.functional.mish),
+    "log_abs": (lambda x: x.abs().log(), lambda x: x.abs().log()),
+}
+
+
+def opts_of(t: Tensor):
+    (si,) = t.schedule()
+    return hand_coded_opts(graph_rewrite(si.ast, pm_symbolic), CPU)
+
+
+@needs_simd
+@pytest.mark.parametrize("name", list(FNS))
+def test_transcendental_kernel_is_vectorized_and_matches_torch(name):
+    fg, tf = FNS[name]
+    opts = opts_of(fg(Tensor(X)))
+    assert [o.op for o in opts] == ["VECTORIZE"] and opts[0].amount >= 4
+    with Context(CACHELEVEL=0):   # not a program rendered before this rule existed
+        out = fg(Tensor(X)).numpy()
+    with Context(CACHELEVEL=0, NOOPT=1):   # the scalar loop: same math, special values included
+        scalar = fg(Tensor(X)).numpy()
+    np.testing.assert_allclose(out, scalar, rtol=1e-6, atol=1e-7, equal_nan=True)
+    fin = X[1:]   # finite inputs: the op suite's tolerances against PyTorch
+    np.testing.assert_allclose(out[1:], tf(torch.tensor(fin)).numpy(), rtol=1e-3, atol=1e-6)
+
+
+@needs_simd
+def test_vector_log2_and_exp2_equal_the_scalar_ones_bit_for_bit():
+    # every float32 exponent, subnormals, zeros, infinities, NaN, negatives: fg_log2f_xN / fg_exp2f_xN run the scalar
+    # functions' operations lane by lane, so the results are the same bits
+    bits = rng.integers(0, 2**32, 64 * 1024, dtype=np.uint64).astype(np.uint32)
+    v = bits.view(np.float32).copy()
+    v[:12] = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, 1.17549435e-38, 1.0, 2.0, 0.5, 1.41421356, -1.0]
+    for fn in (lambda t: t.log2(), lambda t: t.exp2(), lambda t: (t * 1e-30).exp2()):
+        opts = opts_of(fn(Tensor(v)))
+        assert [o.op for o in opts] == ["VECTORIZE"]
+        with Context(CACHELEVEL=0):
+            vec = fn(Tensor(v)).numpy()
+        with Context(CACHELEVEL=0, NOOPT=1):
+            sca = fn(Tensor(v)).numpy()
+        same = (vec.view(np.uint32) == sca.view(np.uint32)) | (np.isnan(vec) & np.isnan(sca))
+        assert same.all(), (v[~same][:5], vec[~same][:5], sca[~same][:5])
+    with np.errstate(all="ignore"):
+        ref = np.log2(v.astype(np.float64))
+    ok = np.isfinite(ref) & (ref != 0)
+    out = Tensor(v).log2().numpy()
+    np.testing.assert_allclose(out[ok], ref[ok], rtol=2e-6, atol=2e-7)
+    assert np.array_equal(np.isnan(out), np.isnan(ref)) and np.array_equal(out[np.isinf(ref)], ref[np.isinf(ref)])
+
+
+@needs_simd
+def test_vector_exp2_in_source_and_threaded():
+    (si,) = Tensor(X).gelu("none").schedule()
+    assert "fg_exp2f_x" in to_program(si.ast, CPU).src
+    if CPU.threads > 1:   # 1024x1536 / 16 lanes = 98304 trips, each 16 elements' work: split over the threads
+        (si,) = Tensor.empty(1024, 1536).gelu("none").schedule()
+        src = to_program(si.ast, CPU).src
+        assert "fg_exp2f_x" in src and "core_start" in src
+
+
+def test_cheap_or_other_dtype_elementwise_left_to_the_compiler():
+    assert opts_of(Tensor(X) * 2 + 1) == []                           # no exp2: GCC's business
+    assert opts_of(Tensor(X).cast(dtypes.float16).exp()) == []         # half: no vector exp2
+    if CPU.simd_bytes and CPU.vector_math:   # the loops are merged first: 64*45 = 2880 = 16*180 lanes
+        (si,) = Tensor(X[:, :45].copy()).exp().schedule()
+        assert "fg_exp2f_x" in to_program(si.ast, CPU).src
+    (si,) = Tensor(X[:3, :5].copy()).exp().schedule()   # 15 elements: no width divides
+    assert "fg_exp2f_x" not in to_program(si.ast, CPU).src
+
+
+def test_python_backend_never_vectorizes():
+    t = Tensor(X, device="PYTHON").exp()
+    (si,) = t.schedule()
+    assert hand_coded_opts(graph_rewrite(si.ast, pm_symbolic), Device["PYTHON"].renderer) == []
