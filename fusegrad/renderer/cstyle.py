@@ -347,6 +347,34 @@ static inline {F} fg_exp2f_x{w}({F} x) {{
 }}"""
 
 
+def half_convert_c(w: int) -> str:
+    """float16 <-> float32 on w-lane vectors (fg_h2f_xW, fg_f2h_xW; round to nearest even, NaN stays NaN). GCC 12
+    converts _Float16 vectors one lane at a time, so with F16C (and AVX-512F for 16 lanes) -- the -march=native
+    compiler's own macros tell -- they are the vcvtph2ps / vcvtps2ph instructions through GCC's builtins (immintrin.h
+    would add ~70 ms to every compile); elsewhere (Clang, ARM, no F16C) __builtin_convertvector."""
+    H, F, S = f"_Float16_x{w}", f"float_x{w}", f"fg_hi{max(w, 8)}"
+    if w == 16:
+        cond = "defined(__AVX512F__)"
+        fast = (f"return ({F})__builtin_ia32_vcvtph2ps512_mask(({S})h, ({F}){{}}, (unsigned short)-1, 4);",
+                f"return ({H})__builtin_ia32_vcvtps2ph512_mask(f, 0, ({S}){{}}, (unsigned short)-1);")
+    elif w == 8:
+        cond = "defined(__F16C__)"
+        fast = (f"return ({F})__builtin_ia32_vcvtph2ps256(({S})h);", f"return ({H})__builtin_ia32_vcvtps2ph256(f, 0);")
+    else:  # 4 lanes: the 128-bit forms work on the low half of an 8-lane register
+        cond = "defined(__F16C__)"
+        widen = f"{S} x = ({S})__builtin_shufflevector(h, h, 0, 1, 2, 3, 0, 1, 2, 3);"
+        fast = (f"{widen} return ({F})__builtin_ia32_vcvtph2ps(x);",
+                f"{S} x = __builtin_ia32_vcvtps2ph(f, 0); return ({H})__builtin_shufflevector(x, x, 0, 1, 2, 3);")
+    return f"""#if {cond} && defined(__GNUC__) && !defined(__clang__)
+typedef short {S} __attribute__((vector_size({2 * max(w, 8)})));
+static inline {F} fg_h2f_x{w}({H} h) {{ {fast[0]} }}
+static inline {H} fg_f2h_x{w}({F} f) {{ {fast[1]} }}
+#else
+static inline {F} fg_h2f_x{w}({H} h) {{ return __builtin_convertvector(h, {F}); }}
+static inline {H} fg_f2h_x{w}({F} f) {{ return __builtin_convertvector(f, {H}); }}
+#endif"""
+
+
 class ClangRenderer(CStyleLanguage):
     """C for the CPU device, compiled by the system C compiler (flags: -ffp-contract=off, so only float reduce kernels
     get fused multiply-adds, through GCC's optimize attribute; other compilers ignore it)."""
@@ -367,12 +395,33 @@ class ClangRenderer(CStyleLanguage):
                     src_dtype.scalar() != dtypes.bool:
                 return f"__builtin_convertvector(-({a[0]}{'<' if op is Ops.CMPLT else '!='}{a[1]}), {self.render_dtype(dt)})"
             if op in (Ops.AND, Ops.OR, Ops.XOR): return self._render_alu(op, dt, a, src_dtype)  # 0/1 lanes stay 0/1
+        if op in (Ops.SHL, Ops.SHR) and dt.count > 1 and dtypes.is_int(dt) and dt.scalar().itemsize >= 4:
+            return self._render_alu(op, dt, a, src_dtype)  # vector shifts (bfloat16's bits <-> float32)
         return super().render_alu(op, dt, a, src_dtype)
+
+    def render_cast(self, dt: DType, x: str, src_dt: DType) -> str:
+        """Whole-vector conversions where C's per-element cast and the vector one agree: float16 <-> float32 (F16C),
+        integer -> integer (wraps, as C) and integer -> float. float -> integer (out of range differs) and anything
+        with bool (C's cast tests != 0; a vector one truncates) go lane by lane."""
+        if dt.count > 1 and dt.count == src_dt.count:
+            pair = {dt.scalar(), src_dt.scalar()}
+            if pair == {dtypes.float16, dtypes.float32} and dt.count in (4, 8, 16):
+                return f"fg_{'h2f' if dt.scalar() == dtypes.float32 else 'f2h'}_x{dt.count}({x})"
+            if dtypes.is_int(src_dt) and (dtypes.is_int(dt) or dt.scalar() in (dtypes.float32, dtypes.float64)):
+                return f"__builtin_convertvector({x}, {self.render_dtype(dt)})"
+        return super().render_cast(dt, x, src_dt)
+
+    def render_bitcast(self, dt: DType, x: str, src_dt: DType) -> str:
+        # a GCC/Clang vector cast between vectors of one size reinterprets the bits
+        if dt.count > 1 and dt.count * dt.scalar().itemsize == src_dt.count * src_dt.scalar().itemsize:
+            return f"(({self.render_dtype(dt)})({x}))"
+        return super().render_bitcast(dt, x, src_dt)
 
     def render_kernel(self, name: str, args: list[str], body: list[str], has_float_acc: bool = False) -> str:
         src = super().render_kernel(name, args, body, has_float_acc)
         used = [FAST_MATH_C[fn] for fn in FAST_MATH_C if fn + "(" in src]
         used += [vector_exp2_c(w) for w in (4, 8, 16) if f"fg_exp2f_x{w}(" in src]
+        used += [half_convert_c(w) for w in (4, 8, 16) if f"fg_h2f_x{w}(" in src or f"fg_f2h_x{w}(" in src]
         return "".join(f + "\n" for f in used) + src
 
 
