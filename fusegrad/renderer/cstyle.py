@@ -155,6 +155,11 @@ class CStyleLanguage(Renderer):
         if dt == dtypes.float32: return f"{self.float_fn[op]}({x})"
         return f"(({self.render_dtype(dt)}){self.float_fn[op]}((float)({x})))"
 
+    def reads_operands_once(self, u: UOp) -> bool:
+        """Whether u's rendering names each operand once even on vectors (else operands get variables: lane by lane
+        they would be computed once per lane)."""
+        return False
+
     def render_cast(self, dt: DType, x: str, src_dt: DType) -> str:
         if dt.count > 1: return self.render_lanes(dt, [self.render_cast(dt.scalar(), self.render_gep(x, i), src_dt.scalar())
                                                        for i in range(dt.count)])
@@ -191,8 +196,9 @@ class CStyleLanguage(Renderer):
             if u.op is Ops.END: d -= 1
             depth_of[u] = d
             for s in u.src: use_depth[s] = d
-            if (u.op is Ops.MAX and not self.has_vector_max(u.dtype)) or \
-                    u.dtype.count > 1 and u.op in GroupOp.ALU - {Ops.MAX} | {Ops.CAST, Ops.BITCAST}:
+            if ((u.op is Ops.MAX and not self.has_vector_max(u.dtype)) or
+                    u.dtype.count > 1 and u.op in GroupOp.ALU - {Ops.MAX} | {Ops.CAST, Ops.BITCAST}) and \
+                    not self.reads_operands_once(u):
                 repeated.update(u.src)  # rendered lane by lane: each operand is read once per lane
             if u.op is Ops.GEP: repeated.update(u.src)
             if u.op is Ops.RANGE: d += 1
@@ -295,6 +301,13 @@ def _strip(s: str) -> str:
     return s[1:-1]
 
 
+def _unround_half(x: str, n: int) -> str:
+    """float32 lanes of float16 vector expression x: fg_f2h_xN(e) is e itself (not rounded), else a conversion."""
+    head = f"fg_f2h_x{n}("
+    if x.startswith(head) and _strip(x[len(head) - 1:]) != x[len(head) - 1:]: return x[len(head):-1]
+    return f"fg_h2f_x{n}({x})"
+
+
 def _zero(dt: DType) -> object:
     return 0.0 if dtypes.is_float(dt) else False if dtypes.is_bool(dt) else 0
 
@@ -365,7 +378,13 @@ def half_convert_c(w: int) -> str:
         widen = f"{S} x = ({S})__builtin_shufflevector(h, h, 0, 1, 2, 3, 0, 1, 2, 3);"
         fast = (f"{widen} return ({F})__builtin_ia32_vcvtph2ps(x);",
                 f"{S} x = __builtin_ia32_vcvtps2ph(f, 0); return ({H})__builtin_shufflevector(x, x, 0, 1, 2, 3);")
-    return f"""#if {cond} && defined(__GNUC__) && !defined(__clang__)
+    # the kernel may use these vector types only inside the helpers (float16 math); C11 allows repeating a typedef
+    return f"""typedef float {F} __attribute__((vector_size({4 * w})));
+typedef _Float16 {H} __attribute__((vector_size({2 * w})));
+typedef int fg_mf{w} __attribute__((vector_size({4 * w})));
+static inline {F} fg_maxf_x{w}({F} a, {F} b) {{ fg_mf{w} k = (a > b) | (a != a);
+  return ({F})(((fg_mf{w})a & k) | ((fg_mf{w})b & ~k)); }}
+#if {cond} && defined(__GNUC__) && !defined(__clang__)
 typedef short {S} __attribute__((vector_size({2 * max(w, 8)})));
 static inline {F} fg_h2f_x{w}({H} h) {{ {fast[0]} }}
 static inline {H} fg_f2h_x{w}({F} f) {{ {fast[1]} }}
@@ -382,7 +401,23 @@ class ClangRenderer(CStyleLanguage):
     reduce_prefix = '__attribute__((optimize("fp-contract=fast"))) '
     float_fn = {**CStyleLanguage.float_fn, Ops.EXP2: "fg_exp2f", Ops.LOG2: "fg_log2f"}
 
+    def reads_operands_once(self, u: UOp) -> bool:
+        return u.op in GroupOp.ALU and self._half_vector_math(u.op, u.src[-1].dtype)
+
+    @staticmethod
+    def _half_vector_math(op: Ops, src_dtype: DType) -> bool:
+        return src_dtype.scalar() == dtypes.float16 and src_dtype.count in (4, 8, 16) and op is not Ops.WHERE
+
     def render_alu(self, op: Ops, dt: DType, a: list[str], src_dtype: DType) -> str:
+        if self._half_vector_math(op, src_dtype):
+            # GCC (without AVX512-FP16) splits _Float16 vector math into one converted scalar op per lane: compute in
+            # float32 vectors and round where the value is stored or named, as GCC does for scalar _Float16 (excess
+            # precision): an operand inlined from another op is used unrounded (a / b is a * (1/b): one rounding)
+            n, f32 = src_dtype.count, dtypes.float32.vec(src_dtype.count)
+            args = [_unround_half(x, n) for x in a]
+            out = f"fg_maxf_x{n}({', '.join(args)})" if op is Ops.MAX else \
+                self.render_alu(op, f32 if dt.scalar() == dtypes.float16 else dt, args, f32)
+            return f"fg_f2h_x{n}({out})" if dt.scalar() == dtypes.float16 else out
         if op is Ops.EXP2 and dt.count > 1 and dt.scalar() == dtypes.float32: return f"fg_exp2f_x{dt.count}({a[0]})"
         if op is Ops.MAX and dt in (dtypes.float32, dtypes.float64) and not any(x.startswith("acc") for x in a):
             # (a reduce's running max keeps the branchy form: its compare is predictable, and the selects would make

@@ -122,3 +122,22 @@ def test_cpu_kernels_use_whole_vector_conversions():
         a, b = (Tensor(rng.standard_normal((64, 64)).astype(np.float32)).cast(dt).realize() for _ in range(2))
         src = to_program((a @ b).schedule()[-1].ast, Device["CPU"].renderer).src
         assert "float_x" in src and conv in src, src
+
+
+HALF_OPS = {"add": lambda a, b: a + b, "mul": lambda a, b: a * b, "div": lambda a, b: a / b,
+            "maximum": lambda a, b: a.maximum(b), "lt": lambda a, b: a < b, "sqrt": lambda a, b: a.abs().sqrt()}
+
+
+@pytest.mark.parametrize("name", list(HALF_OPS))
+def test_float16_vector_math_rounds_like_torch(name, lanes):
+    """One float16 op on whole vectors (computed in float32, rounded once) gives torch's float16 result bit for bit,
+    specials included; scalar lanes too."""
+    import torch
+    x = _probe_f32(np.float16)
+    a = x.astype(np.float16)
+    b = np.roll(a, 7)
+    fn = HALF_OPS[name]
+    got = fn(Tensor(a), Tensor(b)).numpy()
+    want = fn(torch.from_numpy(a), torch.from_numpy(b)).numpy()
+    if got.dtype == np.bool_: np.testing.assert_array_equal(got, want)
+    else: _assert_bits_equal(got.view(np.uint16), want.view(np.uint16), np.isnan(want), 0x7C00, f"{name} ({lanes})")
