@@ -64,7 +64,7 @@ class Case:
 
 def to_np(x: Any) -> np.ndarray:
     if isinstance(x, Tensor): return x.numpy()
-    if hasattr(x, "detach"): return x.detach().numpy()   # a torch.Tensor
+    if hasattr(x, "detach"): return x.detach().float().numpy()   # a torch.Tensor (NumPy has no bfloat16)
     if isinstance(x, (list, tuple)): return np.concatenate([to_np(v).ravel() for v in x])
     return np.asarray(x)
 
@@ -115,21 +115,52 @@ def matmul_cases(sizes: list[int]) -> list[Case]:
                        "GFLOPS", 2e-4) for n in sizes]
 
 
-def bf16_matmul_case(n: int) -> list[Case]:
-    """bfloat16 matmul where the CPU device supports it (emulated with float32 math on 16-bit storage)."""
+def half_matmul_case(n: int, dt_name: str) -> list[Case]:
+    """A float16 / bfloat16 matmul (16-bit inputs, float32 accumulation, a 16-bit result) where the CPU device has the
+    dtype (bfloat16 is emulated with float32 math on 16-bit storage); the output is checked as float32."""
     from fusegrad import Device
-    if dtypes.bfloat16 not in Device["CPU"].renderer.supported_dtypes(): return []
+    dt = getattr(dtypes, dt_name)
+    if dt not in Device["CPU"].renderer.supported_dtypes(): return []
 
     def build(lib: str) -> Callable[[], Any]:
         rng = np.random.default_rng(n)
         an, bn = rand(rng, n, n), rand(rng, n, n)
         if lib == "torch":
             torch = load_torch()
-            ta, tb = torch.from_numpy(an).bfloat16(), torch.from_numpy(bn).bfloat16()
+            ta, tb = (torch.from_numpy(v).to(getattr(torch, dt_name)) for v in (an, bn))
             return lambda: (ta @ tb).float()
-        a, b = (Tensor(v).cast(dtypes.bfloat16).realize() for v in (an, bn))
+        a, b = (Tensor(v).cast(dt).realize() for v in (an, bn))
         return fg(lambda: (a @ b).cast(dtypes.float32))
-    return [Case("matmul", f"matmul {n} bf16", ["fusegrad", "torch"], build, 2 * n ** 3, tol=6e-2)]
+    short = "bf16" if dt == dtypes.bfloat16 else "fp16"
+    return [Case("matmul", f"matmul {n} {short}", ["fusegrad", "torch"], build, 2 * n ** 3, tol=6e-2)]
+
+
+def cast_cases() -> list[Case]:
+    """Elementwise conversions of 16M values between float32 and float16 / bfloat16 (memory-bound: GB/s counts the
+    bytes read and written)."""
+    n = 1 << 24
+    out = []
+    for dt_name, short in (("float16", "fp16"), ("bfloat16", "bf16")):
+        dt = getattr(dtypes, dt_name)
+
+        def build(lib: str, dt: Any = dt, dt_name: str = dt_name, narrow: bool = True) -> Callable[[], Any]:
+            x = rand(np.random.default_rng(3), n)
+            if lib == "torch":
+                torch = load_torch()
+                tx = torch.from_numpy(x)
+                if narrow: return lambda: tx.to(getattr(torch, dt_name))
+                th = tx.to(getattr(torch, dt_name))
+                return lambda: th.float()
+            if narrow:
+                t = Tensor(x).realize()
+                return fg(lambda: t.cast(dt))
+            h = Tensor(x).cast(dt).realize()
+            return fg(lambda: h.cast(dtypes.float32))
+        for narrow in (True, False):
+            name = f"cast 16M fp32->{short}" if narrow else f"cast 16M {short}->fp32"
+            out.append(Case("cast", name, ["fusegrad", "torch"],
+                            lambda lib, b=build, nw=narrow: b(lib, narrow=nw), 6 * n, "GB/s", tol=1e-2))
+    return out
 
 
 def beam_rows() -> list[list[str]]:
@@ -293,7 +324,9 @@ def train_step_case(bs: int, sampled: bool) -> Case:
 
 
 def all_cases(bs: int) -> list[Case]:
-    return (matmul_cases([256, 512, 1024, 2048]) + bf16_matmul_case(512) + conv_cases(bs) + memory_cases()
+    return (matmul_cases([256, 512, 1024, 2048]) + [c for n in (512, 1024) for d in ("bfloat16", "float16")
+                                                    for c in half_matmul_case(n, d)] + conv_cases(bs) + memory_cases()
+            + cast_cases()
             + [train_step_case(bs, sampled=False), train_step_case(bs, sampled=True)])
 
 

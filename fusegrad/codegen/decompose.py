@@ -18,18 +18,33 @@ F32, U32, U16, U8, BF16 = dtypes.float32, dtypes.uint32, dtypes.uint16, dtypes.u
 
 
 def bf16_round(x: UOp) -> UOp:
-    """A float32 value rounded to the nearest bfloat16 (ties to even), still as float32."""
+    """A float32 value rounded to the nearest bfloat16 (ties to even), still as float32. Integer ops on the bits, so a
+    vector of them is a few vector instructions on any CPU. A NaN becomes the quiet NaN of its sign (as ml_dtypes):
+    the carry of the rounding would turn a NaN with a small payload into inf, and 0x7FFFFFFF into -0.0."""
     u = x.bitcast(U32)
     r = (u + 0x7FFF + (u.alu(Ops.SHR, 16).alu(Ops.AND, 1))).alu(Ops.AND, 0xFFFF0000)
-    return r.bitcast(F32)
+    nan = u.alu(Ops.AND, 0x80000000).alu(Ops.OR, 0x7FC00000)
+    return UOp.const(U32, 0x7F800000).lt(u.alu(Ops.AND, 0x7FFFFFFF)).where(nan, r).bitcast(F32)
 
 
 def bf16_load(ld: UOp) -> UOp:
     return (ld.cast(U32).alu(Ops.SHL, 16)).bitcast(F32)
 
 
+def _bf16_rounded(x: UOp) -> bool:
+    """Whether x is already bf16_round(y) for some y (an op's result, or a cast into bfloat16): UOps are hash-consed,
+    so rebuilding the rounding of the candidate y finds the very same node."""
+    if x.op is not Ops.BITCAST or x.src[0].op is not Ops.WHERE: return False
+    cond = x.src[0].src[0]  # WHERE(0x7F800000 < AND(u, 0x7FFFFFFF), nan, rounded) -> u
+    if cond.op is not Ops.CMPLT or cond.src[1].op is not Ops.AND: return False
+    u = cond.src[1].src[0]
+    return u.op is Ops.BITCAST and u.src[0].dtype == F32 and bf16_round(u.src[0]) is x
+
+
 def bf16_store_bits(x: UOp) -> UOp:
-    return bf16_round(x).bitcast(U32).alu(Ops.SHR, 16).cast(U16)
+    """The uint16 bits of a float32 value, rounded once: a value the last op or cast already rounded isn't again."""
+    r = x if _bf16_rounded(x) else bf16_round(x)
+    return r.bitcast(U32).alu(Ops.SHR, 16).cast(U16)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -128,7 +128,10 @@ def _vector_score(accesses: list[UOp], rng: UOp, weights: dict[UOp, int] | None 
     return score
 
 
-VECTOR_DTYPES = {dtypes.float32, dtypes.float64, dtypes.int32, dtypes.uint32, dtypes.int64, dtypes.bool}
+# 16-bit floats (and uint16, bfloat16's storage once codegen/decompose.py emulates it) compute in float32 vectors: the
+# renderer converts whole vectors at the loads and stores (ClangRenderer.render_cast)
+VECTOR_DTYPES = {dtypes.float32, dtypes.float64, dtypes.int32, dtypes.uint32, dtypes.int64, dtypes.bool, dtypes.float16,
+                 dtypes.uint16}
 
 
 def elementwise_opts(nodes: list[UOp], renderer: Renderer | None) -> list[Opt]:

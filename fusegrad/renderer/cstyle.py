@@ -155,6 +155,11 @@ class CStyleLanguage(Renderer):
         if dt == dtypes.float32: return f"{self.float_fn[op]}({x})"
         return f"(({self.render_dtype(dt)}){self.float_fn[op]}((float)({x})))"
 
+    def reads_operands_once(self, u: UOp) -> bool:
+        """Whether u's rendering names each operand once even on vectors (else operands get variables: lane by lane
+        they would be computed once per lane)."""
+        return False
+
     def render_cast(self, dt: DType, x: str, src_dt: DType) -> str:
         if dt.count > 1: return self.render_lanes(dt, [self.render_cast(dt.scalar(), self.render_gep(x, i), src_dt.scalar())
                                                        for i in range(dt.count)])
@@ -191,8 +196,9 @@ class CStyleLanguage(Renderer):
             if u.op is Ops.END: d -= 1
             depth_of[u] = d
             for s in u.src: use_depth[s] = d
-            if (u.op is Ops.MAX and not self.has_vector_max(u.dtype)) or \
-                    u.dtype.count > 1 and u.op in GroupOp.ALU - {Ops.MAX} | {Ops.CAST, Ops.BITCAST}:
+            if ((u.op is Ops.MAX and not self.has_vector_max(u.dtype)) or
+                    u.dtype.count > 1 and u.op in GroupOp.ALU - {Ops.MAX} | {Ops.CAST, Ops.BITCAST}) and \
+                    not self.reads_operands_once(u):
                 repeated.update(u.src)  # rendered lane by lane: each operand is read once per lane
             if u.op is Ops.GEP: repeated.update(u.src)
             if u.op is Ops.RANGE: d += 1
@@ -295,6 +301,13 @@ def _strip(s: str) -> str:
     return s[1:-1]
 
 
+def _unround_half(x: str, n: int) -> str:
+    """float32 lanes of float16 vector expression x: fg_f2h_xN(e) is e itself (not rounded), else a conversion."""
+    head = f"fg_f2h_x{n}("
+    if x.startswith(head) and _strip(x[len(head) - 1:]) != x[len(head) - 1:]: return x[len(head):-1]
+    return f"fg_h2f_x{n}({x})"
+
+
 def _zero(dt: DType) -> object:
     return 0.0 if dtypes.is_float(dt) else False if dtypes.is_bool(dt) else 0
 
@@ -370,6 +383,40 @@ static inline {F} fg_log2f_x{w}({F} x) {{
 }}"""
 
 
+def half_convert_c(w: int) -> str:
+    """float16 <-> float32 on w-lane vectors (fg_h2f_xW, fg_f2h_xW; round to nearest even, NaN stays NaN). GCC 12
+    converts _Float16 vectors one lane at a time, so with F16C (and AVX-512F for 16 lanes) -- the -march=native
+    compiler's own macros tell -- they are the vcvtph2ps / vcvtps2ph instructions through GCC's builtins (immintrin.h
+    would add ~70 ms to every compile); elsewhere (Clang, ARM, no F16C) __builtin_convertvector."""
+    H, F, S = f"_Float16_x{w}", f"float_x{w}", f"fg_hi{max(w, 8)}"
+    if w == 16:
+        cond = "defined(__AVX512F__)"
+        fast = (f"return ({F})__builtin_ia32_vcvtph2ps512_mask(({S})h, ({F}){{}}, (unsigned short)-1, 4);",
+                f"return ({H})__builtin_ia32_vcvtps2ph512_mask(f, 0, ({S}){{}}, (unsigned short)-1);")
+    elif w == 8:
+        cond = "defined(__F16C__)"
+        fast = (f"return ({F})__builtin_ia32_vcvtph2ps256(({S})h);", f"return ({H})__builtin_ia32_vcvtps2ph256(f, 0);")
+    else:  # 4 lanes: the 128-bit forms work on the low half of an 8-lane register
+        cond = "defined(__F16C__)"
+        widen = f"{S} x = ({S})__builtin_shufflevector(h, h, 0, 1, 2, 3, 0, 1, 2, 3);"
+        fast = (f"{widen} return ({F})__builtin_ia32_vcvtph2ps(x);",
+                f"{S} x = __builtin_ia32_vcvtps2ph(f, 0); return ({H})__builtin_shufflevector(x, x, 0, 1, 2, 3);")
+    # the kernel may use these vector types only inside the helpers (float16 math); C11 allows repeating a typedef
+    return f"""typedef float {F} __attribute__((vector_size({4 * w})));
+typedef _Float16 {H} __attribute__((vector_size({2 * w})));
+typedef int fg_mf{w} __attribute__((vector_size({4 * w})));
+static inline {F} fg_maxf_x{w}({F} a, {F} b) {{ fg_mf{w} k = (a > b) | (a != a);
+  return ({F})(((fg_mf{w})a & k) | ((fg_mf{w})b & ~k)); }}
+#if {cond} && defined(__GNUC__) && !defined(__clang__)
+typedef short {S} __attribute__((vector_size({2 * max(w, 8)})));
+static inline {F} fg_h2f_x{w}({H} h) {{ {fast[0]} }}
+static inline {H} fg_f2h_x{w}({F} f) {{ {fast[1]} }}
+#else
+static inline {F} fg_h2f_x{w}({H} h) {{ return __builtin_convertvector(h, {F}); }}
+static inline {H} fg_f2h_x{w}({F} f) {{ return __builtin_convertvector(f, {H}); }}
+#endif"""
+
+
 class ClangRenderer(CStyleLanguage):
     """C for the CPU device, compiled by the system C compiler (flags: -ffp-contract=off, so only float reduce kernels
     get fused multiply-adds, through GCC's optimize attribute; other compilers ignore it)."""
@@ -378,7 +425,23 @@ class ClangRenderer(CStyleLanguage):
     vector_math = True   # fg_exp2f_xN, fg_log2f_xN
     float_fn = {**CStyleLanguage.float_fn, Ops.EXP2: "fg_exp2f", Ops.LOG2: "fg_log2f"}
 
+    def reads_operands_once(self, u: UOp) -> bool:
+        return u.op in GroupOp.ALU and self._half_vector_math(u.op, u.src[-1].dtype)
+
+    @staticmethod
+    def _half_vector_math(op: Ops, src_dtype: DType) -> bool:
+        return src_dtype.scalar() == dtypes.float16 and src_dtype.count in (4, 8, 16) and op is not Ops.WHERE
+
     def render_alu(self, op: Ops, dt: DType, a: list[str], src_dtype: DType) -> str:
+        if self._half_vector_math(op, src_dtype):
+            # GCC (without AVX512-FP16) splits _Float16 vector math into one converted scalar op per lane: compute in
+            # float32 vectors and round where the value is stored or named, as GCC does for scalar _Float16 (excess
+            # precision): an operand inlined from another op is used unrounded (a / b is a * (1/b): one rounding)
+            n, f32 = src_dtype.count, dtypes.float32.vec(src_dtype.count)
+            args = [_unround_half(x, n) for x in a]
+            out = f"fg_maxf_x{n}({', '.join(args)})" if op is Ops.MAX else \
+                self.render_alu(op, f32 if dt.scalar() == dtypes.float16 else dt, args, f32)
+            return f"fg_f2h_x{n}({out})" if dt.scalar() == dtypes.float16 else out
         if op is Ops.EXP2 and dt.count > 1 and dt.scalar() == dtypes.float32: return f"fg_exp2f_x{dt.count}({a[0]})"
         if op is Ops.LOG2 and dt.count > 1 and dt.scalar() == dtypes.float32: return f"fg_log2f_x{dt.count}({a[0]})"
         if op is Ops.MAX and dt in (dtypes.float32, dtypes.float64) and not any(x.startswith("acc") for x in a):
@@ -392,13 +455,34 @@ class ClangRenderer(CStyleLanguage):
                     src_dtype.scalar() != dtypes.bool:
                 return f"__builtin_convertvector(-({a[0]}{'<' if op is Ops.CMPLT else '!='}{a[1]}), {self.render_dtype(dt)})"
             if op in (Ops.AND, Ops.OR, Ops.XOR): return self._render_alu(op, dt, a, src_dtype)  # 0/1 lanes stay 0/1
+        if op in (Ops.SHL, Ops.SHR) and dt.count > 1 and dtypes.is_int(dt) and dt.scalar().itemsize >= 4:
+            return self._render_alu(op, dt, a, src_dtype)  # vector shifts (bfloat16's bits <-> float32)
         return super().render_alu(op, dt, a, src_dtype)
+
+    def render_cast(self, dt: DType, x: str, src_dt: DType) -> str:
+        """Whole-vector conversions where C's per-element cast and the vector one agree: float16 <-> float32 (F16C),
+        integer -> integer (wraps, as C) and integer -> float. float -> integer (out of range differs) and anything
+        with bool (C's cast tests != 0; a vector one truncates) go lane by lane."""
+        if dt.count > 1 and dt.count == src_dt.count:
+            pair = {dt.scalar(), src_dt.scalar()}
+            if pair == {dtypes.float16, dtypes.float32} and dt.count in (4, 8, 16):
+                return f"fg_{'h2f' if dt.scalar() == dtypes.float32 else 'f2h'}_x{dt.count}({x})"
+            if dtypes.is_int(src_dt) and (dtypes.is_int(dt) or dt.scalar() in (dtypes.float32, dtypes.float64)):
+                return f"__builtin_convertvector({x}, {self.render_dtype(dt)})"
+        return super().render_cast(dt, x, src_dt)
+
+    def render_bitcast(self, dt: DType, x: str, src_dt: DType) -> str:
+        # a GCC/Clang vector cast between vectors of one size reinterprets the bits
+        if dt.count > 1 and dt.count * dt.scalar().itemsize == src_dt.count * src_dt.scalar().itemsize:
+            return f"(({self.render_dtype(dt)})({x}))"
+        return super().render_bitcast(dt, x, src_dt)
 
     def render_kernel(self, name: str, args: list[str], body: list[str], has_float_acc: bool = False) -> str:
         src = super().render_kernel(name, args, body, has_float_acc)
         used = [FAST_MATH_C[fn] for fn in FAST_MATH_C if fn + "(" in src]
         used += [vector_exp2_c(w) for w in (4, 8, 16) if f"fg_exp2f_x{w}(" in src]
         used += [vector_log2_c(w) for w in (4, 8, 16) if f"fg_log2f_x{w}(" in src]
+        used += [half_convert_c(w) for w in (4, 8, 16) if f"fg_h2f_x{w}(" in src or f"fg_f2h_x{w}(" in src]
         return "".join(f + "\n" for f in used) + src
 
 

@@ -117,9 +117,15 @@ def test_bad_vectorize_width():
     with pytest.raises(ValueError, match="must divide"): to_program(si.ast, CPU, [Opt("VECTORIZE", red.arg[0], 32)])
 
 
-def test_half_kernels_stay_scalar():
-    t = Tensor(A).cast(dtypes.float16).sum(1)
-    assert not any(o.op == "VECTORIZE" for o in _opts(t))
+@pytest.mark.parametrize("dt", [dtypes.float16, dtypes.bfloat16])
+def test_half_kernels_vectorize(dt):
+    """16-bit float reduce kernels vectorize like float32 ones (the renderer converts whole vectors at the loads and
+    the store) and still sum in float32."""
+    a = Tensor(A).cast(dt).realize()
+    t = (a @ Tensor(B).cast(dt)).cast(dtypes.float32)
+    assert "float_x" in codegen.to_program((a @ Tensor(B).cast(dt)).schedule()[-1].ast, CPU).src
+    ref = (Tensor(A).cast(dt).cast(dtypes.float32) @ Tensor(B).cast(dt).cast(dtypes.float32)).numpy()
+    np.testing.assert_allclose(t.numpy(), ref, rtol=1e-2, atol=5e-2)
 
 
 @pytest.mark.parametrize("name", list(CASES))
