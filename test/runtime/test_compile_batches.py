@@ -51,3 +51,41 @@ def test_tiny_kernels_of_one_realize_share_one_compiler_run(tmp_path, monkeypatc
     Tensor.realize(*outs)
     assert len(runs) == 1
     for o, x, c in zip(outs, xs, cs): np.testing.assert_allclose(o.numpy(), x * np.float32(c) - 0.5, rtol=1e-6)
+
+
+PROC = """
+import sys, numpy as np
+from fusegrad import Tensor
+from fusegrad.runtime.ops_cpu import CPUCompiler
+runs = []
+real = CPUCompiler.compile
+CPUCompiler.compile = lambda self, src: runs.append(src) or real(self, src)
+which = [int(i) for i in sys.argv[1].split(",")]
+xs = [np.arange(3 * (i + 2), dtype=np.float32).reshape(i + 2, 3) for i in range(6)]
+ins = [Tensor(x).realize() for x in xs]
+runs.clear()
+outs = [ins[i] * (1.5 + i) - 0.75 for i in which]
+Tensor.realize(*outs)
+for o, i in zip(outs, which): assert np.array_equal(o.numpy(), xs[i] * np.float32(1.5 + i) - 0.75), (i, o.numpy())
+print(len(runs))
+"""
+
+
+def test_processes_batching_overlapping_kernel_sets_share_the_cache(tmp_path):
+    """Processes running at once compile overlapping sets of kernels in different groups (so a kernel's cache entry
+    may point into either process's batch object); every result is right, and a later process finds every kernel in
+    the cache and runs the compiler not once."""
+    import os
+    import subprocess
+    import sys
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
+    sets = ["0,1,2,3", "2,3,4,5", "1,3,5", "0,4"]
+    procs = [subprocess.Popen([sys.executable, "-c", PROC, s], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for s in sets]
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-3000:]
+    out = subprocess.run([sys.executable, "-c", PROC, "0,1,2,3,4,5"], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "0"
