@@ -86,6 +86,6 @@ def test_processes_batching_overlapping_kernel_sets_share_the_cache(tmp_path):
         out, err = p.communicate(timeout=300)
         assert p.returncode == 0, err[-3000:]
     out = subprocess.run([sys.executable, "-c", PROC, "0,1,2,3,4,5"], env=env, capture_output=True, text=True,
-                         timeout=300)
+                         timeout=300, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip() == "0"
