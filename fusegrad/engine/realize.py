@@ -97,15 +97,27 @@ def get_runner(ast: UOp, device: str) -> Any:
     return prg
 
 
+# a compiler run costs about 25 ms of CPU before it compiles anything, about as much as compiling 3000 characters of
+# kernel source: a group smaller than this waits for more kernels (unless no more come)
+BATCH_MIN_CHARS = 4000
+
+
+def batch_full(n: int, chars: int, remaining: int, cores: int) -> bool:
+    """Whether a group of n new kernels (chars characters of source) goes to the compiler now, with `remaining` kernels
+    still to render after it. At most 16 kernels a group, and at most remaining / cores, so groups shrink towards the
+    end and the compile of the last group, which nothing overlaps, is short; tiny kernels wait for company."""
+    if remaining == 0: return True
+    return chars >= BATCH_MIN_CHARS and n >= max(1, min(16, -(-remaining // cores)))
+
+
 def _prepare_runners(new: list[tuple[UOp, str]]) -> None:
     """Load or build the programs of several new kernels. Kernels whose compiler can compile a batch
     (CPUCompiler.compile_batch: one compiler run for many kernels) go to a thread pool in groups as codegen produces
-    them, so the compiler runs on the other cores while codegen continues here; the rest compile in the pool one by
-    one."""
+    them (sized by batch_full), so the compiler runs on the other cores while codegen continues here; the rest compile
+    in the pool one by one."""
     import contextvars
     from concurrent.futures import ThreadPoolExecutor
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    size = max(1, min(16, -(-len(new) // (2 * cores))))  # at least two groups per core, at most 16 kernels a group
     pending: dict[str, list[tuple[tuple[UOp, str], ProgramSpec]]] = {}
     futs = []
 
@@ -118,13 +130,14 @@ def _prepare_runners(new: list[tuple[UOp, str]]) -> None:
         return pool.submit(contextvars.copy_context().run, fn, *args)
 
     with ThreadPoolExecutor(max_workers=min(len(new), cores + 1)) as pool:
-        for key in new:
+        for i, key in enumerate(new):
             dev = Device[key[1]]
             if not hasattr(dev.compiler, "compile_batch") or VIZ.value or PROFILE.value:
                 futs.append(submit(get_runner, *key))
                 continue
             (group := pending.setdefault(key[1], [])).append((key, _get_spec(*key)))
-            if len(group) >= size: futs.append(submit(build, dev, pending.pop(key[1])))
+            if batch_full(len(group), sum(len(spec.src) for _, spec in group), len(new) - 1 - i, cores):
+                futs.append(submit(build, dev, pending.pop(key[1])))
         futs += [submit(build, Device[d], group) for d, group in pending.items()]
         for f in futs: f.result()
 
