@@ -197,13 +197,7 @@ def hand_coded_opts(ast: UOp, renderer: Renderer | None = None) -> list[Opt]:
         o = outs[0]
         big = [a for a in loads if _stride(a.src[1], o) == 0 and
                a.src[0].dtype.size * a.src[0].dtype.itemsize > renderer.cache_bytes]
-        # the inputs that do move along o (a in a @ b) are re-read once per panel of b: the k slices of them that one
-        # block of o reads should fit the cache too (2048 matmul: a slice is 8 rows x 8 KB, k = 16 fills 1 MB of L2,
-        # k = 32 would spill half of each block to L3)
-        moving = {a.src[0]: a.src[0].dtype.size * a.src[0].dtype.itemsize for a in loads if _stride(a.src[1], o) != 0}
-        slice_bytes = sum(moving.values()) // sizes[o]
-        fit = renderer.cache_bytes // slice_bytes if slice_bytes else 32
-        cap = min(32, sizes[o] // max(renderer.threads, 1) // 2, max(fit, 2))
+        cap = min(32, sizes[o] // max(renderer.threads, 1) // 2)
         k = next((k for k in range(cap, 1, -1) if sizes[o] % k == 0), 1)
         if big and k > 1: opts.append(Opt("TILE", o.arg[0], k))
     for key in dict.fromkeys(n.src[1:] for n in nodes if n.op is Ops.REDUCE):
