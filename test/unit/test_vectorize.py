@@ -188,3 +188,23 @@ def test_tile_errors_and_heuristic():
     assert not any(o.op == "TILE" for o in hand_coded_opts(ast, r))
     r.cache_bytes = 4096   # B is 64 KB
     assert any(o.op == "TILE" and o.axis == 0 for o in hand_coded_opts(ast, r))
+
+
+@pytest.mark.parametrize("shape", [((256, 520), (520, 72)), ((96, 264), (264, 40)), ((256, 256), (256, 64)),
+                                   ((1, 512), (512, 264)), ((264, 512), (512, 1)), ((8, 64, 256), (8, 256, 48)),
+                                   "transposed", "int32", "float16"], ids=str)
+def test_tiled_matmul_small_cache_matches_numpy(monkeypatch, shape):
+    # a 32 KB cache makes the heuristic TILE small shapes (the first three, int and half): odd sizes, non-multiples of
+    # the register tile, an odd tile count; next to them 1xN, Nx1, batched and transposed matmuls
+    monkeypatch.setattr(Device["CPU"].renderer, "cache_bytes", 32768)
+    sa, sb = {"int32": ((256, 384), (384, 80)), "float16": ((120, 384), (384, 80))}.get(shape, ((248, 384), (384, 80))) \
+        if isinstance(shape, str) else shape
+    dt = {"int32": np.int32, "float16": np.float16}.get(shape if isinstance(shape, str) else "", np.float32)
+    an = rng.integers(-8, 8, sa).astype(dt) if dt is np.int32 else rng.standard_normal(sa).astype(dt)
+    bn = rng.integers(-8, 8, sb).astype(dt) if dt is np.int32 else rng.standard_normal(sb).astype(dt)
+    with Context(CACHELEVEL=0):
+        a, b = (Tensor(an.T.copy()).T, Tensor(bn.T.copy()).T) if shape == "transposed" else (Tensor(an), Tensor(bn))
+        out = (a @ b).numpy()
+    ref = an.astype(np.float64) @ bn.astype(np.float64)
+    tol = 2e-2 if dt is np.float16 else 1e-4
+    np.testing.assert_allclose(out.astype(np.float64), ref, rtol=tol, atol=tol * 8)
