@@ -151,7 +151,8 @@ class ReduceMixin:
         # until b is written, so eager calls make it once per weight version (a computed b is left alone: its copy
         # would be a kernel of its own on every call, as in X @ X.T).
         if _is_transpose(w.uop) and _is_buffer_view(w.uop.src[0]) and not _is_transpose(x.uop) and x.ndim >= 2 and \
-                all_static(x.shape) and prod(x.shape[:-1]) >= TRANSPOSED_WEIGHT_ROWS: w = w.contiguous()
+                all_static(x.shape) and prod(x.shape[:-1]) >= TRANSPOSED_WEIGHT_ROWS and \
+                all_static(w.shape[-2:]) and min(w.shape[-2:]) > 1: w = w.contiguous()   # (a vector's .T is a reshape)
         out_dt = least_upper_dtype(x.dtype, w.dtype) if dtype is None else to_dtype(dtype)
         if out_dt in (dtypes.float16, dtypes.bfloat16):
             # 16-bit floats: exact float32 products and a float32 sum, rounded once at the end (torch's and a GEMM's

@@ -153,6 +153,9 @@ def test_matmul_transposed_weight_reads_a_row_major_copy():
     assert len((Tensor(xn[:TRANSPOSED_WEIGHT_ROWS - 1]) @ w.T).schedule()) == 1
     assert len((Tensor(xn).realize() @ (w * 2).T).schedule()) == 1
     assert len((Tensor(xn.T.copy()).realize().T @ w.T).schedule()) == 1
+    # a weight with one row or column: its .T is only a reshape, so no copy (a Linear(48, 1) or Linear(1, 32))
+    assert len((Tensor(xn).realize() @ Tensor(wn[:1]).realize().T).schedule()) == 1
+    assert len((Tensor(xn[:, :1].copy()).realize() @ Tensor(wn[:, :1].copy()).realize().T).schedule()) == 1
     # gradients
     tw, tx = torch.tensor(wn, requires_grad=True), torch.tensor(xn, requires_grad=True)
     fw = Tensor(wn, requires_grad=True).realize()
