@@ -56,6 +56,8 @@ def _merges_permuted(u: UOp) -> bool:
 
 
 TRANSPOSED_WEIGHT_ROWS = 64   # x @ b.T copies b.T row-major from this many rows of x (see dot)
+PANEL = 32                     # a large CPU weight is read as (N / PANEL, K, PANEL) column panels (see dot)
+PANEL_MIN_ELEMENTS = 1 << 20   # ... when it has at least this many elements (4 MB of float32: past the L2 cache)
 
 
 def _is_transpose(u: UOp) -> bool:
@@ -150,6 +152,19 @@ class ReduceMixin:
         # With enough rows to amortize it, a realized b is copied to row-major first: a relayout that storage.py keeps
         # until b is written, so eager calls make it once per weight version (a computed b is left alone: its copy
         # would be a kernel of its own on every call, as in X @ X.T).
+        # A large realized float32 weight on the CPU is read as column panels, (N / PANEL, K, PANEL) contiguous, as a
+        # BLAS packs it: the reduce then streams one panel (rows PANEL floats apart) instead of rows N floats apart,
+        # which at N = 2048 hit the same few L1 sets on every step (2048 matmul 72 -> 35 ms). The panel copy is a
+        # relayout (kept while the weight is unwritten); it's made only where no gradient flows into the weight.
+        if w.ndim == 2 and x.ndim >= 2 and all_static(x.shape) and all_static(w.shape) and \
+                prod(x.shape[:-1]) >= TRANSPOSED_WEIGHT_ROWS and w.shape[1] % PANEL == 0 and \
+                w.shape[0] * w.shape[1] >= PANEL_MIN_ELEMENTS and w.dtype == x.dtype == dtypes.float32 and \
+                isinstance(w.device, str) and w.device.split(":")[0] == "CPU" and w.device == x.device and \
+                _is_buffer_view(w.uop) and (type(w).no_grad or not w.requires_grad):
+            k, n, lead = w.shape[0], w.shape[1], x.shape[:-1]
+            wp = w.reshape(k, n // PANEL, PANEL).permute(1, 0, 2).contiguous()
+            out = (x.reshape(*lead, 1, k, 1) * wp).sum(-2, dtype=dtype).reshape(*lead, n)
+            return out.cast(least_upper_dtype(x.dtype, w.dtype)) if dtype is None else out
         if _is_transpose(w.uop) and _is_buffer_view(w.uop.src[0]) and not _is_transpose(x.uop) and x.ndim >= 2 and \
                 all_static(x.shape) and prod(x.shape[:-1]) >= TRANSPOSED_WEIGHT_ROWS and \
                 all_static(w.shape[-2:]) and min(w.shape[-2:]) > 1: w = w.contiguous()   # (a vector's .T is a reshape)

@@ -163,3 +163,37 @@ def test_matmul_transposed_weight_reads_a_row_major_copy():
     (tx @ tw.T).square().sum().backward()
     np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-3)
     np.testing.assert_allclose(fw.grad.numpy(), tw.grad.numpy(), rtol=1e-4, atol=1e-3)
+
+
+def test_matmul_large_weight_reads_column_panels():
+    # a large realized float32 weight (>= PANEL_MIN_ELEMENTS) on the CPU, no gradient into it: the matmul reads a
+    # (N / PANEL, K, PANEL) copy (a relayout, made once while the weight is unwritten); values equal NumPy's
+    from fusegrad import GlobalCounters
+    from fusegrad.mixin.reduce import PANEL, PANEL_MIN_ELEMENTS, TRANSPOSED_WEIGHT_ROWS
+    rng = np.random.default_rng(2)
+    k, n = 1024, PANEL_MIN_ELEMENTS // 1024
+    wn = rng.standard_normal((k, n), dtype=np.float32)
+    w = Tensor(wn).realize()
+    for lead in [(TRANSPOSED_WEIGHT_ROWS,), (3, 40), (2, 1, 33)]:
+        xn = rng.standard_normal(lead + (k,), dtype=np.float32)
+        x = Tensor(xn).realize()
+        np.testing.assert_allclose((x @ w).numpy(), xn @ wn, rtol=1e-4, atol=1e-3)
+        GlobalCounters.reset()
+        np.testing.assert_allclose((x @ w).numpy(), xn @ wn, rtol=1e-4, atol=1e-3)
+        assert GlobalCounters.kernel_count == 1   # the panel copy is reused
+    x = Tensor(rng.standard_normal((TRANSPOSED_WEIGHT_ROWS, k), dtype=np.float32)).realize()
+    fresh = Tensor(wn.copy()).realize()
+    assert len((x @ fresh).schedule()) == 2   # the copy, then the matmul reading panels
+    # a Linear layout (x @ b.T) copies b.T straight into panels; int dtypes, a gradient into w, few rows: no panels
+    bn = rng.standard_normal((n, k), dtype=np.float32)
+    np.testing.assert_allclose((x @ Tensor(bn).realize().T).numpy(), x.numpy() @ bn.T, rtol=1e-4, atol=1e-3)
+    assert len((x @ Tensor(bn).realize().T).schedule()) == 2
+    wg = Tensor(wn, requires_grad=True).realize()
+    assert len((x @ wg).schedule()) == 1
+    assert len((Tensor(xn[..., :k].reshape(-1, k)[:TRANSPOSED_WEIGHT_ROWS - 1].copy()).realize() @ fresh).schedule()) == 1
+    assert len((Tensor(np.ones((TRANSPOSED_WEIGHT_ROWS, k), np.int32)).realize() @
+                Tensor(np.ones((k, n), np.int32)).realize()).schedule()) == 1
+    Tensor.no_grad = True
+    try: assert len((x @ Tensor(wn, requires_grad=True).realize()).schedule()) == 2   # no gradient flows: panels
+    finally: Tensor.no_grad = False
+    assert n % PANEL == 0
