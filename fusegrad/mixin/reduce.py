@@ -153,11 +153,11 @@ class ReduceMixin:
         # until b is written, so eager calls make it once per weight version (a computed b is left alone: its copy
         # would be a kernel of its own on every call, as in X @ X.T).
         # A large realized float32 weight on the CPU is read as column panels, (N / PANEL, K, PANEL) contiguous, as a
-        # BLAS packs it: the reduce then streams one panel (rows PANEL floats apart) instead of rows N floats apart,
+        # BLAS packs it: the reduce then streams one panel (rows PANEL floats apart) instead of rows N (>= 8 panels) apart,
         # which at N = 2048 hit the same few L1 sets on every step (2048 matmul 72 -> 35 ms). The panel copy is a
         # relayout (kept while the weight is unwritten); it's made only where no gradient flows into the weight.
         if w.ndim == 2 and x.ndim >= 2 and all_static(x.shape) and all_static(w.shape) and \
-                prod(x.shape[:-1]) >= TRANSPOSED_WEIGHT_ROWS and w.shape[1] % PANEL == 0 and \
+                prod(x.shape[:-1]) >= TRANSPOSED_WEIGHT_ROWS and w.shape[1] % PANEL == 0 and w.shape[1] >= 8 * PANEL and \
                 w.shape[0] * w.shape[1] >= PANEL_MIN_ELEMENTS and w.dtype == x.dtype == dtypes.float32 and \
                 isinstance(w.device, str) and w.device.split(":")[0] == "CPU" and w.device == x.device and \
                 _is_buffer_view(w.uop) and (type(w).no_grad or not w.requires_grad):
