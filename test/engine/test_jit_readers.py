@@ -16,13 +16,19 @@ from fusegrad import Tensor, TinyJit
 N = 6
 
 
-def test_lazy_read_before_replay_keeps_its_value():
+def _adder():
+    """A state tensor w = arange(N) and a jitted step adding its input to w in place."""
     w = Tensor(np.arange(N, dtype=np.float32)).contiguous().realize()
 
     @TinyJit
     def step(x):
         w.assign(w + x).realize()
         return (w * 1).realize()
+    return w, step
+
+
+def test_lazy_read_before_replay_keeps_its_value():
+    w, step = _adder()
     expect = np.arange(N, dtype=np.float32)
     for _ in range(5):
         before, total = w * 10, w.sum()   # lazy: built before the call that overwrites w
@@ -33,12 +39,7 @@ def test_lazy_read_before_replay_keeps_its_value():
 
 
 def test_view_before_replay_sees_the_write():
-    w = Tensor(np.arange(N, dtype=np.float32)).contiguous().realize()
-
-    @TinyJit
-    def step(x):
-        w.assign(w + x).realize()
-        return (w * 1).realize()
+    w, step = _adder()
     expect = np.arange(N, dtype=np.float32)
     for _ in range(5):
         view, lazy = w[1:4], w[1:4] * 1
