@@ -39,10 +39,12 @@ class _CaptureStack(threading.local):
     def __init__(self) -> None:
         self.stack: list[list[ScheduleItem]] = []
         self.assigns: list[list[Any]] = []   # weak refs to the tensors assigned to during each capture
+        self.relayouts: list[list[tuple[Buffer, Buffer]]] = []   # (source, copy) of the relayouts each capture ran
     def __bool__(self) -> bool: return bool(self.stack)
     def __getitem__(self, i: int) -> list[ScheduleItem]: return self.stack[i]
-    def append(self, items: list[ScheduleItem]) -> None: self.stack.append(items); self.assigns.append([])
-    def pop(self) -> list[ScheduleItem]: self.assigns.pop(); return self.stack.pop()
+    def append(self, items: list[ScheduleItem]) -> None:
+        self.stack.append(items); self.assigns.append([]); self.relayouts.append([])
+    def pop(self) -> list[ScheduleItem]: self.assigns.pop(); self.relayouts.pop(); return self.stack.pop()
 
 
 capturing = _CaptureStack()
@@ -52,15 +54,20 @@ capturing = _CaptureStack()
 def not_capturing() -> Iterator[None]:
     """Run a block outside this thread's captures: for reading a value that is the same on every call (a shape
     computed from constants); what the block runs is not recorded."""
-    saved, saved_assigns = capturing.stack, capturing.assigns
-    capturing.stack, capturing.assigns = [], []
+    saved = capturing.stack, capturing.assigns, capturing.relayouts
+    capturing.stack, capturing.assigns, capturing.relayouts = [], [], []
     try: yield
-    finally: capturing.stack, capturing.assigns = saved, saved_assigns
+    finally: capturing.stack, capturing.assigns, capturing.relayouts = saved
 
 
 def note_assign(t: Any) -> None:
     """assign() made a pending write to `t`: a capture realizes it at the end, so replays perform it too."""
     if capturing.stack: capturing.assigns[-1].append(weakref.ref(t))
+
+
+def note_relayout(src: Buffer, copy: Buffer) -> None:
+    """A realize computed `copy`, a relayout (a contiguous copy of movement ops) of the buffer `src`."""
+    if capturing.stack: capturing.relayouts[-1].append((src, copy))
 
 
 def _collect(args: tuple, kwargs: dict) -> tuple[list[Any], list[Any]]:
@@ -127,12 +134,16 @@ class _Launch:
     args: list[Any]            # buffer opaques, with None where a per-call buffer goes
     slots: list[tuple[int, int]]  # (argument position, index into the per-call buffer list)
     item: ScheduleItem
+    relayout: tuple[Buffer, Buffer] | None = None   # (source, copy) when the launch only re-lays-out a fixed buffer
+    done: tuple[int, int] | None = None   # the versions of (source, copy) right after the copy last ran
+    bump: Buffer | None = None   # a fixed buffer this launch computes afresh: its version moves on every run
 
 
 class CapturedJit:
     """The kernels of one captured call, ready to replay with new input (and fresh output) buffers."""
 
-    def __init__(self, items: list[ScheduleItem], inputs: list[Buffer], outputs: list[Buffer], ret_struct: Any):
+    def __init__(self, items: list[ScheduleItem], inputs: list[Buffer], outputs: list[Buffer], ret_struct: Any,
+                 relayouts: list[tuple[Buffer, Buffer]] | None = None):
         from fusegrad.engine.realize import get_runner
         self.items, self.ret_struct = items, ret_struct
         self.inputs, self.outputs = inputs, outputs
@@ -148,6 +159,25 @@ class CapturedJit:
             slots = [(k, per_call[id(b)]) for k, b in enumerate(it.bufs) if id(b) in per_call]
             args = [None if id(b) in per_call else b.opaque for b in it.bufs]
             self.launches.append(_Launch(prg, args, slots, it))
+        # A relayout of a buffer (a weight's copy in another layout) whose source is unchanged since the copy last ran
+        # is skipped on replay. Conditions: no other launch writes the copy's memory; neither buffer is a per-call
+        # one; the capture writes the source only in place (in-place writes, eager or replayed, bump its version);
+        # the source isn't shared with code outside fusegrad (DLPack writes aren't seen). A fixed buffer a replay
+        # computes afresh (an intermediate) gets its version bumped, so a relayout of it elsewhere is never served.
+        writes: dict[int, int] = {}
+        for it in items: writes[m] = writes.get(m := storage.memory_of(it.bufs[0]), 0) + 1
+        computed = {storage.memory_of(it.bufs[0]) for it in items if not it.inplace}
+        pairs = {id(c): (s, c) for s, c in relayouts or ()}
+        for ln in self.launches:
+            it = ln.item
+            if not it.inplace and id(it.bufs[0]) not in per_call: ln.bump = it.bufs[0]
+            if ln.prg is None: continue
+            if ln.prg.spec.vars or id(it.bufs[0]) not in pairs or it.inplace: continue
+            s, c = pairs[id(it.bufs[0])]
+            if c is it.bufs[0] and len(it.bufs) == 2 and it.bufs[1] is s and id(s) not in per_call and \
+               id(c) not in per_call and writes[storage.memory_of(c)] == 1 and \
+               storage.memory_of(s) not in computed and not storage.is_shared(s):
+                ln.relayout = (s, c)
 
         # the memory a replay writes, other than the fresh outputs: state written in place (an input's buffer is this
         # call's), and the intermediates -- the same buffers on every replay, so a tensor still reading one (a lazy
@@ -173,7 +203,10 @@ class CapturedJit:
                 bufs[0].copy_from(bufs[1])
                 GlobalCounters.copy_time_s += time.perf_counter() - t0
                 GlobalCounters.copy_bytes += bufs[1].nbytes
+                if ln.bump is not None: storage.written(ln.bump)
                 continue
+            if ln.relayout is not None:
+                if ln.done == (storage.version(ln.relayout[0]), storage.version(ln.relayout[1])): continue
             args = list(ln.args)
             for k, i in ln.slots: args[k] = per_call[i].opaque
             if ln.prg.spec.vars:  # symbolic sizes: this call's values (variables not in the inputs keep theirs)
@@ -185,6 +218,8 @@ class CapturedJit:
                 record_item(ln.item, et or 0.0, ln.prg.spec.display_name, ln.prg.spec.ops, ln.prg.spec.mem)
             if ln.item.inplace: storage.written(per_call[ln.slots[0][1]] if ln.slots and ln.slots[0][0] == 0
                                                 else ln.item.bufs[0])   # cached results read the old contents
+            if ln.bump is not None: storage.written(ln.bump)
+            if ln.relayout is not None: ln.done = (storage.version(ln.relayout[0]), storage.version(ln.relayout[1]))
             GlobalCounters.kernel_count += 1
             GlobalCounters.global_ops += ln.prg.spec.ops
             GlobalCounters.global_mem += ln.prg.spec.mem
@@ -290,13 +325,14 @@ class TinyJit(Generic[ReturnType]):
                 for t in out_tensors:  # outputs must own plain buffers (a view of an input is copied)
                     if not _is_contiguous_buffer(t.uop): t.uop = t.contiguous().realize().uop
             finally:
+                relayouts = capturing.relayouts[-1]
                 capturing.pop()
                 storage.relayouts_off -= 1
             from fusegrad.storage import buffers
             outs = [buffers[t.uop.base] for t in out_tensors]
             written_in_place = {id(it.bufs[0]) for it in items if it.inplace}
             fresh = [b for b in outs if id(b) not in written_in_place and id(b) not in {id(x) for x in in_bufs}]
-            self.captured = CapturedJit(items, in_bufs, _dedup_bufs(fresh), ret)
+            self.captured = CapturedJit(items, in_bufs, _dedup_bufs(fresh), ret, relayouts)
             self._ret_map = [(t, buffers[t.uop.base]) for t in out_tensors]
             # a returned input is returned as this call's input, not as the tensor passed at capture
             self._ret_input = {id(t): i for t in out_tensors for i, (x, w) in enumerate(zip(tensors, self._whole))

@@ -105,6 +105,7 @@ class RealizeMixin:
     @classmethod
     def _realize_todo(cls: "type[Tensor]", todo: list["Tensor"], traced: bool = False) -> None:
         from fusegrad.engine.realize import run_schedule
+        from fusegrad.engine.jit import note_relayout
         from fusegrad.schedule import create_schedule
         # each tensor once (realize(a, a), two views of one lazy base): a second visit would find it realized already
         todo = list({id(t): t for t in _view_bases(todo)}.values())
@@ -128,9 +129,10 @@ class RealizeMixin:
         for old, new in results.items():
             if old in superseded: storage.executed.add(old)
             else: storage.cache_result(old, new, None if id(old) in snap_ids else written_now)
-            if old.op is Ops.CONTIGUOUS and (src := storage.relayout_source(old)) is not None and \
-               storage.memory_of(storage.buffers[src[0]]) not in written_now:
-                storage.relayout_put(old, new)   # a relayout of an unchanged buffer: reused until it is written
+            if old.op is Ops.CONTIGUOUS and (src := storage.relayout_source(old)) is not None:
+                note_relayout(storage.buffers[src[0]], storage.buffers[new.base])   # TinyJit replays may skip it
+                if storage.memory_of(storage.buffers[src[0]]) not in written_now:
+                    storage.relayout_put(old, new)   # a relayout of an unchanged buffer: reused until it is written
         for t in todo:
             old = t.uop
             new = results[old]

@@ -231,3 +231,64 @@ def test_relayout_written_through_its_holder_is_not_served():
     e *= 2.0
     np.testing.assert_array_equal(d.numpy(), wn.T)   # d and e may share a copy: writing e doesn't change d
     np.testing.assert_array_equal(e.numpy(), wn.T * 2)
+
+
+def test_tinyjit_replay_skips_a_relayout_of_an_unchanged_buffer():
+    # the weight's copy runs in the capture and the first replay, then only after the weight is written (between
+    # replays, or inside the function as a training step does); every output equals torch's
+    from fusegrad import GlobalCounters, TinyJit, nn
+    x = rand(1, 16, 6, 6)
+    wn = rand(32, 16, 3, 3)
+    w = Tensor(wn).realize()
+    f = TinyJit(lambda t: t.conv2d(w).realize())
+    counts = []
+    for _ in range(5):
+        GlobalCounters.reset()
+        np.testing.assert_allclose(f(Tensor(x)).numpy(), _conv_ref(x, wn), rtol=1e-4, atol=1e-4)
+        counts.append(GlobalCounters.kernel_count)
+    assert counts[3] == counts[4] == counts[2] - 1   # replays after the first skip the weight's copy
+    for new in (lambda: w.assign(Tensor(rand(32, 16, 3, 3))).realize(), lambda: w.__isub__(1.0).realize()):
+        new()
+        GlobalCounters.reset()
+        np.testing.assert_allclose(f(Tensor(x)).numpy(), _conv_ref(x, w.numpy()), rtol=1e-4, atol=1e-4)
+        assert GlobalCounters.kernel_count == counts[2]   # written: copied again
+    # a training step writes the weight inside the function, and relayouts of intermediates it computes afresh: the
+    # copies run on every replay, as eagerly (this caught a first version that skipped a copy of an intermediate)
+    def make():
+        Tensor.manual_seed(3)
+        conv = nn.Conv2d(16, 32, 3)
+        opt = nn.optim.SGD(nn.state.get_parameters(conv), lr=0.1)
+        def step(t):
+            with Tensor.train():
+                opt.zero_grad()
+                loss = conv(t).square().mean()
+                loss.backward()
+                opt.step()
+                return loss.realize()
+        return step, conv
+    (fe, ce), (fj, cj) = make(), make()
+    jit = TinyJit(fj)
+    for _ in range(5):
+        xi = rand(2, 16, 6, 6)
+        np.testing.assert_allclose(jit(Tensor(xi)).numpy(), fe(Tensor(xi)).numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(cj.weight.numpy(), ce.weight.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_tinyjit_relayout_of_another_captures_intermediate_is_not_skipped():
+    # a tensor realized inside one jitted function holds a buffer its replays compute afresh; another jitted function
+    # re-lays it out: the replays' writes move its version, so the second function copies it again every time
+    from fusegrad import TinyJit
+    held = {}
+    def a(t):
+        held["h"] = (t * 2).contiguous().realize()   # an intermediate of a's capture, kept outside
+        return (held["h"] + 0).realize()
+    fa = TinyJit(a)
+    xs = [rand(32, 16, 3, 3) for _ in range(6)]
+    for i in range(3): fa(Tensor(xs[i]))
+    h = held["h"]
+    x = rand(1, 16, 6, 6)
+    fb = TinyJit(lambda t: t.conv2d(h).realize())
+    for i in range(3, 6):
+        fa(Tensor(xs[i]))
+        for _ in range(3):
+            np.testing.assert_allclose(fb(Tensor(x)).numpy(), _conv_ref(x, h.numpy()), rtol=1e-4, atol=1e-4)
