@@ -56,7 +56,8 @@ def _merges_permuted(u: UOp) -> bool:
 
 
 TRANSPOSED_WEIGHT_ROWS = 64   # x @ b.T copies b.T row-major from this many rows of x (see dot)
-TRANSPOSED_WEIGHT_ROWS_NO_GRAD = 16   # ... and from this many when no gradient flows into b (inference)
+TRANSPOSED_WEIGHT_ROWS_NO_GRAD = 16   # ... and from this many when no gradient flows into a b of at least
+TRANSPOSED_WEIGHT_MIN_ELEMENTS = 1 << 14   # this many elements (inference: the copy is made once per weight)
 PANEL = 32                     # a large CPU weight is read as (N / PANEL, K, PANEL) column panels (see dot)
 PANEL_MIN_ELEMENTS = 1 << 20   # ... when it has at least this many elements (4 MB of float32: past the L2 cache)
 
@@ -167,9 +168,10 @@ class ReduceMixin:
             out = (x.reshape(*lead, 1, k, 1) * wp).sum(-2, dtype=dtype).reshape(*lead, n)
             return out.cast(least_upper_dtype(x.dtype, w.dtype)) if dtype is None else out
         if _is_transpose(w.uop) and _is_buffer_view(w.uop.src[0]) and not _is_transpose(x.uop) and x.ndim >= 2 and \
-                all_static(x.shape) and prod(x.shape[:-1]) >= (TRANSPOSED_WEIGHT_ROWS_NO_GRAD if type(w).no_grad or
-                                                               not w.requires_grad else TRANSPOSED_WEIGHT_ROWS) and \
-                all_static(w.shape[-2:]) and min(w.shape[-2:]) > 1: w = w.contiguous()   # (a vector's .T is a reshape)
+                all_static(x.shape) and all_static(w.shape[-2:]) and min(w.shape[-2:]) > 1 and \
+                prod(x.shape[:-1]) >= (TRANSPOSED_WEIGHT_ROWS_NO_GRAD if (type(w).no_grad or not w.requires_grad) and
+                                       prod(w.shape[-2:]) >= TRANSPOSED_WEIGHT_MIN_ELEMENTS else TRANSPOSED_WEIGHT_ROWS):
+            w = w.contiguous()   # (min > 1: a vector's .T is only a reshape)
         out_dt = least_upper_dtype(x.dtype, w.dtype) if dtype is None else to_dtype(dtype)
         if out_dt in (dtypes.float16, dtypes.bfloat16):
             # 16-bit floats: exact float32 products and a float32 sum, rounded once at the end (torch's and a GEMM's

@@ -154,11 +154,14 @@ def test_matmul_transposed_weight_reads_a_row_major_copy():
     assert len((Tensor(xn).realize() @ (w * 2).T).schedule()) == 1
     assert len((Tensor(xn.T.copy()).realize().T @ w.T).schedule()) == 1
     # no gradient flowing into w (inference): the copy starts at fewer rows; with one, at TRANSPOSED_WEIGHT_ROWS
-    from fusegrad.mixin.reduce import TRANSPOSED_WEIGHT_ROWS_NO_GRAD as NG
-    assert len((Tensor(xn[:NG]) @ Tensor(wn.copy()).realize().T).schedule()) == 2
-    assert len((Tensor(xn[:NG - 1]) @ Tensor(wn.copy()).realize().T).schedule()) == 1
-    assert len((Tensor(xn[:TRANSPOSED_WEIGHT_ROWS - 1]) @ Tensor(wn.copy(), requires_grad=True).realize().T)
-               .schedule()) == 1
+    # (a weight of at least TRANSPOSED_WEIGHT_MIN_ELEMENTS; a smaller one waits for TRANSPOSED_WEIGHT_ROWS rows)
+    from fusegrad.mixin.reduce import TRANSPOSED_WEIGHT_MIN_ELEMENTS as ME, TRANSPOSED_WEIGHT_ROWS_NO_GRAD as NG
+    bn, xb = rng.standard_normal((ME // 128, 128), dtype=np.float32), rng.standard_normal((NG, 128), dtype=np.float32)
+    assert len((Tensor(xb) @ Tensor(bn).realize().T).schedule()) == 2
+    np.testing.assert_allclose((Tensor(xb) @ Tensor(bn).realize().T).numpy(), xb @ bn.T, rtol=1e-4, atol=1e-4)
+    assert len((Tensor(xb[:NG - 1]) @ Tensor(bn).realize().T).schedule()) == 1
+    assert len((Tensor(xb) @ Tensor(bn, requires_grad=True).realize().T).schedule()) == 1
+    assert len((Tensor(xn[:NG]) @ Tensor(wn.copy()).realize().T).schedule()) == 1   # a small weight
     # a weight with one row or column: its .T is only a reshape, so no copy (a Linear(48, 1) or Linear(1, 32))
     assert len((Tensor(xn).realize() @ Tensor(wn[:1]).realize().T).schedule()) == 1
     assert len((Tensor(xn[:, :1].copy()).realize() @ Tensor(wn[:, :1].copy()).realize().T).schedule()) == 1
