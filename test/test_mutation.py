@@ -341,7 +341,8 @@ def test_equal_lazy_reduce_keeps_old_value_after_the_other_was_realized():
 
 def test_realize_the_same_tensor_twice_in_one_call():
     # realize(a, a) and two views of one lazy base realized together crashed with KeyError (the second visit of the
-    # same tensor found it already replaced by its buffer); a pending write owned twice did the same before a TinyJit call
+    # same tensor found it already replaced by its buffer); a pending write owned twice did the same before a TinyJit
+    # call
     a = Tensor.ones(3) + 1
     a.realize(a)
     np.testing.assert_array_equal(a.numpy(), [2, 2, 2])

@@ -163,14 +163,17 @@ class CapturedJit:
         # is skipped on replay. Conditions: no other launch writes the copy's memory; neither buffer is a per-call
         # one; the capture writes the source only in place (in-place writes, eager or replayed, bump its version);
         # the source isn't shared with code outside fusegrad (DLPack writes aren't seen). A fixed buffer a replay
-        # computes afresh (an intermediate) gets its version bumped, so a relayout of it elsewhere is never served.
+        # computes afresh gets its version bumped when something outside the capture can read it (a node still names
+        # its memory now; none can later), so a relayout of it elsewhere is never served stale.
         writes: dict[int, int] = {}
         for it in items: writes[m] = writes.get(m := storage.memory_of(it.bufs[0]), 0) + 1
         computed = {storage.memory_of(it.bufs[0]) for it in items if not it.inplace}
         pairs = {id(c): (s, c) for s, c in relayouts or ()}
+        named = {storage.memory_of(b) for b in list(storage.buffers.values())}
         for ln in self.launches:
             it = ln.item
-            if not it.inplace and id(it.bufs[0]) not in per_call: ln.bump = it.bufs[0]
+            if not it.inplace and id(it.bufs[0]) not in per_call and storage.memory_of(it.bufs[0]) in named:
+                ln.bump = it.bufs[0]
             if ln.prg is None: continue
             if ln.prg.spec.vars or id(it.bufs[0]) not in pairs or it.inplace: continue
             s, c = pairs[id(it.bufs[0])]

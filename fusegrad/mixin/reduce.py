@@ -155,22 +155,23 @@ class ReduceMixin:
         # until b is written, so eager calls make it once per weight version (a computed b is left alone: its copy
         # would be a kernel of its own on every call, as in X @ X.T).
         # A large realized float32 weight on the CPU is read as column panels, (N / PANEL, K, PANEL) contiguous, as a
-        # BLAS packs it: the reduce then streams one panel (rows PANEL floats apart) instead of rows N (>= 8 panels) apart,
-        # which at N = 2048 hit the same few L1 sets on every step (2048 matmul 72 -> 35 ms). The panel copy is a
-        # relayout (kept while the weight is unwritten); it's made only where no gradient flows into the weight.
-        if w.ndim == 2 and x.ndim >= 2 and all_static(x.shape) and all_static(w.shape) and \
-                prod(x.shape[:-1]) >= TRANSPOSED_WEIGHT_ROWS and w.shape[1] % PANEL == 0 and w.shape[1] >= 8 * PANEL and \
-                w.shape[0] * w.shape[1] >= PANEL_MIN_ELEMENTS and w.dtype == x.dtype == dtypes.float32 and \
-                isinstance(w.device, str) and w.device.split(":")[0] == "CPU" and w.device == x.device and \
-                _is_buffer_view(w.uop) and (type(w).no_grad or not w.requires_grad):
+        # BLAS packs it: the reduce then streams one panel (rows PANEL floats apart) instead of rows N (>= 8 panels)
+        # apart, which at N = 2048 hit the same few L1 sets on every step (2048 matmul 72 -> 35 ms). The panel copy is
+        # a relayout (kept while the weight is unwritten); it's made only where no gradient flows into the weight.
+        no_grad_into_w = type(w).no_grad or not w.requires_grad
+        if w.ndim == 2 and x.ndim >= 2 and all_static(x.shape) and all_static(w.shape) and no_grad_into_w and \
+                prod(x.shape[:-1]) >= TRANSPOSED_WEIGHT_ROWS and w.shape[1] % PANEL == 0 and \
+                w.shape[1] >= 8 * PANEL and w.shape[0] * w.shape[1] >= PANEL_MIN_ELEMENTS and \
+                w.dtype == x.dtype == dtypes.float32 and isinstance(w.device, str) and \
+                w.device.split(":")[0] == "CPU" and w.device == x.device and _is_buffer_view(w.uop):
             k, n, lead = w.shape[0], w.shape[1], x.shape[:-1]
             wp = w.reshape(k, n // PANEL, PANEL).permute(1, 0, 2).contiguous()
             out = (x.reshape(*lead, 1, k, 1) * wp).sum(-2, dtype=dtype).reshape(*lead, n)
             return out.cast(least_upper_dtype(x.dtype, w.dtype)) if dtype is None else out
         if _is_transpose(w.uop) and _is_buffer_view(w.uop.src[0]) and not _is_transpose(x.uop) and x.ndim >= 2 and \
                 all_static(x.shape) and all_static(w.shape[-2:]) and min(w.shape[-2:]) > 1 and \
-                prod(x.shape[:-1]) >= (TRANSPOSED_WEIGHT_ROWS_NO_GRAD if (type(w).no_grad or not w.requires_grad) and
-                                       prod(w.shape[-2:]) >= TRANSPOSED_WEIGHT_MIN_ELEMENTS else TRANSPOSED_WEIGHT_ROWS):
+                prod(x.shape[:-1]) >= (TRANSPOSED_WEIGHT_ROWS_NO_GRAD if no_grad_into_w and prod(w.shape[-2:]) >=
+                                       TRANSPOSED_WEIGHT_MIN_ELEMENTS else TRANSPOSED_WEIGHT_ROWS):
             w = w.contiguous()   # (min > 1: a vector's .T is only a reshape)
         out_dt = least_upper_dtype(x.dtype, w.dtype) if dtype is None else to_dtype(dtype)
         if out_dt in (dtypes.float16, dtypes.bfloat16):

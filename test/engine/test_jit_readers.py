@@ -127,7 +127,8 @@ def test_jit_calls_interleaved_with_lazy_reads_match_torch(body, program):
             held[a % len(held)][0].realize()
         elif kind == "read" and held:
             ours, theirs, _ = held[a % len(held)]
-            np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=1e-6, err_msg=f"{body} step {i}: {program[:i+1]}")
+            np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=1e-6,
+                                       err_msg=f"{body} step {i}: {program[:i + 1]}")
     for ours, theirs, _ in held:
         np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=1e-6, err_msg=f"{body}: {program}")
     for o, to in outs:
