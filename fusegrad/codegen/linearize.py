@@ -34,20 +34,31 @@ class Linearizer:
     def __init__(self, ast: UOp):
         self.ast = ast
         self.topo = list(ast.toposort())
-        self.ranges_of: dict[UOp, frozenset[UOp]] = {}
-        for n in self.topo:
-            if n.op is Ops.RANGE: self.ranges_of[n] = frozenset([n])
-            else:
-                rs = frozenset().union(*[self.ranges_of[s] for s in n.src]) if n.src else frozenset()
-                self.ranges_of[n] = rs - frozenset(n.src[1:]) if n.op is Ops.REDUCE else rs
+        # the ranges each node depends on. Reduces over the same ranges share one loop nest (one accumulator each),
+        # so each of them depends on what any of them does: an upcast copy can depend on fewer ranges than its
+        # siblings (one whose loads a pad masks out entirely), yet it is computed in their loop
+        context: dict[tuple[UOp, ...], frozenset[UOp]] = {}
+        while True:
+            self.ranges_of: dict[UOp, frozenset[UOp]] = {}
+            for n in self.topo:
+                if n.op is Ops.RANGE: self.ranges_of[n] = frozenset([n])
+                else:
+                    rs = frozenset().union(*[self.ranges_of[s] for s in n.src]) if n.src else frozenset()
+                    self.ranges_of[n] = rs - frozenset(n.src[1:]) | context.get(n.src[1:], frozenset()) \
+                        if n.op is Ops.REDUCE else rs
+            reduces = [n for n in self.topo if n.op is Ops.REDUCE]
+            grown = dict(context)
+            for n in reduces: grown[n.src[1:]] = grown.get(n.src[1:], frozenset()) | self.ranges_of[n]
+            done = all(self.ranges_of[n] == grown[n.src[1:]] for n in reduces)
+            context = grown
+            if done: break
         # the loop tree: output ranges nest in id order; a reduce's ranges nest under its deepest context range
         self.parent: dict[UOp, UOp | None] = {}
         self.depth: dict[UOp | None, int] = {None: 0}
         glob = sorted((n for n in self.topo if n.op is Ops.RANGE and n.arg[1] != "reduce"), key=lambda r: r.arg[0])
         self._chain(glob, None)
-        for n in self.topo:  # reduces over the same ranges share one loop nest (one accumulator each)
-            if n.op is Ops.REDUCE and n.src[1] not in self.parent:
-                self._chain(list(n.src[1:]), self.deepest(self.ranges_of[n]))
+        for key, rs in context.items():
+            if key[0] not in self.parent: self._chain(list(key), self.deepest(rs))
         self.block = {n: self.deepest(self.ranges_of[n]) for n in self.topo}
         self.out: list[UOp] = []
         self.val: dict[UOp, UOp] = {}

@@ -20,7 +20,7 @@ from fusegrad.dtype import dtypes
 from fusegrad.helpers import prod
 from fusegrad.ir.symbolic import pm_symbolic, split_terms
 from fusegrad.renderer import Renderer
-from fusegrad.codegen.vectorize import vectorize_range
+from fusegrad.codegen.vectorize import interval_gate, vectorize_range
 
 
 @dataclass(frozen=True)
@@ -69,8 +69,9 @@ def _range(ast: UOp, axis: int) -> UOp:
     return rng
 
 
-def apply_opt(ast: UOp, opt: Opt) -> UOp:
-    """One action on the kernel. UPCAST needs an output range, UNROLL a reduce range; the amount must divide it."""
+def apply_opt(ast: UOp, opt: Opt, masked_loads: bool = False) -> UOp:
+    """One action on the kernel. UPCAST needs an output range, UNROLL a reduce range; the amount must divide it.
+    `masked_loads`: the target renders masked vector loads (VECTORIZE makes them of loads gated along the lanes)."""
     rng = _range(ast, opt.axis)
     if rng.src[0].op is not Ops.CONST: raise ValueError(f"{opt}: range {opt.axis} has a symbolic size")
     size = int(rng.src[0].arg)
@@ -94,7 +95,7 @@ def apply_opt(ast: UOp, opt: Opt) -> UOp:
                                 other: UOp.range(other.src[0], rng.arg[0], rng.arg[1])})
     if opt.op == "VECTORIZE":
         if opt.amount & (opt.amount - 1) or opt.amount < 2: raise ValueError(f"{opt}: the width must be a power of two")
-        return vectorize_range(ast, rng, opt.amount)
+        return vectorize_range(ast, rng, opt.amount, masked_loads)
     if opt.op == "GROUP":  # GPU-style targets: the workgroup's lanes share the reduce (codegen/group.py)
         if rng.arg[1] != "reduce": raise ValueError(f"{opt}: GROUP needs a reduce range, {opt.axis} is an output")
         from fusegrad.codegen.group import group_reduce
@@ -117,15 +118,26 @@ def _stride(idx: UOp, rng: UOp) -> int | None:
     return c if c is not None and all(rng not in t.toposort() for t in terms if t is not rng) else None
 
 
-def _vector_score(accesses: list[UOp], rng: UOp, weights: dict[UOp, int] | None = None) -> int:
+def _vector_score(accesses: list[UOp], rng: UOp, weights: dict[UOp, int] | None = None,
+                  masked: set[UOp] = frozenset()) -> int:
     """+w for every access a vector over rng makes one contiguous access, -w for every one it makes a gather/scatter;
-    w is the access's weight (a load in the reduce loop counts more than the store that runs once per output)."""
+    w is the access's weight (a load in the reduce loop counts more than the store that runs once per output).
+    `masked`: loads the target reads as masked vector loads, so a gate along rng that is an interval doesn't count."""
     score = 0
     for idx in accesses:
-        gate_dep = len(idx.src) > 2 and rng in idx.src[2].toposort()
+        gate_dep = len(idx.src) > 2 and rng in idx.src[2].toposort() and \
+            not (idx in masked and interval_gate(idx.src[2], rng))
         st = _stride(idx.src[1], rng)
+        if st == 2 and idx in masked: st = 1   # two vector loads and a permute (vectorize.py)
         score += (-1 if gate_dep or (st not in (0, 1)) else st) * (weights or {}).get(idx, 1)
     return score
+
+
+def _masked_loads(nodes: list[UOp], renderer: Renderer | None) -> set[UOp]:
+    """The loads' addresses, when the target has masked vector loads (vectorize.py: gated along the lanes, or every
+    second element); else none."""
+    if renderer is None or not renderer.masked_vector_loads: return set()
+    return {n.src[0] for n in nodes if n.op is Ops.LOAD}
 
 
 # 16-bit floats (and uint16, bfloat16's storage once codegen/decompose.py emulates it) compute in float32 vectors: the
@@ -149,7 +161,8 @@ def elementwise_opts(nodes: list[UOp], renderer: Renderer | None) -> list[Opt]:
     best, pick = 0, None
     for r in sorted(sizes, key=lambda r: -r.arg[0]):  # ties: the innermost range
         w = next((w for w in (renderer.simd_bytes // 4 >> k for k in range(3)) if w >= 4 and sizes[r] % w == 0), 0)
-        if w and (sc := _vector_score(accesses, r) * w) > best: best, pick = sc, Opt("VECTORIZE", r.arg[0], w)
+        if w and (sc := _vector_score(accesses, r, masked=_masked_loads(nodes, renderer)) * w) > best:
+            best, pick = sc, Opt("VECTORIZE", r.arg[0], w)
     return [pick] if pick is not None else []
 
 
@@ -179,6 +192,7 @@ def hand_coded_opts(ast: UOp, renderer: Renderer | None = None) -> list[Opt]:
     in_reduce = {n.src[0] for n in nodes if n.op is Ops.LOAD and any(r.arg[1] == "reduce" for r in n.src[0].src[1].toposort()
                                                                      if r.op is Ops.RANGE)}
     weights = {a: 4 if a in in_reduce else 1 for a in accesses}
+    masked = _masked_loads(nodes, renderer)
     if simd and kernel_dts <= VECTOR_DTYPES | {dtypes.void}:
         item = max(d.itemsize for d in kernel_dts if d not in (dtypes.bool, dtypes.void))
         best = 0
@@ -186,7 +200,7 @@ def hand_coded_opts(ast: UOp, renderer: Renderer | None = None) -> list[Opt]:
             w = next((w for w in (simd // item, simd // item // 2, simd // item // 4) if w >= 4 and sizes[r] % w == 0),
                      None)
             if w is None: continue
-            sc = _vector_score(accesses, r, weights) * w  # wider vectors do more per instruction
+            sc = _vector_score(accesses, r, weights, masked) * w  # wider vectors do more per instruction
             if sc > best: vec_rng, width, best = r, w, sc
     if vec_rng is not None:
         opts.append(Opt("VECTORIZE", vec_rng.arg[0], width))
@@ -234,6 +248,6 @@ def hand_coded_opts(ast: UOp, renderer: Renderer | None = None) -> list[Opt]:
 def apply_opts(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) -> UOp:
     """Apply `opts` (default: the hand-coded heuristic) in order, then re-simplify the index math."""
     opts = hand_coded_opts(ast, renderer) if opts is None else opts
-    for o in opts: ast = apply_opt(ast, o)
+    for o in opts: ast = apply_opt(ast, o, renderer.masked_vector_loads)
     return graph_rewrite(ast, pm_symbolic, name="opts " + " ".join(f"{o.op}({o.axis},{o.amount})" for o in opts)) \
         if opts else ast

@@ -7,13 +7,23 @@ vector of w elements; values that don't stay scalar (one load of a row's bias, n
   into a VECTORIZE; where only its lane-0 value matters (a contiguous address) only that one is kept.
 - a LOAD or STORE whose address is `base + lane` in every lane (and whose gate doesn't depend on the lane) becomes one
   vector load/store at `base`; any other address pattern is w scalar accesses (a gather/scatter).
+- a LOAD at `base + lane` whose gate does depend on the lane (a padded conv's input near the border) becomes a masked
+  vector load where the renderer has one (`masked_loads`) and the gate is an interval of lanes (an AND of comparisons
+  of addresses affine in the lane, see `interval_gate`): INDEX(buf, base, all, lanes) with `all` the gate of the first
+  and last lane (then every lane is in) and `lanes` the per-lane gates; the renderer loads the whole vector when `all`
+  holds and lane by lane otherwise, so no lane outside the gate is ever read.
+- a LOAD at `base + 2 * lane` (a stride-2 conv's input) takes the same form with the INDEX's arg 2: the whole side reads
+  the 2w elements from `base` as two vectors and keeps the even ones, so `all` also asks that the last of them,
+  `base + 2w - 1`, is inside the buffer (it is one past the last lane's element).
 - ALU ops on vectors: scalar operands are broadcast; the renderer uses the target's vector ops where it has them.
 - a REDUCE over other ranges accumulates a vector (w accumulators in one register); a REDUCE over r itself accumulates a
   vector over the outer range and sums its lanes at the end (a horizontal reduction).
 """
 from __future__ import annotations
 
-from fusegrad.dtype import dtypes
+import math
+
+from fusegrad.dtype import PtrDType, dtypes
 from fusegrad.ir.ops import GroupOp, Ops, UOp
 from fusegrad.ir.pattern import substitute
 from fusegrad.ir.symbolic import simplify, split_terms
@@ -35,7 +45,30 @@ def lane_step(lanes: list[UOp]) -> int | None:
     return steps.pop() if len(steps) == 1 else None
 
 
-def vectorize_range(ast: UOp, rng: UOp, width: int) -> UOp:
+def interval_gate(gate: UOp, rng: UOp) -> bool:
+    """Whether the lanes of `rng` that `gate` lets through always form one interval: `gate` is an AND of comparisons
+    `a < b` of integers affine in `rng` (each comparison then flips at most once along the range). A gate true at both
+    ends of a run of lanes is then true in all of it."""
+    if rng not in gate.toposort(): return True
+    if gate.op is Ops.AND and dtypes.is_bool(gate.dtype): return all(interval_gate(s, rng) for s in gate.src)
+    if gate.op is Ops.CMPLT and dtypes.is_int(gate.src[0].dtype):
+        return all(_affine_in(s, rng) for s in gate.src)
+    return False
+
+
+def _affine_in(x: UOp, rng: UOp) -> bool:
+    """x = c * rng + (terms free of rng): rng a plain term of the sum, nowhere else (not under a div, a mod, a gate)."""
+    if rng not in x.toposort(): return True
+    terms, _ = split_terms(x)
+    return rng in terms and all(rng not in t.toposort() for t in terms if t is not rng)
+
+
+def _masked_by(x: UOp, gate: UOp) -> bool:
+    """x is a masked vector load whose per-lane gates are `gate`."""
+    return x.op is Ops.LOAD and len(x.src[0].src) == 4 and x.src[0].src[3] is gate
+
+
+def vectorize_range(ast: UOp, rng: UOp, width: int, masked_loads: bool = False) -> UOp:
     size = int(rng.src[0].arg)
     if size % width: raise ValueError(f"VECTORIZE: width {width} must divide the range size {size}")
     outer = UOp.range(size // width, rng.arg[0], rng.arg[1]) if size // width > 1 else None
@@ -59,15 +92,28 @@ def vectorize_range(ast: UOp, rng: UOp, width: int) -> UOp:
     new: dict[UOp, UOp] = {}
     out_stores: list[UOp] = []
 
-    def access(idx: UOp) -> tuple[str, list[UOp], list[UOp]]:
-        """('vector', [base index], gates) | ('scalar', [index], gates) | ('gather', per-lane indices, gates)."""
+    def access(idx: UOp, load: bool = False) -> tuple[str, list[UOp], list[UOp]]:
+        """('vector', [base index], gates) | ('scalar', [index], gates) | ('gather', per-lane indices, gates) |
+        ('masked', [base index, lane step], [gate of all lanes, per-lane gates as a vector]) (loads only)."""
         gate = idx.src[2] if len(idx.src) > 2 else None
-        if gate is not None and gate in dep:
-            return "gather", lanes(idx.src[1]), lanes(gate)
-        gates = [new[gate]] if gate is not None else []
-        if idx.src[1] not in dep: return "scalar", [new[idx.src[1]]], gates
+        gs = lanes(gate) if gate is not None and gate in dep else None
+        if gs is not None and all(g is gs[0] for g in gs): one, gs = [gs[0]], None   # the same in every lane after all
+        else: one = [new[gate]] if gate is not None and gs is None else []
+        if gs is None and idx.src[1] not in dep: return "scalar", [new[idx.src[1]]], one
         ls = lanes(idx.src[1])
-        return ("vector", ls[:1], gates) if lane_step(ls) == 1 else ("gather", ls, gates * width)
+        step = lane_step(ls)
+        if gs is None and step == 1: return "vector", ls[:1], one
+        size = idx.src[0].dtype.size if isinstance(idx.src[0].dtype, PtrDType) else -1
+        if load and masked_loads and (step == 1 or (step == 2 and size > 0)) and \
+                (gs is None or (gate in pure and interval_gate(gate, rng))):
+            conds = [gs[0], gs[-1]] if gs is not None else list(one)
+            if step == 2: conds.append(UOp(Ops.CMPLT, dtypes.bool, (ls[0] + (2 * width - 1), UOp.const(ls[0].dtype, size))))
+            every = conds[0]
+            for c in conds[1:]: every = UOp(Ops.AND, dtypes.bool, (every, c))
+            per_lane = UOp(Ops.VECTORIZE, dtypes.bool.vec(width), tuple(gs) if gs is not None else
+                           (one[0] if one else UOp.const(dtypes.bool, True),) * width)
+            return "masked", [ls[0], UOp.const(ls[0].dtype, step)], [simplify(every), per_lane]
+        return "gather", ls, gs if gs is not None else one * width
 
     for n in topo:
         if n.op is Ops.REDUCE and rng in n.src[1:]:  # vector partial sums over the outer range, then across the lanes
@@ -85,10 +131,11 @@ def vectorize_range(ast: UOp, rng: UOp, width: int) -> UOp:
             continue  # built by its LOAD/STORE
         elif n.op is Ops.LOAD:
             idx = n.src[0]
-            kind, ixs, gates = access(idx)
+            kind, ixs, gates = access(idx, load=True)
             buf = new[idx.src[0]]
-            if kind == "vector":
-                new[n] = UOp(Ops.LOAD, n.dtype.vec(width), (UOp(Ops.INDEX, n.dtype.vec(width), (buf, ixs[0], *gates)),))
+            if kind in ("vector", "masked"):
+                new[n] = UOp(Ops.LOAD, n.dtype.vec(width), (UOp(Ops.INDEX, n.dtype.vec(width), (buf, ixs[0], *gates),
+                                                                 ixs[1].arg if kind == "masked" else None),))
             else:
                 loads = [UOp(Ops.LOAD, n.dtype, (UOp(Ops.INDEX, n.dtype, (buf, ix, *gates[i:i + 1])),))
                          for i, ix in enumerate(ixs)]
@@ -113,6 +160,9 @@ def vectorize_range(ast: UOp, rng: UOp, width: int) -> UOp:
         elif n.op is Ops.REDUCE:
             val = broadcast(new[n.src[0]], width)
             new[n] = UOp(Ops.REDUCE, val.dtype, (val, *(new[r] for r in n.src[1:])), n.arg)
+        elif n.op is Ops.WHERE and _masked_by(new[n.src[1]], new[n.src[0]]) and n.src[2].op is Ops.CONST and \
+                n.src[2].arg == 0 and math.copysign(1.0, n.src[2].arg) > 0:
+            new[n] = new[n.src[1]]   # WHERE(g, load gated by g, 0): the masked load's lanes outside g are zero already
         elif n.op in GroupOp.ALU or n.op in (Ops.CAST, Ops.BITCAST):
             new[n] = UOp(n.op, n.dtype.vec(width), tuple(broadcast(new[s], width) for s in n.src), n.arg)
         elif n.op is Ops.SINK:

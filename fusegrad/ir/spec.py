@@ -90,6 +90,9 @@ _scalar_rules = [
      lambda x, buf, i: dtypes.is_int(i.dtype) and _elem_ok(x, buf)),
     (UPat(Ops.INDEX, src=(_BUF, UPat.var("i"), UPat.var("g")), name="x"),                 # buf[i] if gate
      lambda x, buf, i, g: dtypes.is_int(i.dtype) and g.dtype.scalar() == dtypes.bool and _elem_ok(x, buf)),
+    (UPat(Ops.INDEX, src=(_BUF, UPat.var("i"), UPat.var("g"), UPat.var("lanes")), name="x"),  # buf[i:i+N] lane by lane
+     lambda x, buf, i, g, lanes: dtypes.is_int(i.dtype) and g.dtype == dtypes.bool and x.dtype.count > 1 and
+     lanes.dtype == dtypes.bool.vec(x.dtype.count) and _elem_ok(x, buf)),    # if lanes[k]; all of them if g
     (UPat(Ops.VECTORIZE, name="x"), lambda x: len(x.src) == x.dtype.count > 1 and
      all(s.dtype == x.dtype.scalar() for s in x.src)),                                 # scalars -> vector
     (UPat(Ops.GEP, src=(UPat.var("v"),), name="x"), lambda x, v: isinstance(x.arg, int) and 0 <= x.arg < v.dtype.count

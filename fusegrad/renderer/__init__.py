@@ -42,6 +42,8 @@ class Renderer:
     min_thread_work: int = 1 << 17  # loop iterations below which a kernel runs on one thread
     simd_bytes: int = 0           # width of the target's vector registers; 0: no vector types (no VECTORIZE)
     cache_bytes: int = 0          # per-core cache to block big inputs for (the TILE action); 0: no cache blocking
+    masked_vector_loads: bool = False  # renders INDEX(buf, base, all, lanes): a vector load gated lane by lane
+                                  # (codegen/vectorize.py), so VECTORIZE keeps a padded conv's input loads whole
     vector_math: bool = False     # exp2 and log2 of float32 vectors are whole-vector code (not a call per lane):
                                   # elementwise kernels evaluating them are worth VECTORIZE (opt.py, elementwise_opts)
 

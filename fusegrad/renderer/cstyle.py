@@ -90,6 +90,19 @@ class CStyleLanguage(Renderer):
                            f"return (a & k) | (b & ~k); }}")
         return out
 
+    def masked_load_helpers(self, dt: DType, step: int) -> list[str]:
+        """The two sides of a masked vector load of lanes `step` elements apart (codegen/vectorize.py): vmload<step>
+        reads only the lanes whose gate holds (the others are zero), lane by lane; vload2 reads 2N contiguous elements
+        as two vector loads and keeps the even ones (one two-source permute on AVX-512)."""
+        v, n, elem = self.render_dtype(dt), dt.count, self.buffer_type(dt.scalar())
+        out = [f"static inline {v} vmload{step}_{v}(const {elem}* p, {self.render_dtype(dtypes.bool.vec(n))} m) {{ "
+               f"{v} r = {{0}}; for (int i = 0; i < {n}; i++) if (m[i]) r[i] = p[i * {step}]; return r; }}"]
+        if step == 2:
+            even = ", ".join(str(2 * i) for i in range(n))
+            out.append(f"static inline {v} vload2_{v}(const {elem}* p) {{ {v} a = *({v}_u*)p, b = *({v}_u*)(p + {n}); "
+                       f"return __builtin_shufflevector(a, b, {even}); }}")
+        return out
+
     def has_vector_where(self, dt: DType) -> bool:
         return dt.count > 1 and dt.scalar().itemsize in (1, 2, 4, 8)
 
@@ -206,6 +219,7 @@ class CStyleLanguage(Renderer):
         args: list[str] = []
         body: list[str] = []
         counters: dict[str, int] = {}
+        masked_loads: set[tuple[DType, int]] = set()  # (vector type, lane step) of masked loads: their helpers
 
         def new_name(prefix: str) -> str:
             counters[prefix] = counters.get(prefix, 0) + 1
@@ -262,7 +276,13 @@ class CStyleLanguage(Renderer):
                 mem = self.render_vload(dt, r[idx]) if dt.count > 1 and idx.src[0].op is Ops.PARAM else r[idx]
                 zero = self.render_const(_zero(dt), dt.scalar())
                 if dt.count > 1: zero = self.render_lanes(dt, [zero] * dt.count)
-                expr = mem if len(idx.src) < 3 else f"({r[idx.src[2]]}?{mem}:{zero})"
+                if len(idx.src) == 4:  # a masked vector load: whole when every lane is in, else lane by lane
+                    step = idx.arg or 1
+                    masked_loads.add((dt, step))
+                    v = self.render_dtype(dt)
+                    if step != 1: mem = f"vload{step}_{v}(&{r[idx]})"
+                    expr = f"({r[idx.src[2]]}?{mem}:vmload{step}_{v}(&{r[idx]}, {_strip(r[idx.src[3]])}))"
+                else: expr = mem if len(idx.src) < 3 else f"({r[idx.src[2]]}?{mem}:{zero})"
                 if idx.src[0].op is Ops.DEFINE_REG: r[u] = expr  # accumulators are read in place
                 else:
                     r[u] = new_name("val")
@@ -287,6 +307,8 @@ class CStyleLanguage(Renderer):
         typedefs = self.vector_typedefs({d for d in vecs if d.count > 1},
                                         {u.dtype for u in uops if u.op is Ops.MAX and self.has_vector_max(u.dtype)},
                                         {u.dtype for u in uops if u.op is Ops.WHERE and self.has_vector_where(u.dtype)})
+        for mdt, step in sorted(masked_loads, key=lambda d: (d[0].scalar().name, d[0].count, d[1])):
+            typedefs += self.masked_load_helpers(mdt, step)
         return "\n".join(typedefs + [""]) * bool(typedefs) + self.render_kernel(
             name, args, body, any(u.op is Ops.DEFINE_REG and dtypes.is_float(u.dtype.base) for u in uops))
 
@@ -423,6 +445,7 @@ class ClangRenderer(CStyleLanguage):
     device = "CPU"
     reduce_prefix = '__attribute__((optimize("fp-contract=fast"))) '
     vector_math = True   # fg_exp2f_xN, fg_log2f_xN
+    masked_vector_loads = True   # vmload_T_xN
     float_fn = {**CStyleLanguage.float_fn, Ops.EXP2: "fg_exp2f", Ops.LOG2: "fg_log2f"}
 
     def reads_operands_once(self, u: UOp) -> bool:

@@ -223,7 +223,9 @@ class Indexer:
         if (ret := self.memo.get(key)) is not None: return ret
         if x not in self.rp or x is self.root:
             self.walked.add(x)
-            if x.op not in GroupOp.Movement and x.op not in (Ops.BUFFER, Ops.CONST):
+            # pass-through nodes are not counted: realizing a DETACH over a PAD would store the padded tensor (its
+            # zeros computed by the producer kernel); the node under the movement ops is the one worth a buffer
+            if x.op not in GroupOp.Movement and x.op not in (Ops.BUFFER, Ops.CONST, Ops.DETACH, Ops.CONTIGUOUS):
                 ev = self.evals[x] = self.evals.get(x, 0) + int(self.volume(idx + (valid,)) * self.live.get(valid, 1.0))
                 # recomputed so often in this kernel that it is worth a buffer: report it, don't walk below it again
                 if self.policy is not None and x is not self.root and x.op is not Ops.REDUCE_AXIS and \

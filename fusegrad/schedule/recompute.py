@@ -12,12 +12,21 @@ The first condition keeps cheap prologues (a scale, a cast, a masked load) fused
 `x * 2` stays one kernel; the second asks that the work saved pays for the extra kernel. Softmax's `exp(x - max)` (about
 8 ops, evaluated twice per element) therefore stays fused at any size.
 
-A node that a reduce re-reads many times (`evals >= REUSE * size`: a conv's or matmul's input) is judged with a lower
-bar, `cost >= REUSED_OPS` and `cost * (evals - size) > KERNEL_OPS + 2 * MEMORY_OPS * size`: fused, its ops run
-scalar inside the reduce's innermost loop for every reuse, while each of those evaluations would load an element either
-way, so realizing costs only one store and load per element. Measured on the CPU at batch 512: beautiful_mnist's second
-conv with the first's `(x + bias).relu()` fused into its input ran 116 ms, with that input realized 58 ms (both kernels);
-`(x * 2 + 1).relu() @ w` at 1024: 46 ms fused, 18 ms as two kernels.
+A node that a reduce re-reads (`evals >= REUSE * size`, REUSE 2: a conv's or matmul's input) is judged with a lower
+bar, `cost >= REUSED_OPS` and `cost * (evals - size) > KERNEL_OPS + 2 * MEMORY_OPS * size`: fused, its ops run inside
+the reduce's innermost loop for every reuse, while each of those evaluations would load an element either way, so
+realizing costs only one store and load per element. Measured on the CPU at batch 512: beautiful_mnist's second conv
+with the first's `(x + bias).relu()` fused into its input ran 116 ms, with that input realized 58 ms (both kernels);
+`(x * 2 + 1).relu() @ w` at 1024: 46 ms fused, 18 ms as two kernels. The bar was 16 re-reads until EfficientNet-Lite0's
+depthwise convs (each input element read 9 times by a 3x3 window, 2.25 times by a 3x3 window of stride 2) showed the
+previous layer's batch norm and ReLU6 recomputed in the window loop: 3.4x the time of the conv alone (batch 1, 1.49
+vs 0.41 ms for the stride-2 3x3 one). Softmax's `exp(x - max)`, evaluated twice, is not above it: 8 ops do not pay
+for a kernel and a round trip (the second condition).
+
+Pass-through nodes (DETACH, CONTIGUOUS) are not counted (indexing.py): a conv's input is `x.pad(...).detach()`, and
+realizing the DETACH would store the padded tensor, the producer kernel then computing its border of zeros with masked
+loads (1x1 convs on 7x7 maps padded to 11x11 ran 4x slower). The node under the PAD is realized instead, and the
+conv reads it with masked loads (codegen/vectorize.py).
 
 `evals` comes from index propagation (indexing.py): the linearizer emits a node in the loop of the deepest RANGE its
 index depends on, so its number of evaluations is the trip count of that loop chain.
@@ -30,7 +39,7 @@ from fusegrad.ir.shape import smax
 EXPENSIVE_OPS = 16
 KERNEL_OPS = 1 << 18   # an extra kernel (launch, Python overhead, scheduling) is worth this many ALU ops
 MEMORY_OPS = 4         # storing or loading one element
-REUSE = 16             # a node evaluated this many times per element (by a reduce that re-reads it: a conv's input) ...
+REUSE = 2              # a node evaluated this many times per element (by a reduce that re-reads it: a conv's input) ...
 REUSED_OPS = 2         # ... is realized from this many ops: (x + bias).relu() before a conv, not x * 2 before a matmul
 OP_COST = {Ops.EXP2: 4, Ops.LOG2: 4, Ops.SIN: 4, Ops.SQRT: 4, Ops.RECIPROCAL: 4, Ops.IDIV: 4, Ops.MOD: 4,
            Ops.GATHER: 2, Ops.PAD: 1, Ops.CAST: 1, Ops.BITCAST: 1, Ops.REDUCE_AXIS: 1}

@@ -204,3 +204,17 @@ def test_bad_opts_raise():
     with pytest.raises(ValueError, match="needs a reduce range"): to_program(si.ast, dev, [Opt("UNROLL", glob.arg[0], 2)])
     with pytest.raises(ValueError, match="needs an output range"): to_program(si.ast, dev, [Opt("UPCAST", red.arg[0], 2)])
     with pytest.raises(ValueError, match="no range"): to_program(si.ast, dev, [Opt("UNROLL", 99, 2)])
+
+
+def test_upcast_reduce_masked_out_by_a_pad_shares_its_siblings_loop():
+    """A right-padded stride-2 conv whose upcast output columns include one that reads only padding: that copy of the
+    reduce depends on fewer ranges than its siblings, yet all of them share one loop nest, which must nest where the
+    siblings need it (it was placed by the first one found: a KeyError while linearizing)."""
+    import torch
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 1, 5, 8)).astype(np.float32)
+    w = rng.standard_normal((4, 1, 3, 3)).astype(np.float32)
+    got = Tensor(x).pad((0, 3, 0, 0)).conv2d(Tensor(w), stride=2).numpy()
+    want = torch.nn.functional.conv2d(torch.nn.functional.pad(torch.tensor(x), (0, 3, 0, 0)), torch.tensor(w),
+                                      stride=2).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
