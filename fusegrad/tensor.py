@@ -453,6 +453,11 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
             weak = dtypes.weakfloat if isinstance(y, float) else dtypes.bool if isinstance(y, bool) else dtypes.weakint
             dt = strong_dtype(least_upper_dtype(x.dtype, weak)) if match_dtype else dtypes.from_py(y)
             if isinstance(y, bool) and match_dtype: dt = x.dtype
+            if match_dtype:   # the common case in one step: the constant made at x's shape (one tensor, not three)
+                dt = least_upper_dtype(x.dtype, dt)
+                x = x.cast(dt)
+                yt = Tensor._wrap(build.const(y, dt, x.device, x.shape))
+                return (yt, x) if reverse else (x, yt)
             yt = Tensor._wrap(build.const(y, dt, x.device))
         else:
             yt = y

@@ -208,32 +208,46 @@ class MovementMixin:
         n = len(k_)
         st = (stride,) * n if isinstance(stride, int) else tuple(stride)
         dl = (dilation,) * n if isinstance(dilation, int) else tuple(dilation)
-        x, base = self, self.ndim - n
+        # built on the graph nodes directly (one Tensor for the result, not one per step: a conv's unfold took a
+        # third of an eager EfficientNet call's graph building); autograd works on the nodes alike
+        from fusegrad.ir import build
+        u, base, padded = self.uop, self.ndim - n, False
+
+        def move(u, src: int, dst: int):
+            order = list(range(len(u.shape)))
+            order.insert(dst, order.pop(src))
+            return build.permute(u, order)
         for j, (k, s, d) in enumerate(zip(k_, st, dl)):
             ax = base + j
-            xt = x._move_axis(ax, x.ndim - 1)                             # (lead..., i)
+            xt = move(u, ax, len(u.shape) - 1)                              # (lead..., i)
             lead, i = xt.shape[:-1], xt.shape[-1]
             o = (i - d * (k - 1) - 1) // s + 1
             if o <= 0: raise RuntimeError(f"window {k} (dilation {d}) is larger than the input size {i}")
+            keep = [(0, v) for v in lead]
             if d == 1 and s >= k:
                 # windows that don't overlap (max_pool2d's default stride == kernel): a reshape into rows of s, each
                 # cut to its first k. No repeated copy, so the gradient is a plain reshape too (no masked re-reads)
-                cut = [(0, 0)] * len(lead)
-                xt = xt.pad(cut + [(0, o * s - i)]) if o * s > i else xt.shrink([(0, v) for v in lead] + [(0, o * s)])
-                w = xt.reshape(lead + (o, s))
-                if s > k: w = w.shrink([(0, v) for v in lead] + [(0, o), (0, k)])
-                x = w._move_axis(w.ndim - 2, ax)
+                if o * s > i: xt, padded = build.pad(xt, [(0, 0)] * len(lead) + [(0, o * s - i)]), True
+                else: xt = build.shrink(xt, keep + [(0, o * s)])
+                w = build.reshape(xt, lead + (o, s))
+                if s > k: w = build.shrink(w, keep + [(0, o), (0, k)])
+                u = move(w, len(w.shape) - 2, ax)
                 continue
             extra = max(0, o * s - i - d)                                  # so that row length i+d covers o*s
-            if extra: xt = xt.pad([(0, 0)] * len(lead) + [(0, extra)])
+            if extra: xt, padded = build.pad(xt, [(0, 0)] * len(lead) + [(0, extra)]), True
             i2 = i + extra
-            keep = [(0, v) for v in lead]
-            w = xt.unsqueeze(-2).expand(lead + (k, i2)).reshape(lead + (k * i2,))
-            w = w.pad([(0, 0)] * len(lead) + [(0, k * d)]).reshape(lead + (k, i2 + d))
-            w = w.shrink(keep + [(0, k), (0, o * s)]).reshape(lead + (k, o, s))
-            w = w.shrink(keep + [(0, k), (0, o), (0, 1)]).reshape(lead + (k, o)).transpose(-1, -2)   # (lead..., o, k)
-            x = w._move_axis(w.ndim - 2, ax)                               # o back in place, windows stay last
-        return x
+            w = build.reshape(build.expand(build.reshape(xt, lead + (1, i2)), lead + (k, i2)), lead + (k * i2,))
+            w = build.reshape(build.pad(w, [(0, 0)] * len(lead) + [(0, k * d)]), lead + (k, i2 + d))
+            padded = True
+            w = build.reshape(build.shrink(w, keep + [(0, k), (0, o * s)]), lead + (k, o, s))
+            w = build.reshape(build.shrink(w, keep + [(0, k), (0, o), (0, 1)]), lead + (k, o))
+            w = move(w, len(w.shape) - 1, len(w.shape) - 2)                  # (lead..., o, k)
+            u = move(w, len(w.shape) - 2, ax)                               # o back in place, windows stay last
+        t = type(self)._wrap(u, self)
+        if not padded and t._view is None:   # only view ops: a view of self, as the step-by-step form made it
+            from fusegrad.views import _mark_view
+            _mark_view(t, self)
+        return t
 
     def _move_axis(self: "Tensor", src: int, dst: int) -> "Tensor":
         order = list(range(self.ndim))
