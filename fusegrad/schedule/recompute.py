@@ -21,7 +21,10 @@ with the first's `(x + bias).relu()` fused into its input ran 116 ms, with that 
 depthwise convs (each input element read 9 times by a 3x3 window, 2.25 times by a 3x3 window of stride 2) showed the
 previous layer's batch norm and ReLU6 recomputed in the window loop: 3.4x the time of the conv alone (batch 1, 1.49
 vs 0.41 ms for the stride-2 3x3 one). Softmax's `exp(x - max)`, evaluated twice, is not above it: 8 ops do not pay
-for a kernel and a round trip (the second condition).
+for a kernel and a round trip (the second condition). Nor is a node more than BROADCAST times bigger than everything
+it reads (buffers, realize points, reduces' outputs): that is a broadcast, such as a conv's unfold times its weight
+before the sum, and storing it writes out every copy (beautiful_mnist's train step stored a 943M-element product
+when the bar first went down to 2).
 
 Pass-through nodes (DETACH, CONTIGUOUS) are not counted (indexing.py): a conv's input is `x.pad(...).detach()`, and
 realizing the DETACH would store the padded tensor, the producer kernel then computing its border of zeros with masked
@@ -41,6 +44,7 @@ KERNEL_OPS = 1 << 18   # an extra kernel (launch, Python overhead, scheduling) i
 MEMORY_OPS = 4         # storing or loading one element
 REUSE = 2              # a node evaluated this many times per element (by a reduce that re-reads it: a conv's input) ...
 REUSED_OPS = 2         # ... is realized from this many ops: (x + bias).relu() before a conv, not x * 2 before a matmul
+BROADCAST = 4          # ... unless it is this many times bigger than any tensor it reads (a broadcast product)
 OP_COST = {Ops.EXP2: 4, Ops.LOG2: 4, Ops.SIN: 4, Ops.SQRT: 4, Ops.RECIPROCAL: 4, Ops.IDIV: 4, Ops.MOD: 4,
            Ops.GATHER: 2, Ops.PAD: 1, Ops.CAST: 1, Ops.BITCAST: 1, Ops.REDUCE_AXIS: 1}
 FREE = (Ops.BUFFER, Ops.CONST)
@@ -71,10 +75,22 @@ class RecomputePolicy:
         self.rp = rp
         self.added: list[UOp] = []   # realize points added since the start, in order (see `realize`)
         self.costs: dict[UOp, tuple[int, bool, set[UOp], int]] = {}  # node -> (cost, complete, looked at, len(added))
+        self.broadcasts: dict[UOp, bool] = {}   # node -> bigger than what it reads (see _broadcast)
 
     def realize(self, new: set[UOp]) -> None:
         self.rp.update(new)
         self.added.extend(new)
+
+    def _broadcast(self, n: UOp, size: int) -> bool:
+        """Whether n is bigger than BROADCAST times everything it reads (an unfold times a weight, before the sum):
+        storing it would write out a broadcast, never cheaper than recomputing it from its small inputs (a train
+        step's pool backward stored beautiful_mnist's 943M-element conv product: 1 s and 3.8 GB)."""
+        if (b := self.broadcasts.get(n)) is None:
+            # what n reads: buffers, realize points, and reduces (a fused reduce is read as its output)
+            def leaf(u: UOp) -> bool: return u in self.rp or u.op in (Ops.BUFFER, Ops.REDUCE_AXIS)
+            leaves = [x for x in n.toposort(gate=lambda u: u is n or not leaf(u)) if x is not n and leaf(x)]
+            b = self.broadcasts[n] = size > BROADCAST * max((smax(x.size) for x in leaves), default=1)
+        return b
 
     def worth_realizing(self, n: UOp, evals: int) -> bool:
         size = smax(n.size)   # symbolic: judged at the largest size
@@ -83,8 +99,9 @@ class RecomputePolicy:
         if n.op in GroupOp.Movement or n.op in FREE: return False
         extra = evals - size
         need = max(EXPENSIVE_OPS, (KERNEL_OPS + MEMORY_OPS * (size + evals)) // extra + 1)
-        if evals >= REUSE * size:   # re-read many times (a conv's input): each eval then loads the buffer instead
-            need = min(need, max(REUSED_OPS, (KERNEL_OPS + 2 * MEMORY_OPS * size) // extra + 1))
+        reread = max(REUSED_OPS, (KERNEL_OPS + 2 * MEMORY_OPS * size) // extra + 1)
+        if evals >= REUSE * size and reread < need and not self._broadcast(n, size):
+            need = reread   # re-read (a conv's input): each eval then loads the buffer instead
         if (c := self.costs.get(n)) is not None:
             cost, complete, seen, mark = c
             if complete and cost < need: return False   # realize points only lower a cost
