@@ -47,7 +47,7 @@ THREAD_OPS_PER_STEP = 8   # ALU ops worth one loop step of the trip-count measur
 def mark_thread_loop(uops: list[UOp], renderer: Renderer, ops: int = 0) -> int:
     """Let the runtime split a big kernel's outermost output loop across threads: that loop's RANGE becomes kind
     'thread' (iterations are independent). Returns its size, or 0 when the kernel stays on one thread. The work is
-    the deepest loop nest's trip count, or the kernel's ALU ops (`ops`, vector lanes counted) over THREAD_OPS_PER_STEP
+    the loop iterations, or the kernel's ALU ops (`ops`, vector lanes counted) over THREAD_OPS_PER_STEP
     when that is more: a register-tiled matmul does 16 vector FMAs per innermost step (26x384 @ 384x1536, MiniLM's
     FFN at batch 2 x 13 tokens: 60k steps, 31M flops, ran on one core)."""
     if renderer.threads <= 1: return 0
@@ -56,9 +56,14 @@ def mark_thread_loop(uops: list[UOp], renderer: Renderer, ops: int = 0) -> int:
     if any(u.op in (Ops.DEFINE_REG, Ops.STORE) for u in uops[:first]): return 0  # work before the loop
     if uops[first].src[0].op is not Ops.CONST: return 0  # a symbolic loop: its chunks aren't known at compile time
     size = int(uops[first].src[0].arg)
-    work = 1
-    for u in uops[first:]:  # trip count of the deepest loop nest, a cheap proxy for the work
-        if u.op is Ops.RANGE: work *= max(trip_count(u), 1)
+    # loop iterations, a cheap proxy for the work: each loop's trip count times those of the loops around it, summed
+    # (loops side by side add up: a layernorm's two 384-long reduces over 13 rows are 10k steps, not 13 x 384 x 384)
+    work, nest = 0, [1]
+    for u in uops[first:]:
+        if u.op is Ops.RANGE:
+            nest.append(nest[-1] * max(trip_count(u), 1))
+            work += nest[-1]
+        elif u.op is Ops.END: nest.pop()
     if not any(u.op is Ops.RANGE and u.arg[1] == "reduce" for u in uops):  # a vectorized elementwise loop: each trip
         work *= max((u.dtype.count for u in uops if u.op is Ops.LOAD), default=1)  # does w elements' work
     work = max(work, ops // THREAD_OPS_PER_STEP)

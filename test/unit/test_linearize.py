@@ -229,3 +229,14 @@ def test_register_tiled_matmul_splits_across_threads():
     assert to_program((a @ b).schedule()[-1].ast, ren).thread_size > 1
     small = Tensor.empty(64).realize()
     assert to_program((small + 1).schedule()[-1].ast, ren).thread_size == 0
+
+
+def test_loops_side_by_side_add_up_for_threading():
+    """A layernorm over 26 x 384 has two reduce loops after one another in each row's iteration: 10k steps of work,
+    not 13 x 384 x 384 (their product) as the thread split used to count; it stays on one thread (the split cost
+    ~200 us for 10 us of work in MiniLM at 2 x 13 tokens)."""
+    ren = Device["CPU"].renderer
+    x = Tensor.empty(26, 384).realize()
+    assert to_program(x.layernorm().schedule()[-1].ast, ren).thread_size == 0
+    big = Tensor.empty(1024, 1024).realize()
+    assert ren.threads < 2 or to_program(big.layernorm().schedule()[-1].ast, ren).thread_size > 1
