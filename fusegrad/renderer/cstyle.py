@@ -506,7 +506,22 @@ class ClangRenderer(CStyleLanguage):
         used += [vector_exp2_c(w) for w in (4, 8, 16) if f"fg_exp2f_x{w}(" in src]
         used += [vector_log2_c(w) for w in (4, 8, 16) if f"fg_log2f_x{w}(" in src]
         used += [half_convert_c(w) for w in (4, 8, 16) if f"fg_h2f_x{w}(" in src or f"fg_f2h_x{w}(" in src]
-        return "".join(f + "\n" for f in used) + src
+        return "".join(f + "\n" for f in used) + src + (_thread_trampoline(name, args) if args[-2:] ==
+                                                         ["int core_start", "int core_end"] else "")
+
+
+def _thread_trampoline(name: str, args: list[str]) -> str:
+    """`<name>_mt`: the kernel's arguments packed into a struct on the caller's stack, handed with a task that unpacks
+    them to the CPU pool's fg_pool_run (runtime/cpu_pool.py), which runs the task on each chunk of the thread loop."""
+    params = args[:-2]
+    names = [a.split()[-1] for a in params]
+    fields = "".join(f" {a.replace(' restrict', '')};" for a in params)
+    return (f"struct {name}_args {{{fields} }};\n"
+            f"static void {name}_task(void* c, int s, int e) {{ struct {name}_args* a = (struct {name}_args*)c; "
+            f"{name}({''.join(f'a->{n}, ' for n in names)}s, e); }}\n"
+            f"void {name}_mt({''.join(a + ', ' for a in params)}int (*run)(void (*)(void*, int, int), void*, int, "
+            f"const int*), int n, const int* bounds) {{ struct {name}_args a = {{{', '.join(names)}}}; "
+            f"run({name}_task, &a, n, bounds); }}\n")
 
 
 

@@ -27,6 +27,9 @@ from fusegrad.device import Allocator, Compiled, CompileError, Compiler, diskcac
 from fusegrad.helpers import DEBUG, hash_bytes
 from fusegrad.renderer import ProgramSpec
 from fusegrad.renderer.cstyle import ClangRenderer
+from fusegrad.runtime import cpu_pool
+
+CPU_POOL = int(os.getenv("CPU_POOL", "1"))   # 0: split kernels run their chunks through the Python thread pool
 
 _CANDIDATES = ("cc", "gcc", "clang")
 
@@ -155,7 +158,8 @@ class CPUCompiler(Compiler):
         parts, syms = [], {}
         for i in todo:
             name, src = kernels[i]
-            names = list(dict.fromkeys([name, *_STATIC_FN.findall(src)]))
+            trampoline = [name + t for t in ("_mt", "_task", "_args") if f"{name}_mt(" in src]   # cstyle.py
+            names = list(dict.fromkeys([name, *trampoline, *_STATIC_FN.findall(src)]))
             parts += [f"#define {n} {n}__fg{i}" for n in names] + [src] + [f"#undef {n}" for n in names]
             syms[i] = f"{name}__fg{i}"
         unit = "\n".join(parts)
@@ -257,6 +261,16 @@ class CPUProgram:
         n = spec.thread_size
         t = min(cpu_threads(), n) if n else 1
         self.chunks = [(n * i // t, n * (i + 1) // t) for i in range(t)] if n else []
+        # split kernels start their chunks from C (runtime/cpu_pool.py) when the pool and the kernel's trampoline exist
+        self.mt: Any = None
+        if len(self.chunks) > 1 and CPU_POOL and (run := cpu_pool.pool_run()) is not None:
+            # in a batch object every name of the kernel's source got the kernel's suffix (compile_batch)
+            suffix = lib[len(BATCH_REF):].decode().split(":")[1][len(spec.name):] if lib.startswith(BATCH_REF) else ""
+            if (mt := getattr(self.lib, f"{spec.name}_mt{suffix}", None)) is not None:
+                mt.argtypes = self.fxn.argtypes[:-2] + [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+                mt.restype = None
+                self.mt, self.run = mt, run
+                self.bounds = (ctypes.c_int * (t + 1))(*[c[0] for c in self.chunks], self.chunks[-1][1])
 
     @staticmethod
     def _load(lib: bytes, name: str) -> tuple[ctypes.CDLL, Any]:
@@ -272,6 +286,7 @@ class CPUProgram:
         st = time.perf_counter()
         if not self.chunks: self.fxn(*bufs, *vals)
         elif len(self.chunks) == 1: self.fxn(*bufs, *vals, *self.chunks[0])
+        elif self.mt is not None: self.mt(*bufs, *vals, self.run, len(self.chunks), self.bounds)
         else:
             futs = [_pool(len(self.chunks) - 1).submit(self.fxn, *bufs, *vals, *c) for c in self.chunks[1:]]
             self.fxn(*bufs, *vals, *self.chunks[0])

@@ -95,6 +95,7 @@ class LLVMProgram(CPUProgram):
         n = spec.thread_size
         t = min(cpu_threads(), n) if n else 1
         self.chunks = [(n * i // t, n * (i + 1) // t) for i in range(t)] if n else []
+        self.mt = None   # no trampoline in LLVM IR: split kernels use the Python pool
 
 
 def undefined_symbols(obj: bytes) -> list[str]:

@@ -1,0 +1,138 @@
+"""The CPU device's worker threads, in C: a kernel split across threads (its outermost loop in chunks, see
+codegen.mark_thread_loop) is started from C instead of through Python's ThreadPoolExecutor.
+
+Handing a chunk to a Python pool and waiting for it costs 30-45 us per kernel (a future, a queue, a condition variable
+and a GIL round trip each way); MiniLM at batch 2 x 13 runs 80 kernels of 20-400 us each, so that was a large share
+of a TinyJit replay. Here a launch is: the caller stores the job, bumps a generation counter, runs chunk 0 itself and
+spins until the workers have counted down. A worker spins on the counter for up to SPIN_NS after its last chunk
+(kernels launched back to back find it awake: about a microsecond), then sleeps on a condition variable, so an idle
+process uses no CPU. Each kernel's C source has a trampoline `<name>_mt` (renderer/cstyle.py) that packs its
+arguments into a struct on its stack and calls `fg_pool_run(task, &args, n, bounds)`; the pool runs the task on
+chunk i = [bounds[i], bounds[i+1]).
+
+One launch at a time: a second thread (or a child process after fork, whose workers don't exist) that finds the pool
+busy runs its chunks itself, one after another, so the pool can't deadlock. If the library doesn't compile, kernels
+go through the Python pool as before.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+from typing import Any
+
+SPIN_NS = 50_000   # a worker spins (yielding) this long for the next chunk before it sleeps
+
+POOL_C = r"""
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef void (*fg_task)(void *ctx, int start, int end);
+#define FG_MAXW 255
+
+static pthread_mutex_t run_mu = PTHREAD_MUTEX_INITIALIZER;     /* one launch at a time */
+static pthread_mutex_t sleep_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t sleep_cv = PTHREAD_COND_INITIALIZER;
+static int sleepers;                                           /* under sleep_mu */
+static _Atomic long gen;                                       /* bumped once per launch */
+static _Atomic int pending;                                    /* workers still on this launch */
+static fg_task job_fn;
+static void *job_ctx;
+static int job_n;
+static int job_bounds[FG_MAXW + 2];
+static int nworkers;
+static pid_t owner;                                            /* the process the workers belong to */
+static long start_gen[FG_MAXW + 1];
+
+static inline void relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
+static long now_ns(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec * 1000000000L + t.tv_nsec; }
+
+static void *worker(void *arg) {
+  int id = (int)(intptr_t)arg;
+  long seen = start_gen[id];                         /* the generation before the launch that created it */
+  for (;;) {
+    long g = atomic_load_explicit(&gen, memory_order_acquire);
+    if (g == seen) {
+      long until = now_ns() + SPIN_NS;
+      for (int i = 1; (g = atomic_load_explicit(&gen, memory_order_acquire)) == seen; i++) {
+        if (i < 1024) relax();
+        else sched_yield();                          /* a thread waiting for this core (the launcher's) goes first */
+        if ((i & 63) == 0 && now_ns() > until) {
+          pthread_mutex_lock(&sleep_mu);
+          sleepers++;
+          while ((g = atomic_load_explicit(&gen, memory_order_acquire)) == seen) pthread_cond_wait(&sleep_cv, &sleep_mu);
+          sleepers--;
+          pthread_mutex_unlock(&sleep_mu);
+          break;
+        }
+      }
+    }
+    seen = g;
+    if (id < job_n) job_fn(job_ctx, job_bounds[id], job_bounds[id + 1]);
+    atomic_fetch_sub_explicit(&pending, 1, memory_order_acq_rel);
+  }
+  return 0;
+}
+
+/* run fn over chunks [bounds[i], bounds[i+1]) for i < n, chunk 0 on the calling thread; returns when all are done */
+int fg_pool_run(fg_task fn, void *ctx, int n, const int *bounds) {
+  if (n <= 1 || n > FG_MAXW + 1 || pthread_mutex_trylock(&run_mu) != 0) {
+    fn(ctx, bounds[0], bounds[n]);                   /* busy (another thread launches), or nothing to split */
+    return 0;
+  }
+  if (owner != getpid()) { nworkers = 0; owner = getpid(); }   /* a forked child has no workers */
+  while (nworkers < n - 1) {
+    pthread_t t;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    start_gen[nworkers + 1] = atomic_load_explicit(&gen, memory_order_relaxed);
+    if (pthread_create(&t, &attr, worker, (void *)(intptr_t)(nworkers + 1)) != 0) { pthread_attr_destroy(&attr); break; }
+    pthread_attr_destroy(&attr);
+    nworkers++;
+  }
+  int m = nworkers + 1 < n ? nworkers + 1 : n;      /* chunks the workers take; the rest run here */
+  job_fn = fn; job_ctx = ctx; job_n = m;
+  for (int i = 0; i <= m; i++) job_bounds[i] = bounds[i];
+  atomic_store_explicit(&pending, nworkers, memory_order_relaxed);
+  atomic_fetch_add_explicit(&gen, 1, memory_order_release);
+  pthread_mutex_lock(&sleep_mu);
+  if (sleepers) pthread_cond_broadcast(&sleep_cv);
+  pthread_mutex_unlock(&sleep_mu);
+  fn(ctx, bounds[0], bounds[1]);
+  if (m < n) fn(ctx, bounds[m], bounds[n]);
+  for (int i = 0; atomic_load_explicit(&pending, memory_order_acquire) > 0; i++) {
+    if (i < 1024) relax();
+    else sched_yield();
+  }
+  pthread_mutex_unlock(&run_mu);
+  return 1;
+}
+"""
+
+
+@functools.cache
+def pool_run() -> int | None:
+    """The address of fg_pool_run (compiled on first use, cached on disk like kernels), or None when it can't be
+    built here (kernels then use the Python pool)."""
+    from fusegrad.runtime.ops_cpu import _compiler, _load_shared_object
+    try:
+        lib = _load_shared_object(_compiler().compile_cached(f"#define SPIN_NS {SPIN_NS}L\n" + POOL_C))
+        fn: Any = lib.fg_pool_run
+        _keep.append(lib)
+        return ctypes.cast(fn, ctypes.c_void_p).value
+    except Exception:   # no compiler, no pthreads, a noexec temp dir: the Python pool still works
+        return None
+
+
+_keep: list[Any] = []   # the loaded library stays loaded (its threads run its code)
