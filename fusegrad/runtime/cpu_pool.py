@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
+import threading
 from typing import Any
 
 SPIN_NS = 50_000   # a worker spins (yielding) this long for the next chunk before it sleeps
@@ -121,10 +123,25 @@ int fg_pool_run(fg_task fn, void *ctx, int n, const int *bounds) {
 """
 
 
-@functools.cache
+_lock = threading.Lock()
+
+
+def _after_fork() -> None:   # a child forked while another thread compiled the pool must not inherit a held lock
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
 def pool_run() -> int | None:
     """The address of fg_pool_run (compiled on first use, cached on disk like kernels), or None when it can't be
     built here (kernels then use the Python pool)."""
+    with _lock: return _pool_run()
+
+
+@functools.cache
+def _pool_run() -> int | None:
     from fusegrad.runtime.ops_cpu import _compiler, _load_shared_object
     try:
         lib = _load_shared_object(_compiler().compile_cached(f"#define SPIN_NS {SPIN_NS}L\n" + POOL_C))

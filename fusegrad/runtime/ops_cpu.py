@@ -352,3 +352,6 @@ class CPUDevice(Compiled):
         renderer.simd_bytes = simd_bytes()
         renderer.cache_bytes = l2_bytes()
         super().__init__(device, CPUAllocator(), renderer, CPUCompiler(), CPUProgram)
+        # the worker pool's library compiles (or loads from the disk cache) while the first graph is scheduled and
+        # rendered, instead of in front of the first split kernel
+        if renderer.threads > 1 and CPU_POOL: threading.Thread(target=cpu_pool.pool_run, daemon=True).start()
