@@ -22,7 +22,7 @@ import os
 import threading
 from typing import Any
 
-SPIN_NS = 50_000   # a worker spins (yielding) this long for the next chunk before it sleeps
+SPIN_NS = int(os.environ.get("FG_SPIN_NS", "50000"))   # a worker spins (yielding) this long for the next chunk before it sleeps
 
 POOL_C = r"""
 #include <pthread.h>
@@ -67,8 +67,7 @@ static void *worker(void *arg) {
     if (g == seen) {
       long until = now_ns() + SPIN_NS;
       for (int i = 1; (g = atomic_load_explicit(&gen, memory_order_acquire)) == seen; i++) {
-        if (i < 1024) relax();
-        else sched_yield();                          /* a thread waiting for this core (the launcher's) goes first */
+        relax();
         if ((i & 63) == 0 && now_ns() > until) {
           pthread_mutex_lock(&sleep_mu);
           sleepers++;
