@@ -95,9 +95,20 @@ def memory_of(buf: Buffer) -> int:
 
 
 def buffers_read(u: UOp) -> list[Buffer]:
-    """The buffers a lazy graph reads (stops at BUFFER nodes)."""
-    nodes = u.toposort(gate=lambda x: x.op is not Ops.BUFFER)
-    return [buffers[n] for n in nodes if n.op is Ops.BUFFER and n in buffers]
+    """The buffers a lazy graph reads (stops at BUFFER nodes), each once. (A plain walk, not a toposort: the order is
+    not needed, and every realize walks its whole graph here.)"""
+    out: list[Buffer] = []
+    seen, stack, buffer_op, get = {u}, [u], Ops.BUFFER, buffers.get
+    while stack:
+        x = stack.pop()
+        if x.op is buffer_op:
+            if (b := get(x)) is not None: out.append(b)
+            continue
+        for s in x.src:
+            if s not in seen:
+                seen.add(s)
+                stack.append(s)
+    return out
 
 
 # memory that code outside fusegrad can also read and write (DLPack exports and imports): results computed from it are
@@ -229,7 +240,10 @@ def relayout_put(u: UOp, value: UOp) -> None:
         _relayouts.setdefault(src[0], {})[src[1]] = (value, version(buffers[src[0]]), version(buffers[value.base]))
 
 
-def cached_value(u: UOp) -> UOp | None:
-    """What the scheduler reads instead of computing `u`: a cached result, or a cached relayout."""
-    r = realized.get(u)
-    return r if r is not None or u.op is not Ops.CONTIGUOUS or relayouts_off else relayout_get(u)
+def cached_value(u: UOp, _get: Any = realized._data.get, _ref: Any = weakref.ref,
+                 _reftype: Any = weakref.ReferenceType) -> UOp | None:
+    """What the scheduler reads instead of computing `u`: a cached result, or a cached relayout. (ResultCache.get,
+    inline: the scheduler asks this for every node of every graph it is given.)"""
+    if (r := _get(_ref(u))) is not None:
+        if type(r) is not _reftype or (r := r()) is not None: return r
+    return None if u.op is not Ops.CONTIGUOUS or relayouts_off else relayout_get(u)

@@ -75,6 +75,13 @@ class Normalized:
 
 # ops whose arg `one` rewrites (unique ids renumbered, variables unbound): not taken by normalize's inline path
 _SPECIAL_ARGS = {Ops.ASSIGN, Ops.CONTIGUOUS, Ops.CONST, Ops.IOTA}
+# movement args seen to hold no UOp (plain ints): skips has_uop for the same arg next time. Only such args go in (a
+# symbolic one could keep its variables alive); cleared when full, so it stays small
+_plain_args: set = set()
+_PLAIN_ARGS_MAX = 1 << 14
+
+
+def _not_buffer(u: UOp) -> bool: return u.op is not Ops.BUFFER
 
 
 def normalize(sink: UOp, cached: Callable[[UOp], UOp | None], executed: Any) -> Normalized:
@@ -111,36 +118,52 @@ def normalize(sink: UOp, cached: Callable[[UOp], UOp | None], executed: Any) -> 
             arg = -uniq
         elif (x.op in GroupOp.Movement or x.op in (Ops.CONST, Ops.IOTA)) and has_uop(arg): arg = ub.arg(arg)
         pos[x] = len(enc)
-        enc.append((x.op.value, x.dtype, arg, tuple(pos[s] for s in x.src)))
+        enc.append((x.op._value_, x.dtype, arg, tuple(pos[s] for s in x.src)))
 
-    movement, buffer_op, detach_op = GroupOp.Movement, Ops.BUFFER, Ops.DETACH
-    stack: list[tuple[UOp, bool]] = [(sink, False)]
+    # the loop below runs for every node of every graph realized: locals instead of globals and attribute lookups,
+    # and the common node kinds encoded inline (`one` keeps the rare ones)
+    movement, buffer_op, detach_op, assign_op, special = GroupOp.Movement, Ops.BUFFER, Ops.DETACH, Ops.ASSIGN, \
+        _SPECIAL_ARGS
+    plain, gate = _plain_args, _not_buffer
+    push, pop, append = (stack := [(sink, False)]).append, stack.pop, enc.append
     while stack:
-        n, expanded = stack.pop()
+        n, expanded = pop()
         if n in pos: continue
         if expanded:
-            op = n.op
-            # the common node (no buffer, custom backward, unique id or movement arg): `one`'s last lines, inline
-            if op is buffer_op or op is detach_op or op in movement or op in _SPECIAL_ARGS: one(n)
-            else:
-                pos[n] = len(enc)
-                enc.append((op.value, n.dtype, n.arg, tuple([pos[s] for s in n.src])))
+            op, src = n.op, n.src
+            if op in movement:
+                arg = n.arg
+                if arg not in plain:   # (a hash of ints, in C; has_uop is a Python call per node)
+                    if has_uop(arg):
+                        one(n)
+                        continue
+                    if len(plain) >= _PLAIN_ARGS_MAX: plain.clear()
+                    plain.add(arg)
+            elif op is buffer_op or op is detach_op or op in special:
+                one(n)
+                continue
+            else: arg = n.arg
+            pos[n] = len(enc)
+            append((op._value_, n.dtype, arg, (pos[src[0]],) if len(src) == 1 else tuple([pos[s] for s in src])))
             continue
         if n is not sink and (r := cached(n)) is not None:   # computed before: read its buffer
-            for x in r.toposort(gate=lambda u: u.op is not Ops.BUFFER):
+            for x in r.toposort(gate=gate):
                 if x not in pos: one(x)
             pos[n] = pos[r]
             continue
-        if n.op is Ops.ASSIGN:
+        op = n.op
+        if op is buffer_op:   # a leaf: nothing below it to walk
+            one(n)
+            continue
+        if op is assign_op:
             if n in executed:
                 raise RuntimeError(f"a graph reads the result of an assign (ASSIGN #{n.arg}) whose memory a later "
                                    "in-place write has changed since: its old value is gone. Realize (or .clone()) a "
                                    "value before writing to the memory it depends on")
             assigns.append(n)
-        stack.append((n, True))
-        if n.op is Ops.BUFFER: continue
-        for s in reversed(n.src[:1] if n.op is Ops.DETACH and n.arg is not None else n.src):
-            if s not in pos: stack.append((s, False))
+        push((n, True))
+        for s in reversed(n.src[:1] if op is detach_op and n.arg is not None else n.src):
+            if s not in pos: push((s, False))
     ub.check_bound()
     return Normalized(tuple(enc), leaves, pos, ub.var_vals, assigns)
 
@@ -154,22 +177,36 @@ def flags_key() -> tuple:
     return tuple(v.value for v in ContextVar._cache.values())
 
 
+class _Key:
+    """A cache key that hashes its tuple once: a lookup and the LRU move would each hash the whole graph again (a tuple
+    does not keep its hash). Equal when the tuples are."""
+    __slots__ = ("t", "h")
+
+    def __init__(self, t: tuple) -> None: self.t, self.h = t, hash(t)
+    def __hash__(self) -> int: return self.h
+    def __eq__(self, other: object) -> bool:
+        return self is other or (type(other) is _Key and self.h == other.h and self.t == other.t)
+
+
 class ScheduleCache:
     """normalized SINK + flags -> Template, least recently used dropped past CACHE_SIZE."""
 
     def __init__(self) -> None:
-        self._d: OrderedDict[tuple, Template] = OrderedDict()
+        # each entry holds its own key too: moving it to the end by that very object skips a second deep compare
+        self._d: OrderedDict[_Key, tuple[_Key, Template]] = OrderedDict()
         self.hits = self.misses = 0
 
     def get(self, key: tuple) -> Template | None:
-        if (t := self._d.get(key)) is not None:
-            self._d.move_to_end(key)
-            self.hits += 1
-        else: self.misses += 1
-        return t
+        if (e := self._d.get(_Key(key))) is None:
+            self.misses += 1
+            return None
+        self._d.move_to_end(e[0])
+        self.hits += 1
+        return e[1]
 
     def put(self, key: tuple, t: Template) -> None:
-        self._d[key] = t
+        k = _Key(key)
+        self._d[k] = (k, t)
         if len(self._d) > CACHE_SIZE: self._d.popitem(last=False)
 
     def clear(self) -> None: self._d.clear()
