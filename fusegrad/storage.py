@@ -137,18 +137,19 @@ executed: "weakref.WeakSet[UOp]" = weakref.WeakSet()
 _recorded = 0
 
 
-def cache_result(key: UOp, value: UOp, written_now: set[int] | None) -> None:
+def cache_result(key: UOp, value: UOp, written_now: set[int] | None, reads: list[Buffer] | None = None) -> None:
     """Remember that `key` was computed into `value` (a buffer node, maybe reshaped); the entry is dropped when any
     buffer it read, or the buffer holding it, is written in place. An ASSIGN depends only on the memory it wrote. A
     result that read memory the same schedule wrote (`written_now`) is not cached: a later graph naming that buffer
-    means its new contents. `written_now=None`: a snapshot of memory taken before a write, which stays valid."""
+    means its new contents. `written_now=None`: a snapshot of memory taken before a write, which stays valid.
+    `reads`: `buffers_read(key)` when the caller has it already."""
     global _recorded
     if key is value: return
     if key.op is Ops.ASSIGN or written_now is None:   # a write, or a snapshot taken before one: valid until its
         if key.op is Ops.ASSIGN: executed.add(key)    # own memory is written
         mems = set()
     else:
-        reads = buffers_read(key)
+        if reads is None: reads = buffers_read(key)
         mems = {memory_of(b) for b in reads}
         if written_now and mems & written_now: return
         if _shared and any(is_shared(b) for b in reads): return   # memory written from outside: never cached
@@ -174,10 +175,11 @@ def version(buf: Buffer) -> int:
     return _versions.get(memory_of(buf), 0)
 
 
-def record_history(new: UOp, old: UOp) -> None:
-    """`new` (a realized result) was computed by the lazy graph `old`: backward() differentiates through it."""
+def record_history(new: UOp, old: UOp, reads: list[Buffer] | None = None) -> None:
+    """`new` (a realized result) was computed by the lazy graph `old`: backward() differentiates through it. (`reads`:
+    `buffers_read(old)` when the caller has it already.)"""
     lazy_of[new] = old
-    _history_versions[new] = {memory_of(b): version(b) for b in buffers_read(old)}
+    _history_versions[new] = {memory_of(b): version(b) for b in (buffers_read(old) if reads is None else reads)}
 
 
 def check_history(new: UOp) -> None:
@@ -238,6 +240,11 @@ def relayout_put(u: UOp, value: UOp) -> None:
     """Remember that relayout `u` (see relayout_source) is held in `value` (a view of a buffer of its own)."""
     if (src := relayout_source(u)) is not None:
         _relayouts.setdefault(src[0], {})[src[1]] = (value, version(buffers[src[0]]), version(buffers[value.base]))
+
+
+# cached_value(u) is None wherever the first gives None for a weak reference to u and u's op is not in the second:
+# the scheduler's walk tests these inline and calls cached_value only for the nodes they leave (schedule/cache.py)
+CACHED_VALUE_FILTER = (realized._data.get, frozenset({Ops.CONTIGUOUS}))
 
 
 def cached_value(u: UOp, _get: Any = realized._data.get, _ref: Any = weakref.ref,

@@ -19,6 +19,7 @@ realizes (cached results, the stale-assign check) is resolved *before* normalizi
 """
 from __future__ import annotations
 
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -82,14 +83,21 @@ _PLAIN_ARGS_MAX = 1 << 14
 
 
 def _not_buffer(u: UOp) -> bool: return u.op is not Ops.BUFFER
+def _always(_: Any) -> bool: return True
 
 
-def normalize(sink: UOp, cached: Callable[[UOp], UOp | None], executed: Any) -> Normalized:
+_ALL_OPS = frozenset(Ops)
+
+
+def normalize(sink: UOp, cached: Callable[[UOp], UOp | None], executed: Any,
+              maybe_cached: tuple[Callable[[Any], Any], frozenset[Ops]] | None = None) -> Normalized:
     """One walk over the graph to realize, stopping at BUFFERs and at nodes computed before (`cached(n)`: the buffer
     view holding n's value, read instead). It writes down the normalized graph (module docstring) as a tuple of
     (op, dtype, arg, source positions), children first, and on the way strips custom backwards (DETACH with a GradFn is
     its forward value; its other sources are not walked) and unbinds variables (variables.py). Raises when the graph
     would run an ASSIGN again (`executed`) whose result was dropped from the cache because its memory was written since.
+    `maybe_cached` (storage.CACHED_VALUE_FILTER): a lookup by weak reference and a set of ops such that `cached(n)` is
+    None wherever the lookup gives None and n's op is not in the set; it saves a Python call per node.
 
     The key is plain data, not nodes, on purpose: a normalized node without buffers below it (a constant's
     `.contiguous()`) *is* the real node, and a key that kept it alive would keep its entry in the result cache alive,
@@ -125,6 +133,7 @@ def normalize(sink: UOp, cached: Callable[[UOp], UOp | None], executed: Any) -> 
     movement, buffer_op, detach_op, assign_op, special = GroupOp.Movement, Ops.BUFFER, Ops.DETACH, Ops.ASSIGN, \
         _SPECIAL_ARGS
     plain, gate = _plain_args, _not_buffer
+    rget, cached_ops, wref = (maybe_cached if maybe_cached is not None else (_always, _ALL_OPS)) + (weakref.ref,)
     push, pop, append = (stack := [(sink, False)]).append, stack.pop, enc.append
     while stack:
         n, expanded = pop()
@@ -146,7 +155,8 @@ def normalize(sink: UOp, cached: Callable[[UOp], UOp | None], executed: Any) -> 
             pos[n] = len(enc)
             append((op._value_, n.dtype, arg, (pos[src[0]],) if len(src) == 1 else tuple([pos[s] for s in src])))
             continue
-        if n is not sink and (r := cached(n)) is not None:   # computed before: read its buffer
+        # computed before: read its buffer. (`cached` is called only where `maybe_cached` can't rule a node out)
+        if n is not sink and (rget(wref(n)) is not None or n.op in cached_ops) and (r := cached(n)) is not None:
             for x in r.toposort(gate=gate):
                 if x not in pos: one(x)
             pos[n] = pos[r]
