@@ -195,7 +195,8 @@ def run_schedule(items: list[ScheduleItem]) -> None:
         if show:
             gflops = ops / et * 1e-9 if et > 0 else 0
             gbs = mem / et * 1e-9 if et > 0 else 0
-            print(f"*** {dev:7s} {GlobalCounters.kernel_count:4d} {colored(f'{name:30s}', 'green' if is_copy else None)}"
-                  f" bufs {len(bufs):2d}  tm {et * 1e6:9.2f} us  {gflops:8.2f} GFLOPS  {gbs:7.2f} GB/s")
+            label = colored(f'{name:30s}', 'green' if is_copy else None)
+            print(f"*** {dev:7s} {GlobalCounters.kernel_count:4d} {label} bufs {len(bufs):2d}  tm {et * 1e6:9.2f} us"
+                  f"  {gflops:8.2f} GFLOPS  {gbs:7.2f} GB/s")
     if DEBUG >= 1 and items:
         print(f"realized {len(items)} items ({kernels} kernels) in {(time.perf_counter() - st) * 1e3:.2f} ms")

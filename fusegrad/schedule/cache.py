@@ -77,8 +77,10 @@ class Normalized:
 # ops whose arg `one` rewrites (unique ids renumbered, variables unbound): not taken by normalize's inline path
 _SPECIAL_ARGS = {Ops.ASSIGN, Ops.CONTIGUOUS, Ops.CONST, Ops.IOTA}
 # movement args seen to hold no UOp (plain ints): skips has_uop for the same arg next time. Only such args go in (a
-# symbolic one could keep its variables alive); cleared when full, so it stays small
-_plain_args: set = set()
+# symbolic one could keep its variables alive); cleared when full, so it stays small. The key holds the one object
+# stored here for each value: a cache hit compares this call's key with the stored one, which after the kernels ran is
+# out of the CPU caches, and the same arg object on both sides is equal without reading its items
+_plain_args: dict = {}
 _PLAIN_ARGS_MAX = 1 << 14
 
 
@@ -133,6 +135,7 @@ def normalize(sink: UOp, cached: Callable[[UOp], UOp | None], executed: Any,
     movement, buffer_op, detach_op, assign_op, special = GroupOp.Movement, Ops.BUFFER, Ops.DETACH, Ops.ASSIGN, \
         _SPECIAL_ARGS
     plain, gate = _plain_args, _not_buffer
+    plain_get = plain.get
     rget, cached_ops, wref = (maybe_cached if maybe_cached is not None else (_always, _ALL_OPS)) + (weakref.ref,)
     push, pop, append = (stack := [(sink, False)]).append, stack.pop, enc.append
     while stack:
@@ -141,13 +144,12 @@ def normalize(sink: UOp, cached: Callable[[UOp], UOp | None], executed: Any,
         if expanded:
             op, src = n.op, n.src
             if op in movement:
-                arg = n.arg
-                if arg not in plain:   # (a hash of ints, in C; has_uop is a Python call per node)
-                    if has_uop(arg):
+                if (arg := plain_get(n.arg)) is None:   # (a hash of ints, in C; has_uop is a Python call per node)
+                    if has_uop(arg := n.arg):
                         one(n)
                         continue
                     if len(plain) >= _PLAIN_ARGS_MAX: plain.clear()
-                    plain.add(arg)
+                    plain[arg] = arg
             elif op is buffer_op or op is detach_op or op in special:
                 one(n)
                 continue
