@@ -95,9 +95,20 @@ def memory_of(buf: Buffer) -> int:
 
 
 def buffers_read(u: UOp) -> list[Buffer]:
-    """The buffers a lazy graph reads (stops at BUFFER nodes)."""
-    nodes = u.toposort(gate=lambda x: x.op is not Ops.BUFFER)
-    return [buffers[n] for n in nodes if n.op is Ops.BUFFER and n in buffers]
+    """The buffers a lazy graph reads (stops at BUFFER nodes), each once. (A plain walk, not a toposort: the order is
+    not needed, and every realize walks its whole graph here.)"""
+    out: list[Buffer] = []
+    seen, stack, buffer_op, get = {u}, [u], Ops.BUFFER, buffers.get
+    while stack:
+        x = stack.pop()
+        if x.op is buffer_op:
+            if (b := get(x)) is not None: out.append(b)
+            continue
+        for s in x.src:
+            if s not in seen:
+                seen.add(s)
+                stack.append(s)
+    return out
 
 
 # memory that code outside fusegrad can also read and write (DLPack exports and imports): results computed from it are
@@ -126,18 +137,19 @@ executed: "weakref.WeakSet[UOp]" = weakref.WeakSet()
 _recorded = 0
 
 
-def cache_result(key: UOp, value: UOp, written_now: set[int] | None) -> None:
+def cache_result(key: UOp, value: UOp, written_now: set[int] | None, reads: list[Buffer] | None = None) -> None:
     """Remember that `key` was computed into `value` (a buffer node, maybe reshaped); the entry is dropped when any
     buffer it read, or the buffer holding it, is written in place. An ASSIGN depends only on the memory it wrote. A
     result that read memory the same schedule wrote (`written_now`) is not cached: a later graph naming that buffer
-    means its new contents. `written_now=None`: a snapshot of memory taken before a write, which stays valid."""
+    means its new contents. `written_now=None`: a snapshot of memory taken before a write, which stays valid.
+    `reads`: `buffers_read(key)` when the caller has it already."""
     global _recorded
     if key is value: return
     if key.op is Ops.ASSIGN or written_now is None:   # a write, or a snapshot taken before one: valid until its
         if key.op is Ops.ASSIGN: executed.add(key)    # own memory is written
         mems = set()
     else:
-        reads = buffers_read(key)
+        if reads is None: reads = buffers_read(key)
         mems = {memory_of(b) for b in reads}
         if written_now and mems & written_now: return
         if _shared and any(is_shared(b) for b in reads): return   # memory written from outside: never cached
@@ -163,10 +175,11 @@ def version(buf: Buffer) -> int:
     return _versions.get(memory_of(buf), 0)
 
 
-def record_history(new: UOp, old: UOp) -> None:
-    """`new` (a realized result) was computed by the lazy graph `old`: backward() differentiates through it."""
+def record_history(new: UOp, old: UOp, reads: list[Buffer] | None = None) -> None:
+    """`new` (a realized result) was computed by the lazy graph `old`: backward() differentiates through it. (`reads`:
+    `buffers_read(old)` when the caller has it already.)"""
     lazy_of[new] = old
-    _history_versions[new] = {memory_of(b): version(b) for b in buffers_read(old)}
+    _history_versions[new] = {memory_of(b): version(b) for b in (buffers_read(old) if reads is None else reads)}
 
 
 def check_history(new: UOp) -> None:
@@ -229,7 +242,15 @@ def relayout_put(u: UOp, value: UOp) -> None:
         _relayouts.setdefault(src[0], {})[src[1]] = (value, version(buffers[src[0]]), version(buffers[value.base]))
 
 
-def cached_value(u: UOp) -> UOp | None:
-    """What the scheduler reads instead of computing `u`: a cached result, or a cached relayout."""
-    r = realized.get(u)
-    return r if r is not None or u.op is not Ops.CONTIGUOUS or relayouts_off else relayout_get(u)
+# cached_value(u) is None wherever the first gives None for a weak reference to u and u's op is not in the second:
+# the scheduler's walk tests these inline and calls cached_value only for the nodes they leave (schedule/cache.py)
+CACHED_VALUE_FILTER = (realized._data.get, frozenset({Ops.CONTIGUOUS}))
+
+
+def cached_value(u: UOp, _get: Any = realized._data.get, _ref: Any = weakref.ref,
+                 _reftype: Any = weakref.ReferenceType) -> UOp | None:
+    """What the scheduler reads instead of computing `u`: a cached result, or a cached relayout. (ResultCache.get,
+    inline: the scheduler asks this for every node of every graph it is given.)"""
+    if (r := _get(_ref(u))) is not None:
+        if type(r) is not _reftype or (r := r()) is not None: return r
+    return None if u.op is not Ops.CONTIGUOUS or relayouts_off else relayout_get(u)

@@ -13,6 +13,7 @@ import functools
 import hashlib
 import os
 import platform
+import queue
 import re
 import shutil
 import signal
@@ -221,12 +222,30 @@ def cpu_threads() -> int:
     except AttributeError: return os.cpu_count() or 1
 
 
+def _work(inbox: "queue.SimpleQueue[Any]") -> None:
+    while True:
+        fxn, args, done = inbox.get()
+        try: fxn(*args)
+        except BaseException as e:   # handed to the launching thread, which raises it
+            done.put(e)
+            continue
+        done.put(None)
+
+
 @functools.cache
-def _pool(n: int) -> Any:
-    """A persistent pool of n worker threads. Idle workers block on a queue (no spinning); ctypes calls release the
-    GIL, so kernel chunks run truly in parallel."""
-    from concurrent.futures import ThreadPoolExecutor
-    return ThreadPoolExecutor(max_workers=n, thread_name_prefix="fusegrad-cpu")
+def _workers(n: int) -> list["queue.SimpleQueue[Any]"]:
+    """The inboxes of n persistent worker threads for kernel chunks. Idle workers block on their queue (no spinning);
+    ctypes calls release the GIL, so chunks run truly in parallel. A chunk is (function, args, done queue): lighter
+    than a ThreadPoolExecutor, whose Future, lock and condition per task cost about as much as launching the kernel."""
+    inboxes: list[queue.SimpleQueue[Any]] = []
+    for i in range(n):
+        inboxes.append(q := queue.SimpleQueue())
+        threading.Thread(target=_work, args=(q,), name=f"fusegrad-cpu-{i}", daemon=True).start()
+    return inboxes
+
+
+# a forked child has none of the parent's threads: it starts its own workers
+if hasattr(os, "register_at_fork"): os.register_at_fork(after_in_child=_workers.cache_clear)
 
 
 def var_ctypes(spec: ProgramSpec) -> list[Any]:
@@ -288,9 +307,12 @@ class CPUProgram:
         elif len(self.chunks) == 1: self.fxn(*bufs, *vals, *self.chunks[0])
         elif self.mt is not None: self.mt(*bufs, *vals, self.run, len(self.chunks), self.bounds)
         else:
-            futs = [_pool(len(self.chunks) - 1).submit(self.fxn, *bufs, *vals, *c) for c in self.chunks[1:]]
+            done: queue.SimpleQueue[BaseException | None] = queue.SimpleQueue()   # (one per launch: launches from
+            for inbox, c in zip(_workers(len(self.chunks) - 1), self.chunks[1:]):  # several threads stay apart)
+                inbox.put((self.fxn, (*bufs, *vals, *c), done))
             self.fxn(*bufs, *vals, *self.chunks[0])
-            for f in futs: f.result()
+            for _ in self.chunks[1:]:
+                if (e := done.get()) is not None: raise e
         return time.perf_counter() - st if wait else None
 
 

@@ -82,11 +82,11 @@ def _schedule_disk(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UO
 
 def _schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
     """create_schedule for graphs on one device and without DISK reads: the schedule cache's path."""
-    from fusegrad.storage import buffer_uop, buffer_view, cached_value, executed, target_buffer
+    from fusegrad.storage import CACHED_VALUE_FILTER, buffer_uop, buffer_view, cached_value, executed, target_buffer
     st = time.perf_counter()
     # one walk: nodes computed by an earlier realize are read from their buffers, custom backwards stripped, variables
     # unbound, buffers made placeholders (cache.py)
-    nz = normalize(UOp(Ops.SINK, src=tuple(targets)), cached_value, executed)
+    nz = normalize(UOp(Ops.SINK, src=tuple(targets)), cached_value, executed, CACHED_VALUE_FILTER)
     leaves, var_vals = nz.leaves, nz.var_vals
     key = (nz.key, flags_key())
     tpl = schedule_cache.get(key) if SCHEDULE_CACHE else None

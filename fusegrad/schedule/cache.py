@@ -19,6 +19,7 @@ realizes (cached results, the stale-assign check) is resolved *before* normalizi
 """
 from __future__ import annotations
 
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -75,14 +76,30 @@ class Normalized:
 
 # ops whose arg `one` rewrites (unique ids renumbered, variables unbound): not taken by normalize's inline path
 _SPECIAL_ARGS = {Ops.ASSIGN, Ops.CONTIGUOUS, Ops.CONST, Ops.IOTA}
+# movement args seen to hold no UOp (plain ints): skips has_uop for the same arg next time. Only such args go in (a
+# symbolic one could keep its variables alive); cleared when full, so it stays small. The key holds the one object
+# stored here for each value: a cache hit compares this call's key with the stored one, which after the kernels ran is
+# out of the CPU caches, and the same arg object on both sides is equal without reading its items
+_plain_args: dict = {}
+_PLAIN_ARGS_MAX = 1 << 14
 
 
-def normalize(sink: UOp, cached: Callable[[UOp], UOp | None], executed: Any) -> Normalized:
+def _not_buffer(u: UOp) -> bool: return u.op is not Ops.BUFFER
+def _always(_: Any) -> bool: return True
+
+
+_ALL_OPS = frozenset(Ops)
+
+
+def normalize(sink: UOp, cached: Callable[[UOp], UOp | None], executed: Any,
+              maybe_cached: tuple[Callable[[Any], Any], frozenset[Ops]] | None = None) -> Normalized:
     """One walk over the graph to realize, stopping at BUFFERs and at nodes computed before (`cached(n)`: the buffer
     view holding n's value, read instead). It writes down the normalized graph (module docstring) as a tuple of
     (op, dtype, arg, source positions), children first, and on the way strips custom backwards (DETACH with a GradFn is
     its forward value; its other sources are not walked) and unbinds variables (variables.py). Raises when the graph
     would run an ASSIGN again (`executed`) whose result was dropped from the cache because its memory was written since.
+    `maybe_cached` (storage.CACHED_VALUE_FILTER): a lookup by weak reference and a set of ops such that `cached(n)` is
+    None wherever the lookup gives None and n's op is not in the set; it saves a Python call per node.
 
     The key is plain data, not nodes, on purpose: a normalized node without buffers below it (a constant's
     `.contiguous()`) *is* the real node, and a key that kept it alive would keep its entry in the result cache alive,
@@ -111,36 +128,54 @@ def normalize(sink: UOp, cached: Callable[[UOp], UOp | None], executed: Any) -> 
             arg = -uniq
         elif (x.op in GroupOp.Movement or x.op in (Ops.CONST, Ops.IOTA)) and has_uop(arg): arg = ub.arg(arg)
         pos[x] = len(enc)
-        enc.append((x.op.value, x.dtype, arg, tuple(pos[s] for s in x.src)))
+        enc.append((x.op._value_, x.dtype, arg, tuple(pos[s] for s in x.src)))
 
-    movement, buffer_op, detach_op = GroupOp.Movement, Ops.BUFFER, Ops.DETACH
-    stack: list[tuple[UOp, bool]] = [(sink, False)]
+    # the loop below runs for every node of every graph realized: locals instead of globals and attribute lookups,
+    # and the common node kinds encoded inline (`one` keeps the rare ones)
+    movement, buffer_op, detach_op, assign_op, special = GroupOp.Movement, Ops.BUFFER, Ops.DETACH, Ops.ASSIGN, \
+        _SPECIAL_ARGS
+    plain, gate = _plain_args, _not_buffer
+    plain_get = plain.get
+    rget, cached_ops, wref = (maybe_cached if maybe_cached is not None else (_always, _ALL_OPS)) + (weakref.ref,)
+    push, pop, append = (stack := [(sink, False)]).append, stack.pop, enc.append
     while stack:
-        n, expanded = stack.pop()
+        n, expanded = pop()
         if n in pos: continue
         if expanded:
-            op = n.op
-            # the common node (no buffer, custom backward, unique id or movement arg): `one`'s last lines, inline
-            if op is buffer_op or op is detach_op or op in movement or op in _SPECIAL_ARGS: one(n)
-            else:
-                pos[n] = len(enc)
-                enc.append((op.value, n.dtype, n.arg, tuple([pos[s] for s in n.src])))
+            op, src = n.op, n.src
+            if op in movement:
+                if (arg := plain_get(n.arg)) is None:   # (a hash of ints, in C; has_uop is a Python call per node)
+                    if has_uop(arg := n.arg):
+                        one(n)
+                        continue
+                    if len(plain) >= _PLAIN_ARGS_MAX: plain.clear()
+                    plain[arg] = arg
+            elif op is buffer_op or op is detach_op or op in special:
+                one(n)
+                continue
+            else: arg = n.arg
+            pos[n] = len(enc)
+            append((op._value_, n.dtype, arg, (pos[src[0]],) if len(src) == 1 else tuple([pos[s] for s in src])))
             continue
-        if n is not sink and (r := cached(n)) is not None:   # computed before: read its buffer
-            for x in r.toposort(gate=lambda u: u.op is not Ops.BUFFER):
+        # computed before: read its buffer. (`cached` is called only where `maybe_cached` can't rule a node out)
+        if n is not sink and (rget(wref(n)) is not None or n.op in cached_ops) and (r := cached(n)) is not None:
+            for x in r.toposort(gate=gate):
                 if x not in pos: one(x)
             pos[n] = pos[r]
             continue
-        if n.op is Ops.ASSIGN:
+        op = n.op
+        if op is buffer_op:   # a leaf: nothing below it to walk
+            one(n)
+            continue
+        if op is assign_op:
             if n in executed:
                 raise RuntimeError(f"a graph reads the result of an assign (ASSIGN #{n.arg}) whose memory a later "
                                    "in-place write has changed since: its old value is gone. Realize (or .clone()) a "
                                    "value before writing to the memory it depends on")
             assigns.append(n)
-        stack.append((n, True))
-        if n.op is Ops.BUFFER: continue
-        for s in reversed(n.src[:1] if n.op is Ops.DETACH and n.arg is not None else n.src):
-            if s not in pos: stack.append((s, False))
+        push((n, True))
+        for s in reversed(n.src[:1] if op is detach_op and n.arg is not None else n.src):
+            if s not in pos: push((s, False))
     ub.check_bound()
     return Normalized(tuple(enc), leaves, pos, ub.var_vals, assigns)
 
@@ -154,22 +189,36 @@ def flags_key() -> tuple:
     return tuple(v.value for v in ContextVar._cache.values())
 
 
+class _Key:
+    """A cache key that hashes its tuple once: a lookup and the LRU move would each hash the whole graph again (a tuple
+    does not keep its hash). Equal when the tuples are."""
+    __slots__ = ("t", "h")
+
+    def __init__(self, t: tuple) -> None: self.t, self.h = t, hash(t)
+    def __hash__(self) -> int: return self.h
+    def __eq__(self, other: object) -> bool:
+        return self is other or (type(other) is _Key and self.h == other.h and self.t == other.t)
+
+
 class ScheduleCache:
     """normalized SINK + flags -> Template, least recently used dropped past CACHE_SIZE."""
 
     def __init__(self) -> None:
-        self._d: OrderedDict[tuple, Template] = OrderedDict()
+        # each entry holds its own key too: moving it to the end by that very object skips a second deep compare
+        self._d: OrderedDict[_Key, tuple[_Key, Template]] = OrderedDict()
         self.hits = self.misses = 0
 
     def get(self, key: tuple) -> Template | None:
-        if (t := self._d.get(key)) is not None:
-            self._d.move_to_end(key)
-            self.hits += 1
-        else: self.misses += 1
-        return t
+        if (e := self._d.get(_Key(key))) is None:
+            self.misses += 1
+            return None
+        self._d.move_to_end(e[0])
+        self.hits += 1
+        return e[1]
 
     def put(self, key: tuple, t: Template) -> None:
-        self._d[key] = t
+        k = _Key(key)
+        self._d[k] = (k, t)
         if len(self._d) > CACHE_SIZE: self._d.popitem(last=False)
 
     def clear(self) -> None: self._d.clear()

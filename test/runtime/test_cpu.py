@@ -170,3 +170,40 @@ def test_compile_batch_error_names_the_kernel(tmp_path, monkeypatch):
     bad = ("bad_kernel", "void bad_kernel(float* restrict a) { a[0] = undefined_thing; }\n")
     with pytest.raises(CompileError, match="undefined_thing"):
         CPUCompiler().compile_batch([BATCH_SRCS[2], bad])
+
+
+def _chunked_program(calls):
+    """A CPUProgram whose 'kernel' is a Python function, split into two chunks (the second runs on a worker)."""
+    from fusegrad.runtime.ops_cpu import CPUProgram
+    prg = object.__new__(CPUProgram)
+    prg.fxn, prg.chunks = (lambda *args: calls.append(args)), [(0, 4), (4, 8)]
+    return prg
+
+
+def test_chunked_launch_runs_every_chunk_and_raises_a_worker_error():
+    calls = []
+    _chunked_program(calls)(7, wait=True)
+    assert sorted(calls) == [(7, 0, 4), (7, 4, 8)]
+    from fusegrad.runtime.ops_cpu import CPUProgram
+    prg = object.__new__(CPUProgram)
+
+    def fxn(*args):
+        if args[-1] == 8: raise ValueError("chunk 2 failed")
+    prg.fxn, prg.chunks = fxn, [(0, 4), (4, 8)]
+    with pytest.raises(ValueError, match="chunk 2 failed"): prg(1)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_chunked_launch_after_fork():
+    # the parent's worker threads do not exist in a forked child: the child's first chunked launch used to wait forever
+    calls = []
+    prg = _chunked_program(calls)
+    prg(1)   # the parent's workers are started
+    pid = os.fork()
+    if pid == 0:   # child: exits 0 only if the launch completes (SIGALRM kills it otherwise)
+        import signal
+        signal.alarm(10)
+        prg(2)
+        os._exit(0 if (2, 4, 8) in calls else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, f"child status {status}"
