@@ -22,7 +22,7 @@ import os
 import threading
 from typing import Any
 
-SPIN_NS = int(os.environ.get("FG_SPIN_NS", "50000"))   # a worker spins (yielding) this long for the next chunk before it sleeps
+SPIN_NS = int(os.environ.get("CPU_POOL_SPIN_US", "20")) * 1000   # a worker spins this long for the next chunk, then sleeps
 
 POOL_C = r"""
 #include <pthread.h>

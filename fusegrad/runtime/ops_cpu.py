@@ -256,6 +256,7 @@ def var_ctypes(spec: ProgramSpec) -> list[Any]:
 class CPUProgram:
     """A loaded kernel. Call with buffer addresses; returns the time in seconds when wait=True. A kernel rendered
     with a thread loop takes (core_start, core_end) and is split into one contiguous chunk per thread."""
+    mt: Any = None   # the kernel's trampoline into the C worker pool (runtime/cpu_pool.py), when it has one
 
     def __init__(self, spec: ProgramSpec, lib: bytes):
         self.name, self.spec = spec.name, spec
@@ -281,7 +282,6 @@ class CPUProgram:
         t = min(cpu_threads(), n) if n else 1
         self.chunks = [(n * i // t, n * (i + 1) // t) for i in range(t)] if n else []
         # split kernels start their chunks from C (runtime/cpu_pool.py) when the pool and the kernel's trampoline exist
-        self.mt: Any = None
         if len(self.chunks) > 1 and CPU_POOL and (run := cpu_pool.pool_run()) is not None:
             # in a batch object every name of the kernel's source got the kernel's suffix (compile_batch)
             suffix = lib[len(BATCH_REF):].decode().split(":")[1][len(spec.name):] if lib.startswith(BATCH_REF) else ""
