@@ -6,7 +6,7 @@ and a GIL round trip each way); MiniLM at batch 2 x 13 runs 80 kernels of 20-400
 of a TinyJit replay. Here a launch is: the caller stores the job, bumps a generation counter, runs chunk 0 itself and
 spins until the workers have counted down. A worker spins on the counter for up to SPIN_NS after its last chunk
 (kernels launched back to back find it awake: about a microsecond), then sleeps on a condition variable, so an idle
-process uses no CPU. Each kernel's C source has a trampoline `<name>_mt` (renderer/cstyle.py) that packs its
+process uses no CPU. (Yielding the core while spinning, tried too, made launches slower on a loaded machine.) Each kernel's C source has a trampoline `<name>_mt` (renderer/cstyle.py) that packs its
 arguments into a struct on its stack and calls `fg_pool_run(task, &args, n, bounds)`; the pool runs the task on
 chunk i = [bounds[i], bounds[i+1]).
 
