@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from fusegrad import Tensor, dtypes
+from fusegrad.dtype import least_upper_dtype
 from fusegrad.ir import ops as ir_ops
 from fusegrad.ir.ops import Ops, UOp
 
@@ -108,3 +109,23 @@ def test_conv_on_nodes_builds_the_tensor_level_graph(xs, ws, kw, monkeypatch):
     np.testing.assert_allclose(fast.numpy(), slow.numpy(), rtol=1e-6)
     np.testing.assert_allclose(gx.numpy(), sx.numpy(), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(gw.numpy(), sw.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def _dot_composed(x: Tensor, w: Tensor) -> Tensor:
+    xx = x.reshape(1, x.shape[-1]) if x.ndim == 1 else x
+    xr = xx.reshape(xx.shape[:-1] + (1, x.shape[-1]))
+    wr = w.transpose(-1, -2).reshape(w.shape[:-2] + (1, w.shape[-1], x.shape[-1]))
+    out = (xr * wr).sum(-1)
+    return (out.squeeze(-2) if x.ndim == 1 else out).cast(least_upper_dtype(x.dtype, w.dtype))
+
+
+@pytest.mark.parametrize("xs,ws,dt", [((3, 4), (4, 5), dtypes.float32), ((4,), (4, 5), dtypes.float32),
+                                      ((2, 3, 3, 4), (3, 4, 2), dtypes.float32), ((1, 2, 3), (5, 3, 2), dtypes.int8)])
+def test_dot_on_nodes_builds_the_composed_graph(xs, ws, dt):
+    rng = np.random.default_rng(0)
+    x = Tensor(rng.integers(-3, 3, xs).astype(np.float32)).cast(dt)
+    w = Tensor(rng.integers(-3, 3, ws).astype(np.float32)).cast(dt)
+    out, ref = x @ w, _dot_composed(x, w)
+    assert out.uop is ref.uop and out.dtype == ref.dtype
+    if dtypes.is_float(dt): assert out._view is not None and out._view[1].op is Ops.REDUCE_AXIS   # as sum() makes it
+    np.testing.assert_equal(out.numpy(), x.numpy() @ w.numpy())
