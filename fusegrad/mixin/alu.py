@@ -46,6 +46,19 @@ def _float_to_int(x: "Tensor", dt: DType) -> "Tensor":
     return safe if wide == dt else safe._apply(lambda u: build.cast(u, dt))
 
 
+def _float_fast(x: "Tensor") -> bool:
+    """Whether a composite op on float `x` may build its nodes directly and wrap only the result: the graph is the one
+    the Tensor-level composition builds (a Python scalar operand takes x's own float dtype) as long as no intermediate
+    would be detached (no_grad with a tensor that requires grad)."""
+    return dtypes.is_float(x.dtype) and not (x.requires_grad and type(x).no_grad)
+
+
+def _relu_uop(u: UOp, zero: UOp) -> UOp:
+    """`(x > 0) | x.isnan()).where(x, 0)` as nodes (relu(NaN) is NaN, relu'(0) = 0); `zero` is 0 at x's shape."""
+    keep = UOp(Ops.OR, dtypes.bool, (UOp(Ops.CMPLT, dtypes.bool, (zero, u)), UOp(Ops.CMPNE, dtypes.bool, (u, u))))
+    return UOp(Ops.WHERE, u.dtype, (keep, u, zero))
+
+
 class ALUMixin:
     __slots__ = ()
     def cast(self: "Tensor", dtype: DTypeLike) -> "Tensor":
@@ -150,6 +163,7 @@ class ALUMixin:
         return t - ((self < t).cast(self.dtype))
 
     def relu(self: "Tensor") -> "Tensor":
+        if _float_fast(self): return type(self)._wrap(_relu_uop(self.uop, self._const(0)), self)
         keep = (self > 0) | self.isnan() if dtypes.is_float(self.dtype) else self > 0   # relu(NaN) is NaN, relu'(0)=0
         return keep.where(self, 0)
 

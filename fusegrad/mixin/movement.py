@@ -19,6 +19,44 @@ def _T() -> Any:
     return Tensor
 
 
+def _pool_uop(u: Any, k_: tuple[int, ...], st: tuple[int, ...], dl: tuple[int, ...]) -> tuple[Any, bool]:
+    """The node of `Tensor._pool` over the last len(k_) axes of node `u`, and whether it pads (so is not a view)."""
+    from fusegrad.ir import build
+    base, padded = len(u.shape) - len(k_), False
+
+    def move(u, src: int, dst: int):
+        order = list(range(len(u.shape)))
+        order.insert(dst, order.pop(src))
+        return build.permute(u, order)
+    for j, (k, s, d) in enumerate(zip(k_, st, dl)):
+        ax = base + j
+        xt = move(u, ax, len(u.shape) - 1)                              # (lead..., i)
+        lead, i = xt.shape[:-1], xt.shape[-1]
+        o = (i - d * (k - 1) - 1) // s + 1
+        if o <= 0: raise RuntimeError(f"window {k} (dilation {d}) is larger than the input size {i}")
+        keep = [(0, v) for v in lead]
+        if d == 1 and s >= k:
+            # windows that don't overlap (max_pool2d's default stride == kernel): a reshape into rows of s, each
+            # cut to its first k. No repeated copy, so the gradient is a plain reshape too (no masked re-reads)
+            if o * s > i: xt, padded = build.pad(xt, [(0, 0)] * len(lead) + [(0, o * s - i)]), True
+            else: xt = build.shrink(xt, keep + [(0, o * s)])
+            w = build.reshape(xt, lead + (o, s))
+            if s > k: w = build.shrink(w, keep + [(0, o), (0, k)])
+            u = move(w, len(w.shape) - 2, ax)
+            continue
+        extra = max(0, o * s - i - d)                                  # so that row length i+d covers o*s
+        if extra: xt, padded = build.pad(xt, [(0, 0)] * len(lead) + [(0, extra)]), True
+        i2 = i + extra
+        w = build.reshape(build.expand(build.reshape(xt, lead + (1, i2)), lead + (k, i2)), lead + (k * i2,))
+        w = build.reshape(build.pad(w, [(0, 0)] * len(lead) + [(0, k * d)]), lead + (k, i2 + d))
+        padded = True
+        w = build.reshape(build.shrink(w, keep + [(0, k), (0, o * s)]), lead + (k, o, s))
+        w = build.reshape(build.shrink(w, keep + [(0, k), (0, o), (0, 1)]), lead + (k, o))
+        w = move(w, len(w.shape) - 1, len(w.shape) - 2)                  # (lead..., o, k)
+        u = move(w, len(w.shape) - 2, ax)                               # o back in place, windows stay last
+    return u, padded
+
+
 class MovementMixin:
     __slots__ = ()
 
@@ -210,39 +248,7 @@ class MovementMixin:
         dl = (dilation,) * n if isinstance(dilation, int) else tuple(dilation)
         # built on the graph nodes directly (one Tensor for the result, not one per step: a conv's unfold took a
         # third of an eager EfficientNet call's graph building); autograd works on the nodes alike
-        from fusegrad.ir import build
-        u, base, padded = self.uop, self.ndim - n, False
-
-        def move(u, src: int, dst: int):
-            order = list(range(len(u.shape)))
-            order.insert(dst, order.pop(src))
-            return build.permute(u, order)
-        for j, (k, s, d) in enumerate(zip(k_, st, dl)):
-            ax = base + j
-            xt = move(u, ax, len(u.shape) - 1)                              # (lead..., i)
-            lead, i = xt.shape[:-1], xt.shape[-1]
-            o = (i - d * (k - 1) - 1) // s + 1
-            if o <= 0: raise RuntimeError(f"window {k} (dilation {d}) is larger than the input size {i}")
-            keep = [(0, v) for v in lead]
-            if d == 1 and s >= k:
-                # windows that don't overlap (max_pool2d's default stride == kernel): a reshape into rows of s, each
-                # cut to its first k. No repeated copy, so the gradient is a plain reshape too (no masked re-reads)
-                if o * s > i: xt, padded = build.pad(xt, [(0, 0)] * len(lead) + [(0, o * s - i)]), True
-                else: xt = build.shrink(xt, keep + [(0, o * s)])
-                w = build.reshape(xt, lead + (o, s))
-                if s > k: w = build.shrink(w, keep + [(0, o), (0, k)])
-                u = move(w, len(w.shape) - 2, ax)
-                continue
-            extra = max(0, o * s - i - d)                                  # so that row length i+d covers o*s
-            if extra: xt, padded = build.pad(xt, [(0, 0)] * len(lead) + [(0, extra)]), True
-            i2 = i + extra
-            w = build.reshape(build.expand(build.reshape(xt, lead + (1, i2)), lead + (k, i2)), lead + (k * i2,))
-            w = build.reshape(build.pad(w, [(0, 0)] * len(lead) + [(0, k * d)]), lead + (k, i2 + d))
-            padded = True
-            w = build.reshape(build.shrink(w, keep + [(0, k), (0, o * s)]), lead + (k, o, s))
-            w = build.reshape(build.shrink(w, keep + [(0, k), (0, o), (0, 1)]), lead + (k, o))
-            w = move(w, len(w.shape) - 1, len(w.shape) - 2)                  # (lead..., o, k)
-            u = move(w, len(w.shape) - 2, ax)                               # o back in place, windows stay last
+        u, padded = _pool_uop(self.uop, k_, st, dl)
         t = type(self)._wrap(u, self)
         if not padded and t._view is None:   # only view ops: a view of self, as the step-by-step form made it
             from fusegrad.views import _mark_view

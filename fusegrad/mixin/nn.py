@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from fusegrad.dtype import DTypeLike, dtypes
 from fusegrad.helpers import ShapeError, make_tuple, prod
+from fusegrad.ir.ops import Ops, UOp
+from fusegrad.ir.shape import all_static
 
 if TYPE_CHECKING:
     from fusegrad.tensor import Tensor
@@ -35,15 +37,16 @@ def _reduction(x: "Tensor", reduction: str) -> "Tensor":
     raise ValueError(f"reduction must be 'none', 'mean' or 'sum', got {reduction!r}")
 
 
-def _custom_grad(value: "Tensor", inputs: list["Tensor"], backward: Callable, name: str) -> "Tensor":
-    """`value` going forward; backward(grad, *inputs) -> one gradient Tensor per input (see autograd.GradFn)."""
+def _custom_grad(value: "Tensor | UOp", inputs: list["Tensor"], backward: Callable, name: str) -> "Tensor":
+    """`value` (a Tensor or its node) going forward; backward(grad, *inputs) -> one gradient Tensor per input (see
+    autograd.GradFn)."""
     from fusegrad.autograd import GradFn
-    from fusegrad.ir.ops import Ops, UOp
     T = _T()
+    v = value if isinstance(value, UOp) else value.uop
 
     def bw(ctx: Any, node: Any) -> tuple[Any, ...]:
         return tuple(g.uop for g in backward(T._wrap(ctx), *[T._wrap(s) for s in node.src[1:]]))
-    return T._wrap(UOp(Ops.DETACH, value.dtype, (value.uop, *[t.uop for t in inputs]), GradFn(bw, name)), *inputs)
+    return T._wrap(UOp(Ops.DETACH, v.dtype, (v, *[t.uop for t in inputs]), GradFn(bw, name)), *inputs)
 
 
 def _samples_per_group(n: int, sample_bytes: int, out_bytes: int, target: int = 1 << 20) -> int:
@@ -143,7 +146,39 @@ class NNMixin:
             out = (xu * w).sum([-1 - i for i in range(nd + 1)], dtype=dtype)  # (N, G, Cout/G, *O)
             return out.reshape((n, cout) + out.shape[3:3 + nd])
 
+        def forward_uop(x: "UOp", wt: "UOp") -> "UOp":
+            """`forward` of detached operands on the graph nodes: the same nodes, with one Tensor for the result, not
+            about fifteen (a third of an eager EfficientNet call's graph building went to conv intermediates)."""
+            from fusegrad.dtype import least_upper_dtype, sum_acc_dtype
+            from fusegrad.ir import build
+            from fusegrad.mixin.movement import _pool_uop
+            from fusegrad.mixin.realize import _is_contiguous_buffer
+            xu, _ = _pool_uop(build.pad(x, [(0, 0), (0, 0)] + pads), k, st, dl)          # (N, Cin, *O, *K)
+            o = xu.shape[2:2 + nd]
+            xu = build.permute(build.reshape(xu, (n, groups, 1, cg) + o + k),
+                               [0, 1, 2] + [4 + i for i in range(nd)] + [3] + [4 + nd + i for i in range(nd)])
+            w = build.reshape(wt, (groups, cout // groups, cg) + k)
+            last = xu.shape[2 + nd]
+            if (last % 8 or cg >= 16) and (cout // groups) % 8 == 0:   # as in forward: a channels-last weight copy
+                w = build.permute(w, [0] + [2 + i for i in range(nd + 1)] + [1])
+                if not _is_contiguous_buffer(w): w = UOp(Ops.CONTIGUOUS, w.dtype, (w,))
+                w = build.permute(w, [0, nd + 2] + list(range(1, nd + 2)))
+            w = build.reshape(w, (1, groups, cout // groups) + (1,) * nd + (cg,) + k)
+            dt = least_upper_dtype(xu.dtype, w.dtype)          # the multiply's promotion and broadcast
+            xu, w = build.cast(xu, dt), build.cast(w, dt)
+            full = tuple(max(a, b) for a, b in zip(xu.shape, w.shape))
+            prod_ = build.alu(Ops.MUL, build.expand(xu, full), build.expand(w, full))
+            axes = tuple(len(full) - 1 - i for i in range(nd + 1))
+            red = build.reduce_axis(build.cast(prod_, sum_acc_dtype(dt)), Ops.ADD, axes)   # sum() without a dtype
+            red = build.cast(build.reshape(red, tuple(v for i, v in enumerate(full) if i not in axes)), dt)
+            return build.reshape(red, (n, cout) + o)
+
         if any(p < 0 for pp in pads for p in pp) or not dtypes.is_float(self.dtype): out = forward(self, weight)
+        elif dtype is None and all_static(self.shape) and self.numel() and weight.numel():
+            out = _custom_grad(forward_uop(UOp(Ops.DETACH, self.dtype, (self.uop,)),
+                                           UOp(Ops.DETACH, weight.dtype, (weight.uop,))), [self, weight],
+                               functools.partial(_conv_backward, k=k, st=st, dl=dl, pads=pads, groups=groups,
+                                                 unfold=unfold), "conv")
         else:  # the generic backward of the unfold is a scatter through every window; give it a transposed conv
             out = _custom_grad(forward(self.detach(), weight.detach()), [self, weight],
                                functools.partial(_conv_backward, k=k, st=st, dl=dl, pads=pads, groups=groups,

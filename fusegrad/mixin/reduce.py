@@ -55,6 +55,30 @@ def _merges_permuted(u: UOp) -> bool:
     return len(merged) > 1 and order != list(range(order[0], order[0] + len(order)))
 
 
+def _dot_nodes(x: "Tensor", w: "Tensor") -> "Tensor":
+    """The general branch of `dot` (w with 2+ dims, no dtype=) built on graph nodes: the same nodes, with a Tensor for
+    the reduce and one for its reshaped view rather than one per step (a third of an eager MiniLM call's graph
+    building). Shapes are static and nothing needs detaching (not no_grad with a tensor that requires grad)."""
+    k = x.shape[-1]
+    xu = build.reshape(x.uop, (1, k)) if x.ndim == 1 else x.uop
+    xr = build.reshape(xu, xu.shape[:-1] + (1, k))                                        # (..., n, 1, k)
+    order = list(range(w.ndim))
+    order[-1], order[-2] = order[-2], order[-1]
+    wr = build.reshape(build.permute(w.uop, order), w.shape[:-2] + (1, w.shape[-1], k))  # (..., 1, m, k)
+    dt = least_upper_dtype(x.dtype, w.dtype)   # the multiply's promotion and broadcast (never float -> int)
+    xr, wr = build.cast(xr, dt), build.cast(wr, dt)
+    nd = max(len(xr.shape), len(wr.shape))
+    xs, ws = (1,) * (nd - len(xr.shape)) + xr.shape, (1,) * (nd - len(wr.shape)) + wr.shape
+    full = tuple(b if a == 1 else a for a, b in zip(xs, ws))
+    mul = build.alu(Ops.MUL, build.expand(build.reshape(xr, xs), full), build.expand(build.reshape(wr, ws), full))
+    red = build.reduce_axis(build.cast(mul, sum_acc_dtype(dt)), Ops.ADD, (nd - 1,))   # sum(-1)
+    T = type(x)
+    out = T._wrap(build.reshape(red, full[:-1]), T._wrap(red, x, w))   # a view of the reduce, as sum() makes it
+    if dtypes.is_float(dt): out = out.cast(dt)
+    if x.ndim == 1: out = out.squeeze(-2)
+    return out.cast(dt)
+
+
 TRANSPOSED_WEIGHT_ROWS = 64   # x @ b.T copies b.T row-major from this many rows of x (see dot)
 TRANSPOSED_WEIGHT_ROWS_NO_GRAD = 16   # ... and from this many when no gradient flows into a b of at least
 TRANSPOSED_WEIGHT_MIN_ELEMENTS = 1 << 14   # this many elements (inference: the copy is made once per weight)
@@ -179,6 +203,9 @@ class ReduceMixin:
             # accumulation); products rounded to half first were off by an ulp in ~0.2% of a 256x256 matmul
             x, w = x.cast(dtypes.float32), w.cast(dtypes.float32)
             return x.dot(w, dtype=dtypes.float32).cast(out_dt)
+        if w.ndim >= 2 and dtype is None and k_x and all_static(x.shape) and all_static(w.shape) and \
+                not (type(x).no_grad and (x.requires_grad or w.requires_grad)):
+            return _dot_nodes(x, w)
         if w.ndim == 1:
             out = (x * w).sum(-1, dtype=dtype)                                       # (...,)
         else:

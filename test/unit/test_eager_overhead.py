@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from fusegrad import Tensor, dtypes
+from fusegrad.dtype import least_upper_dtype
 from fusegrad.ir import ops as ir_ops
 from fusegrad.ir.ops import Ops, UOp
 
@@ -70,3 +71,61 @@ def test_broadcast_under_no_grad_keeps_the_result_off_the_graph():
 def test_alu_of_mismatched_shapes_is_refused_by_shape_inference():
     a, b = Tensor.ones(2, 3), Tensor.ones(3, 2)
     with pytest.raises(ValueError, match="mismatched shapes"): UOp(Ops.ADD, a.dtype, (a.uop, b.uop)).shape
+
+
+def _relu_composed(x: Tensor) -> Tensor: return ((x > 0) | x.isnan()).where(x, 0)
+
+
+@pytest.mark.parametrize("dt", [dtypes.float32, dtypes.float16, dtypes.float64])
+def test_relu_and_relu6_on_nodes_build_the_composed_graph(dt):
+    x = Tensor([[-1.0, 0.0, 3.0], [6.0, 7.0, float("nan")]], dtype=dt)
+    assert x.relu().uop is _relu_composed(x).uop
+    assert x.relu6().uop is (x >= 6).where(6, _relu_composed(x)).uop
+    np.testing.assert_equal(x.relu6().numpy(), np.array([[0, 0, 3], [6, 6, np.nan]], dtype=np.float64).astype(dt.name))
+
+
+def test_relu6_under_no_grad_detaches_like_the_composition(monkeypatch):
+    x = Tensor([-1.0, 2.0, 8.0], requires_grad=True)
+    monkeypatch.setattr(Tensor, "no_grad", True)
+    out, ref = x.relu6(), (x >= 6).where(6, _relu_composed(x))
+    assert out.uop is ref.uop and out._no_graph and out.requires_grad is None
+
+
+@pytest.mark.parametrize("xs,ws,kw", [
+    ((1, 4, 9, 9), (8, 4, 3, 3), {}), ((2, 8, 10, 7), (8, 1, 3, 3), dict(groups=8, stride=2)),
+    ((1, 16, 6, 6), (16, 16, 1, 1), {}), ((1, 3, 11, 11), (4, 3, 3, 3), dict(padding=1, dilation=2)),
+    ((2, 4, 12), (8, 4, 5), dict(stride=3))])
+def test_conv_on_nodes_builds_the_tensor_level_graph(xs, ws, kw, monkeypatch):
+    from fusegrad.mixin import nn as nn_mixin
+    rng = np.random.default_rng(0)
+    x = Tensor(rng.standard_normal(xs, dtype=np.float32), requires_grad=True)
+    w = Tensor(rng.standard_normal(ws, dtype=np.float32), requires_grad=True)
+    fast = x.conv2d(w, **kw)
+    monkeypatch.setattr(nn_mixin, "all_static", lambda shape: False)   # the step-by-step Tensor form instead
+    slow = x.conv2d(w, **kw)
+    assert fast.uop.src == slow.uop.src and fast.requires_grad and fast.dtype == slow.dtype
+    gx, gw = fast.sum().gradient(x, w)
+    sx, sw = slow.sum().gradient(x, w)
+    np.testing.assert_allclose(fast.numpy(), slow.numpy(), rtol=1e-6)
+    np.testing.assert_allclose(gx.numpy(), sx.numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(gw.numpy(), sw.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def _dot_composed(x: Tensor, w: Tensor) -> Tensor:
+    xx = x.reshape(1, x.shape[-1]) if x.ndim == 1 else x
+    xr = xx.reshape(xx.shape[:-1] + (1, x.shape[-1]))
+    wr = w.transpose(-1, -2).reshape(w.shape[:-2] + (1, w.shape[-1], x.shape[-1]))
+    out = (xr * wr).sum(-1)
+    return (out.squeeze(-2) if x.ndim == 1 else out).cast(least_upper_dtype(x.dtype, w.dtype))
+
+
+@pytest.mark.parametrize("xs,ws,dt", [((3, 4), (4, 5), dtypes.float32), ((4,), (4, 5), dtypes.float32),
+                                      ((2, 3, 3, 4), (3, 4, 2), dtypes.float32), ((1, 2, 3), (5, 3, 2), dtypes.int8)])
+def test_dot_on_nodes_builds_the_composed_graph(xs, ws, dt):
+    rng = np.random.default_rng(0)
+    x = Tensor(rng.integers(-3, 3, xs).astype(np.float32)).cast(dt)
+    w = Tensor(rng.integers(-3, 3, ws).astype(np.float32)).cast(dt)
+    out, ref = x @ w, _dot_composed(x, w)
+    assert out.uop is ref.uop and out.dtype == ref.dtype
+    if dtypes.is_float(dt): assert out._view is not None and out._view[1].op is Ops.REDUCE_AXIS   # as sum() makes it
+    np.testing.assert_equal(out.numpy(), x.numpy() @ w.numpy())
