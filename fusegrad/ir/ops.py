@@ -143,12 +143,22 @@ class UOpMetaClass(type):
     """Hash-consing: constructing a UOp with the same (op, dtype, src, arg) returns the existing node."""
 
     def __call__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple["UOp", ...] = (), arg: Any = None) -> "UOp":
-        key = (op, dtype, src, arg)
+        key = (op, dtype, src, arg) if op is not Ops.CONST else (op, dtype, src, arg, zero_signs(arg))
         if (ref := _ucache.get(key)) is not None and (ret := ref()) is not None: return ret
         ret = super().__call__(op, dtype, src, arg)
         _ucache[key] = weakref.ref(ret, functools.partial(_drop_node, key))
         if op is Ops.ASSIGN: live_assigns.add(ret)
         return ret
+
+
+def zero_signs(arg: Any) -> Any:
+    """What an equality test can't see in a constant: -0.0 == 0.0 in Python, so a key of (op, dtype, src, arg) alone
+    made `x * 0.0` the very node of a live `x * -0.0` (and `1 / that` -inf instead of inf). None for most constants;
+    for a float zero (or a tuple of constants holding one) the signs of its zeros."""
+    if arg.__class__ is float: return None if arg != 0.0 else math.copysign(1.0, arg) < 0
+    if arg.__class__ is tuple and any(a.__class__ is float and a == 0.0 for a in arg):
+        return tuple(a.__class__ is float and a == 0.0 and math.copysign(1.0, a) < 0 for a in arg)
+    return None
 
 
 def _drop_node(key: tuple, ref: "weakref.ref[UOp]", _remove: Any = _remove_dead_weakref,

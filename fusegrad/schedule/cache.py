@@ -28,7 +28,7 @@ from typing import Any
 from fusegrad.device import Buffer
 from fusegrad.dtype import DType
 from fusegrad.helpers import ContextVar
-from fusegrad.ir.ops import GroupOp, Ops, UOp
+from fusegrad.ir.ops import GroupOp, Ops, UOp, zero_signs
 
 CACHE_SIZE = 1024   # templates kept (least recently used dropped first)
 
@@ -64,7 +64,7 @@ class Normalized:
         """The normalized graph's nodes in key order, the SINK last (built on a miss only; see `normalize` for why
         the key is not nodes)."""
         nodes: list[UOp] = []
-        for opv, dtype, arg, src in self.key:
+        for opv, dtype, arg, src, *_ in self.key:   # (a fifth item: the signs of a constant's zeros, in `arg` already)
             op = Ops(opv)
             if op is Ops.BUFFER:   # arg: (placeholder id, size, device)
                 n = UOp(Ops.BUFFER, dtype, (UOp(Ops.DEVICE, arg=arg[2]),), arg[:2])
@@ -128,7 +128,9 @@ def normalize(sink: UOp, cached: Callable[[UOp], UOp | None], executed: Any,
             arg = -uniq
         elif (x.op in GroupOp.Movement or x.op in (Ops.CONST, Ops.IOTA)) and has_uop(arg): arg = ub.arg(arg)
         pos[x] = len(enc)
-        enc.append((x.op._value_, x.dtype, arg, tuple(pos[s] for s in x.src)))
+        if x.op is Ops.CONST and (signs := zero_signs(arg)) is not None:   # -0.0 == 0.0: the sign goes in the key too
+            enc.append((x.op._value_, x.dtype, arg, tuple(pos[s] for s in x.src), signs))
+        else: enc.append((x.op._value_, x.dtype, arg, tuple(pos[s] for s in x.src)))
 
     # the loop below runs for every node of every graph realized: locals instead of globals and attribute lookups,
     # and the common node kinds encoded inline (`one` keeps the rare ones)
