@@ -4,6 +4,7 @@ They check arguments and skip no-ops (a reshape to the same shape returns its in
 """
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 from fusegrad.dtype import ConstType, DType, dtypes
@@ -12,9 +13,28 @@ from fusegrad.ir.ops import GroupOp, Ops, UOp
 from fusegrad.ir.shape import canonical, canonical_shape
 
 
+# (value, its type, the sign of a float zero, dtype, device, shape) -> the constant's node: plain numbers at static
+# shapes, the constants of every elementwise op with a Python scalar (three nodes each, built again on every eager
+# call otherwise). The entries keep their nodes alive; cleared when full, so it stays small
+_consts: dict[tuple, UOp] = {}
+_CONSTS_MAX = 4096
+
+
 def const(val: "ConstType | UOp", dtype: DType, device: str | tuple[str, ...], shape: tuple = ()) -> UOp:
     """A tensor constant broadcast to `shape`. `val` may be a symbolic int (a bound Variable, or an expression of one):
     the kernel then reads the variable's value. A tuple of devices makes it for each of them."""
+    if ((cls := val.__class__) is float or cls is int or cls is bool) and shape.__class__ is tuple:
+        key = (val, cls, cls is float and val == 0.0 and math.copysign(1.0, val) < 0, dtype, device, shape)
+        if (ret := _consts.get(key)) is not None: return ret
+        if all(s.__class__ is int for s in shape):
+            ret = _const(val, dtype, device, shape)
+            if len(_consts) >= _CONSTS_MAX: _consts.clear()
+            _consts[key] = ret
+            return ret
+    return _const(val, dtype, device, shape)
+
+
+def _const(val: "ConstType | UOp", dtype: DType, device: str | tuple[str, ...], shape: tuple) -> UOp:
     arg = val if isinstance(val, UOp) else dtypes.as_const(val, dtype)
     c = UOp(Ops.CONST, dtype, (UOp(Ops.DEVICE, arg=device),), arg)
     return expand(reshape(c, (1,) * len(shape)), shape) if shape else c

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from fusegrad.dtype import ConstType, DType, DTypeLike, dtypes, least_upper_dtype, least_upper_float, to_dtype
 from fusegrad.ir import build
 from fusegrad.ir.ops import Ops, UOp
+from fusegrad.mixin.nodes import broadcast_static, expand_to, on_nodes, usable
 
 if TYPE_CHECKING:
     from fusegrad.tensor import Tensor
@@ -59,6 +60,17 @@ def _relu_uop(u: UOp, zero: UOp) -> UOp:
     return UOp(Ops.WHERE, u.dtype, (keep, u, zero))
 
 
+def _sigmoid(self: Any) -> Any:
+    # each branch only sees inputs where its exp can't overflow, so values and gradients never meet inf*0
+    x = self._float_or_self()
+    pos = x >= 0
+    ep, en = (-pos.where(x, 0)).exp(), pos.where(0, x).exp()
+    return pos.where(1 / (1 + ep), en / (1 + en))
+
+
+def _tanh(self: Any) -> Any: return 2.0 * (2.0 * self._float_or_self()).sigmoid() - 1.0
+
+
 class ALUMixin:
     __slots__ = ()
     def cast(self: "Tensor", dtype: DTypeLike) -> "Tensor":
@@ -99,7 +111,21 @@ class ALUMixin:
     def _float_or_self(self: "Tensor") -> "Tensor":
         return self.cast(least_upper_float(self.dtype)) if not dtypes.is_float(self.dtype) else self
 
+    def _pair_nodes(self: "Tensor", y: Any, reverse: bool) -> "tuple[UOp, UOp] | None":
+        """The nodes `_broadcasted` gives two tensors of one dtype with static shapes, without the Tensors it makes
+        for the broadcast operands (a third of an elementwise op's cost); None where it would do more than that."""
+        T = type(self)
+        if y.__class__ is not T or self.dtype != y.dtype or self._weak or y._weak or self.device != y.device or \
+                (T.no_grad and (self.requires_grad or y.requires_grad)): return None
+        a, b, xs, ys = self.uop, y.uop, self.shape, y.shape
+        if xs != ys:
+            if not all(d.__class__ is int for d in xs + ys): return None
+            if (shape := broadcast_static(xs, ys)) is None: return None   # (the Tensor path raises the error)
+            a, b = expand_to(a, shape), expand_to(b, shape)
+        return (b, a) if reverse else (a, b)
+
     def add(self: "Tensor", x: "Tensor | ConstType", reverse: bool = False) -> "Tensor":
+        if (p := self._pair_nodes(x, reverse)) is not None: return type(self)._wrap(build.alu(Ops.ADD, *p), self, x)
         a, b = self._broadcasted(x, reverse)
         return a._alu(Ops.ADD, b)
 
@@ -107,10 +133,14 @@ class ALUMixin:
         if dtypes.is_bool(self.dtype) or isinstance(x, bool) or (isinstance(x, ALUMixin) and dtypes.is_bool(x.dtype)):
             raise RuntimeError("Subtraction, the `-` operator, with a bool tensor is not supported (as in torch); "
                                "to invert a mask use `~` or logical_not(), or cast to an int dtype first")
+        if dtypes.is_float(self.dtype) and (p := self._pair_nodes(x, reverse)) is not None:
+            a, b = p
+            return type(self)._wrap(build.alu(Ops.ADD, a, UOp(Ops.NEG, b.dtype, (b,))), self, x)
         a, b = self._broadcasted(x, reverse)
         return a._alu(Ops.ADD, b.neg())
 
     def mul(self: "Tensor", x: "Tensor | ConstType", reverse: bool = False) -> "Tensor":
+        if (p := self._pair_nodes(x, reverse)) is not None: return type(self)._wrap(build.alu(Ops.MUL, *p), self, x)
         a, b = self._broadcasted(x, reverse)
         return a._alu(Ops.MUL, b)
 
@@ -130,6 +160,9 @@ class ALUMixin:
         if rounding_mode is not None:
             raise RuntimeError(f"div expected rounding_mode to be one of None, 'trunc', or 'floor' but found "
                                f"{rounding_mode!r}")
+        if dtypes.is_float(self.dtype) and (p := self._pair_nodes(x, reverse)) is not None:
+            a, b = p
+            return type(self)._wrap(build.alu(Ops.MUL, a, UOp(Ops.RECIPROCAL, b.dtype, (b,))), self, x)
         a, b = self._broadcasted(x, reverse)
         a, b = a._float_or_self(), b._float_or_self()
         return a._alu(Ops.MUL, b.reciprocal())
@@ -167,15 +200,8 @@ class ALUMixin:
         keep = (self > 0) | self.isnan() if dtypes.is_float(self.dtype) else self > 0   # relu(NaN) is NaN, relu'(0)=0
         return keep.where(self, 0)
 
-    def sigmoid(self: "Tensor") -> "Tensor":
-        # each branch only sees inputs where its exp can't overflow, so values and gradients never meet inf*0
-        x = self._float_or_self()
-        pos = x >= 0
-        ep, en = (-pos.where(x, 0)).exp(), pos.where(0, x).exp()
-        return pos.where(1 / (1 + ep), en / (1 + en))
-
-    def tanh(self: "Tensor") -> "Tensor":
-        return 2.0 * (2.0 * self._float_or_self()).sigmoid() - 1.0
+    def sigmoid(self: "Tensor") -> "Tensor": return on_nodes(self, _sigmoid) if usable(self) else _sigmoid(self)
+    def tanh(self: "Tensor") -> "Tensor": return on_nodes(self, _tanh) if usable(self) else _tanh(self)
 
     def abs(self: "Tensor") -> "Tensor":
         if dtypes.is_unsigned(self.dtype) or dtypes.is_bool(self.dtype): return self

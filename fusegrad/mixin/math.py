@@ -9,9 +9,14 @@ from typing import TYPE_CHECKING, Any
 from fusegrad.dtype import ConstType, dtypes
 from fusegrad.ir.ops import Ops, UOp
 from fusegrad.mixin.alu import _float_fast, _relu_uop
+from fusegrad.mixin.nodes import on_nodes, usable
 
 if TYPE_CHECKING:
     from fusegrad.tensor import Tensor
+
+
+def _gelu_tanh(self: Any) -> Any:
+    return 0.5 * self * (1 + (math.sqrt(2 / math.pi) * (self + 0.044715 * self * self * self)).tanh())
 
 
 class MathMixin:
@@ -139,8 +144,7 @@ class MathMixin:
         """
         if approximate not in ("tanh", "none"): raise RuntimeError(f"gelu: approximate must be 'tanh' or 'none', "
                                                                    f"got {approximate!r}")
-        if approximate == "tanh":
-            return 0.5 * self * (1 + (math.sqrt(2 / math.pi) * (self + 0.044715 * self * self * self)).tanh())
+        if approximate == "tanh": return on_nodes(self, _gelu_tanh) if usable(self) else _gelu_tanh(self)
         return 0.5 * self * (1 + (self * (1 / math.sqrt(2))).erf())
 
     def quick_gelu(self: "Tensor") -> "Tensor": return self * (self * 1.702).sigmoid()

@@ -11,6 +11,7 @@ from fusegrad.dtype import DTypeLike, dtypes
 from fusegrad.helpers import ShapeError, make_tuple, prod
 from fusegrad.ir.ops import Ops, UOp
 from fusegrad.ir.shape import all_static
+from fusegrad.mixin.nodes import on_nodes, usable
 
 if TYPE_CHECKING:
     from fusegrad.tensor import Tensor
@@ -101,6 +102,11 @@ def _conv_backward(g: "Tensor", x: "Tensor", w: "Tensor", k: tuple[int, ...], st
         dw = prod_.sum([1] + [4 + i for i in range(nd)]).sum(0).reshape(w.shape)
     else: dw = prod_.sum([0] + [3 + i for i in range(nd)]).reshape(w.shape)
     return [dx.cast(x.dtype), dw.cast(w.dtype)]
+
+
+def _layernorm(self: Any, axis: Any, eps: float) -> Any:
+    y = self - self.mean(axis, keepdim=True)
+    return y.mul((y * y).mean(axis, keepdim=True).add(eps).rsqrt())
 
 
 class NNMixin:
@@ -292,8 +298,7 @@ class NNMixin:
         return functools.reduce(lambda x, f: f(x), ll, self)
 
     def layernorm(self: "Tensor", axis: int | tuple[int, ...] = -1, eps: float = 1e-5) -> "Tensor":
-        y = self - self.mean(axis, keepdim=True)
-        return y.mul((y * y).mean(axis, keepdim=True).add(eps).rsqrt())
+        return on_nodes(self, _layernorm, axis, eps) if usable(self) else _layernorm(self, axis, eps)
 
     def batchnorm(self: "Tensor", weight: "Tensor | None", bias: "Tensor | None", mean: "Tensor", invstd: "Tensor",
                   axis: int | tuple[int, ...] = 1) -> "Tensor":

@@ -11,6 +11,7 @@ from fusegrad.helpers import ShapeError, prod
 from fusegrad.ir import build
 from fusegrad.ir.ops import GroupOp, Ops, UOp, ssimplify
 from fusegrad.ir.shape import all_static, sprod
+from fusegrad.mixin.nodes import on_nodes, usable
 
 if TYPE_CHECKING:
     from fusegrad.tensor import Tensor
@@ -95,6 +96,23 @@ def _is_transpose(u: UOp) -> bool:
 def _is_buffer_view(u: UOp) -> bool:
     while u.op in GroupOp.Movement or (u.op is Ops.DETACH and u.arg is None): u = u.src[0]
     return u.op is Ops.BUFFER
+
+
+def _softmax_parts(self: Any, axis: int, dtype: DTypeLike | None) -> Any:
+    x = self.cast(to_dtype(dtype)) if dtype is not None else self._float_or_self()
+    m = x - x.max(axis=axis, keepdim=True).detach()
+    e = m.exp()
+    return m, e, e.sum(axis=axis, keepdim=True)
+
+
+def _softmax(self: Any, axis: int, dtype: DTypeLike | None) -> Any:
+    _, e, ss = _softmax_parts(self, axis, dtype)
+    return e.div(ss)
+
+
+def _log_softmax(self: Any, axis: int, dtype: DTypeLike | None) -> Any:
+    m, _, ss = _softmax_parts(self, axis, dtype)
+    return m - ss.log()
 
 
 class ReduceMixin:
@@ -284,21 +302,16 @@ class ReduceMixin:
 
     # ----- softmax family -----
     def _softmax(self: "Tensor", axis: int, dtype: DTypeLike | None = None) -> "tuple[Tensor, Tensor, Tensor]":
-        x = self.cast(to_dtype(dtype)) if dtype is not None else self._float_or_self()
-        m = x - x.max(axis=axis, keepdim=True).detach()
-        e = m.exp()
-        return m, e, e.sum(axis=axis, keepdim=True)
+        return _softmax_parts(self, axis, dtype)
 
     def softmax(self: "Tensor", axis: int = -1, dtype: DTypeLike | None = None) -> "Tensor":
-        _, e, ss = self._softmax(axis, dtype)
-        return e.div(ss)
+        return on_nodes(self, _softmax, axis, dtype) if usable(self) else _softmax(self, axis, dtype)
 
     def softmin(self: "Tensor", axis: int = -1, dtype: DTypeLike | None = None) -> "Tensor":
         return (-self).softmax(axis, dtype)
 
     def log_softmax(self: "Tensor", axis: int = -1, dtype: DTypeLike | None = None) -> "Tensor":
-        m, _, ss = self._softmax(axis, dtype)
-        return m - ss.log()
+        return on_nodes(self, _log_softmax, axis, dtype) if usable(self) else _log_softmax(self, axis, dtype)
 
     def logsumexp(self: "Tensor", axis: Any = None, keepdim: bool = False) -> "Tensor":
         x = self._float_or_self()

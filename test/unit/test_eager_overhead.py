@@ -129,3 +129,88 @@ def test_dot_on_nodes_builds_the_composed_graph(xs, ws, dt):
     assert out.uop is ref.uop and out.dtype == ref.dtype
     if dtypes.is_float(dt): assert out._view is not None and out._view[1].op is Ops.REDUCE_AXIS   # as sum() makes it
     np.testing.assert_equal(out.numpy(), x.numpy() @ w.numpy())
+
+
+# composites built on nodes (mixin/nodes.py): the same graph as the Tensor-level formula, node for node
+_COMPOSITES = {
+    "gelu": lambda x: x.gelu(), "sigmoid": lambda x: x.sigmoid(), "tanh": lambda x: x.tanh(),
+    "layernorm": lambda x: x.layernorm(eps=1e-12), "layernorm_axes": lambda x: x.layernorm(axis=(1, 2)),
+    "layernorm_affine": lambda x: x.layernorm() * 2.0 + 0.5, "softmax": lambda x: x.softmax(-1),
+    "softmax0": lambda x: x.softmax(0), "log_softmax": lambda x: x.log_softmax(1),
+}
+
+
+def _tensor_level(monkeypatch, f, x):
+    import fusegrad.mixin.alu as alu_m, fusegrad.mixin.math as math_m, fusegrad.mixin.nn as nn_m, \
+        fusegrad.mixin.reduce as reduce_m
+    with monkeypatch.context() as m:
+        for mod in (alu_m, math_m, nn_m, reduce_m): m.setattr(mod, "usable", lambda _: False)
+        return f(x)
+
+
+@pytest.mark.parametrize("name", list(_COMPOSITES))
+@pytest.mark.parametrize("dt", [dtypes.float32, dtypes.float64, dtypes.float16])
+@pytest.mark.parametrize("grad", [False, True])
+def test_composites_on_nodes_build_the_tensor_level_graph(monkeypatch, name, dt, grad):
+    f = _COMPOSITES[name]
+    xn = np.random.default_rng(0).standard_normal((2, 3, 5)).astype(np.float32) * 4
+    x = Tensor(xn, dtype=dt, requires_grad=grad)
+    fast, slow = f(x), _tensor_level(monkeypatch, f, x)
+    assert fast.uop is slow.uop
+    assert fast.requires_grad == slow.requires_grad and fast.dtype == slow.dtype
+    if grad:
+        fast.sum().backward()
+        g1 = x.grad.numpy()
+        x.grad = None
+        slow.sum().backward()
+        np.testing.assert_array_equal(g1, x.grad.numpy())
+
+
+def test_composites_on_nodes_under_no_grad_keep_the_result_off_the_graph():
+    x = Tensor([[1.0, -2.0, 3.0]], requires_grad=True)
+    Tensor.no_grad = True
+    try: ys = [x.gelu(), x.softmax(-1), x.layernorm(), x.sigmoid()]
+    finally: Tensor.no_grad = False
+    for y in ys:
+        assert not y.requires_grad
+        with pytest.raises(RuntimeError, match="does not require grad"): y.sum().backward()
+
+
+@pytest.mark.parametrize("shape", [(4, 1), (3, 0), (1, 1)])
+def test_composites_on_nodes_fall_back_where_the_formula_does_something_else(shape):
+    # a reduce over size-1 or empty axes is no REDUCE node: the Tensor-level formula runs (and matches torch)
+    import torch
+    xn = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape) - 1
+    cases = [(lambda x: x.layernorm(), lambda t: torch.nn.functional.layer_norm(t, t.shape[-1:], eps=1e-5))]
+    if 0 not in shape: cases.append((lambda x: x.softmax(-1), lambda t: t.softmax(-1)))   # (empty: see below)
+    for f, tf in cases:
+        np.testing.assert_allclose(f(Tensor(xn)).numpy(), tf(torch.tensor(xn)).numpy(), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("op", ["add", "sub", "mul", "div", "radd", "rsub", "rmul", "rdiv"])
+@pytest.mark.parametrize("shapes", [((2, 3), (2, 3)), ((3,), (2, 3)), ((2, 1), (1, 3)), ((4, 1, 3), (2, 3))])
+@pytest.mark.parametrize("grad", [False, True])
+def test_binary_ops_of_two_tensors_build_the_broadcast_graph(monkeypatch, op, shapes, grad):
+    # the one-step path (no Tensors for the broadcast operands) makes the nodes _broadcasted's Tensors make
+    from fusegrad.mixin.alu import ALUMixin
+    xs, ys = shapes
+    x = Tensor(np.arange(1, 1 + np.prod(xs), dtype=np.float32).reshape(xs), requires_grad=grad)
+    y = Tensor(np.arange(2, 2 + np.prod(ys), dtype=np.float32).reshape(ys))
+    rev = op.startswith("r")
+    name = op[1:] if rev else op
+    fast = getattr(x, name)(y, rev)
+    with monkeypatch.context() as m:
+        m.setattr(ALUMixin, "_pair_nodes", lambda *a: None)
+        slow = getattr(x, name)(y, rev)
+    assert fast.uop is slow.uop and fast.requires_grad == slow.requires_grad
+    a, b = (y.numpy(), x.numpy()) if rev else (x.numpy(), y.numpy())
+    np.testing.assert_allclose(fast.numpy(), {"add": np.add, "sub": np.subtract, "mul": np.multiply,
+                                              "div": np.divide}[name](a, b), rtol=1e-6)
+
+
+def test_binary_ops_one_step_path_leaves_errors_and_promotion_to_the_tensor_path():
+    from fusegrad.helpers import ShapeError
+    with pytest.raises(ShapeError): Tensor.ones(2, 3) + Tensor.ones(3, 2)
+    assert (Tensor.ones(2, dtype=dtypes.int32) + Tensor.ones(2)).dtype == dtypes.float32
+    assert (Tensor.ones(2, dtype=dtypes.int32) - Tensor.ones(2, dtype=dtypes.int32)).tolist() == [0, 0]
+    assert (Tensor.ones(2, dtype=dtypes.int32) / Tensor.ones(2, dtype=dtypes.int32)).dtype == dtypes.float32
