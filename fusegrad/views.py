@@ -169,9 +169,11 @@ def _preserve_old_values(todo: Sequence[Tensor], readers: list[Tensor]) -> list[
     # no write pending anywhere (every ASSIGN alive has run): nothing to look for in the graphs
     if all(n in realized for n in list(live_assigns)): return []
     # the writes still to run (an ASSIGN computed before is just its buffer now)
-    overwritten = {n.src[0].base for t in todo for n in t.uop.toposort(gate=lambda x: x not in realized)
-                   if n.op is Ops.ASSIGN and n not in realized}
+    in_todo: dict[UOp, None] = {}
+    for t in todo: in_todo.update(t.uop.toposort(gate=lambda x: x not in realized and x not in in_todo))
+    overwritten = {n.src[0].base for n in in_todo if n.op is Ops.ASSIGN and n not in realized}
     if not overwritten: return []
+    whole: list[UOp] = []   # readers' own nodes, realized whole (below)
     snaps: dict[UOp, UOp] = {}
     # node -> whether its value reads overwritten contents; one walk shared by every tensor (graphs overlap a lot: the
     # gradients of one model all contain its forward graph)
@@ -221,12 +223,26 @@ def _preserve_old_values(todo: Sequence[Tensor], readers: list[Tensor]) -> list[
             _refresh_views(t)
             continue
         if not reads_old(u): continue
+        if u in in_todo and u not in realized:
+            # a node the graphs being realized compute anyway (an activation that a custom backward's closure holds,
+            # such as batchnorm's input during the optimizer step): realized with them, as one more target, instead
+            # of being pointed at copies of the old memory, which made it a second graph computing the same values
+            # again (a train step's forward convolutions ran twice); its views are rebuilt on the result afterwards
+            whole.append(u)
+            readers.append(t)
+            continue
         mapping = {n: snapshot(n) for n in u.toposort(gate=lambda x: reach.get(x, False) and not is_old(x))
                    if reach.get(n, False) and is_old(n)}
         t.uop = _substitute_outside_assigns(u, mapping)
         _refresh_views(t)   # its views (`x.sum(1)` is a reshape of a reduce) read the snapshot too
         readers.append(t)
-    return list(snaps.values())
+    # in an order that depends on the graphs, not on where the live tensors happen to sit in memory (the order of
+    # _all_tensors): the targets are part of the schedule cache's key, and every eager train step missed it
+    order = {n: i for i, n in enumerate(in_todo)}
+    def rank(n: UOp) -> tuple:
+        if n in order: return (0, order[n], ())
+        return (1, n.op.value, (n.arg if n.op is Ops.BUFFER else (), str(n.shape)))
+    return [snaps[n] for n in sorted(snaps, key=rank)] + sorted(dict.fromkeys(whole), key=rank)
 
 
 def _substitute_outside_assigns(root: UOp, mapping: dict[UOp, UOp]) -> UOp:

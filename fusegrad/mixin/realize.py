@@ -147,7 +147,11 @@ class RealizeMixin:
         if snaps:
             done = {s: results[s] for s in snaps}
             for t in readers:
-                if not _is_contiguous_buffer(t.uop): t.uop = _substitute_outside_assigns(t.uop, done)
+                if _is_contiguous_buffer(t.uop): continue
+                if t.uop in done:   # realized whole (views.py): its views are rebuilt on the result
+                    t.uop = done[t.uop]
+                    _refresh_views(t)
+                else: t.uop = _substitute_outside_assigns(t.uop, done)
         # a tensor whose pending write ran as part of another graph now holds its buffer (the ASSIGN is done)
         for old, new in results.items():
             if old.op is Ops.ASSIGN and (ref := _assign_owner.pop(old, None)) is not None and \
