@@ -19,6 +19,9 @@ if TYPE_CHECKING:
     from fusegrad.tensor import Tensor
 
 
+_RAND_COUNT = "rand_n"   # the variable holding `rand`'s sample count in its kernels
+
+
 def _mix32(x: "Tensor") -> "Tensor":
     """A 32-bit integer hash finalizer (xor-shift-multiply), applied elementwise."""
     x = x ^ (x >> 16)
@@ -149,16 +152,18 @@ class CreationMixin:
             st.assign(cls([0, cls._seed & 0xFFFFFFFF], dtype=dtypes.uint32, device=dev)).realize()
 
     @classmethod
-    def _random_bits(cls: "type[Tensor]", n: int, device: str) -> "Tensor":
+    def _random_bits(cls: "type[Tensor]", n: "int | UOp", device: str) -> "Tensor":
         """n uint32 values hashed from (seed, counter). The counter lives in a small device buffer that each call
-        advances in place, so a TinyJit replay keeps drawing new numbers."""
+        advances in place, so a TinyJit replay keeps drawing new numbers. n is an int or a bound variable (below
+        2**31, see `rand`)."""
         st = cls._rng_states.get(device)
         if st is None:
             st = cls._rng_states[device] = cls([0, cls._seed & 0xFFFFFFFF], dtype=dtypes.uint32,
                                                      device=device).realize()
+        step = n & 0xFFFFFFFF if isinstance(n, int) else cls.full((), n, dtype=dtypes.uint32, device=device)
         first = cls(UOp(Ops.IOTA, dtypes.uint32, (UOp(Ops.DEVICE, arg=device),), 2)) == 0
-        st.assign(st + first.where(n & 0xFFFFFFFF, 0).cast(dtypes.uint32))
-        start = st[0:1] - (n & 0xFFFFFFFF)
+        st.assign(st + first.where(step, 0).cast(dtypes.uint32))
+        start = st[0:1] - step
         ctr = cls(UOp(Ops.IOTA, dtypes.uint32, (UOp(Ops.DEVICE, arg=device),), n)) + start.expand(n)
         x = _mix32(ctr ^ _mix32(st[1:2].expand(n) + 0x632BE5AB))
         return _mix32(x + 0x85157AF5)
@@ -192,17 +197,20 @@ class CreationMixin:
         samples at the call, into their own buffer.)"""
         s = cls._shape_arg(shape)
         if not all(isinstance(x, int) for x in s): return cls._rand_symbolic(cls.rand, s, device, dtype, requires_grad)
-        dev = canonical_device(device)
-        bits = cls._random_bits(prod(s), dev)
+        dev, n = canonical_device(device), prod(s)
+        # the kernels see the sample count as a variable bound to n, so one compiled pair (counter update, draw)
+        # serves every size on one device: a model's parameter initialization compiles once, not once per shape
+        count = UOp.variable(_RAND_COUNT, 1, n).bind(n) if 1 < n < 2**31 and isinstance(dev, str) else n
+        bits = cls._random_bits(count, dev)
         dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
         # as many random bits as the dtype's significand holds, so every sample is exact in it: 24 bits rounded to
         # half or bfloat16 gave exactly 1.0 for values just under 1 (rand's range is [0, 1))
         digits = {dtypes.float16: 11, dtypes.bfloat16: 8}.get(dt, 24)
-        out = (bits >> (32 - digits)).cast(dtypes.float32) * (2.0 ** -digits)
+        out = ((bits >> (32 - digits)).cast(dtypes.float32) * (2.0 ** -digits)).cast(dt).contiguous()
         # realized now, together with the counter update: the draw happens at the call, like torch
-        ret = out.reshape(s).cast(dt).contiguous()
-        cls.realize(ret, cls._rng_states[dev])
-        return cls(ret.uop, requires_grad=requires_grad)
+        cls.realize(out, cls._rng_states[dev])
+        # a variable count leaves a view of the buffer, which holds exactly n samples (the variable's largest value)
+        return cls(build.reshape(out.uop.base if isinstance(count, UOp) else out.uop, s), requires_grad=requires_grad)
 
     @classmethod
     def randn(cls: "type[Tensor]", *shape: Any, device: str | None = None, dtype: DTypeLike | None = None,
