@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from fusegrad.device import Buffer, canonical_device
+from fusegrad.device import Buffer, Device, canonical_device
 from fusegrad.dtype import ConstType, DType, DTypeLike, dtypes, to_dtype
 from fusegrad.helpers import ShapeError, argfix, prod
 from fusegrad.ir import build
@@ -20,6 +20,17 @@ if TYPE_CHECKING:
 
 
 _RAND_COUNT = "rand_n"   # the variable holding `rand`'s sample count in its kernels
+
+
+def _variable_count_max(device: "str | tuple[str, ...]", dtype: DType) -> int:
+    """The largest `rand` whose kernels take the sample count as a variable (bound to it): one compiled pair (counter
+    update, draw) then serves every such size on the device, so a model's parameter initialization compiles once,
+    not once per shape. Codegen runs a loop of symbolic size on one thread, so only float32 draws it wouldn't split
+    across threads anyway: a sample is 22 ALU ops, 2.75 steps of mark_thread_loop's measure, so min_thread_work / 3
+    samples stay under its threshold of min_thread_work steps (test_creation.py checks both sides). 0 (the size is
+    a constant) on several devices or for other dtypes."""
+    if not isinstance(device, str) or dtype != dtypes.float32: return 0
+    return Device[device].renderer.min_thread_work // 3
 
 
 def _mix32(x: "Tensor") -> "Tensor":
@@ -198,11 +209,9 @@ class CreationMixin:
         s = cls._shape_arg(shape)
         if not all(isinstance(x, int) for x in s): return cls._rand_symbolic(cls.rand, s, device, dtype, requires_grad)
         dev, n = canonical_device(device), prod(s)
-        # the kernels see the sample count as a variable bound to n, so one compiled pair (counter update, draw)
-        # serves every size on one device: a model's parameter initialization compiles once, not once per shape
-        count = UOp.variable(_RAND_COUNT, 1, n).bind(n) if 1 < n < 2**31 and isinstance(dev, str) else n
-        bits = cls._random_bits(count, dev)
         dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
+        count = UOp.variable(_RAND_COUNT, 1, n).bind(n) if 1 < n <= _variable_count_max(dev, dt) else n
+        bits = cls._random_bits(count, dev)
         # as many random bits as the dtype's significand holds, so every sample is exact in it: 24 bits rounded to
         # half or bfloat16 gave exactly 1.0 for values just under 1 (rand's range is [0, 1))
         digits = {dtypes.float16: 11, dtypes.bfloat16: 8}.get(dt, 24)
