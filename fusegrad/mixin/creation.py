@@ -165,8 +165,8 @@ class CreationMixin:
     @classmethod
     def _random_bits(cls: "type[Tensor]", n: "int | UOp", device: str) -> "Tensor":
         """n uint32 values hashed from (seed, counter). The counter lives in a small device buffer that each call
-        advances in place, so a TinyJit replay keeps drawing new numbers. n is an int or a bound variable (below
-        2**31, see `rand`)."""
+        advances in place, so a TinyJit replay keeps drawing new numbers. n is an int or a bound variable (`rand`'s
+        sample count, see `_variable_count_max`)."""
         st = cls._rng_states.get(device)
         if st is None:
             st = cls._rng_states[device] = cls([0, cls._seed & 0xFFFFFFFF], dtype=dtypes.uint32,
