@@ -164,20 +164,16 @@ class dtypes(metaclass=_DTypesMeta):
     all = (bool,) + ints + floats
 
     @staticmethod
-    def is_float(x: DType) -> bool:
-        return x.scalar() in dtypes.floats or x.scalar() == dtypes.weakfloat
+    def is_float(x: DType) -> bool: return _kinds(x.scalar())[0]
 
     @staticmethod
-    def is_int(x: DType) -> bool:
-        return x.scalar() in dtypes.ints or x.scalar() == dtypes.weakint
+    def is_int(x: DType) -> bool: return _kinds(x.scalar())[1]
 
     @staticmethod
-    def is_unsigned(x: DType) -> bool:
-        return x.scalar() in dtypes.uints
+    def is_unsigned(x: DType) -> bool: return _kinds(x.scalar())[2]
 
     @staticmethod
-    def is_bool(x: DType) -> bool:
-        return x.scalar() == dtypes.bool
+    def is_bool(x: DType) -> bool: return _kinds(x.scalar())[3]
 
     @staticmethod
     def from_py(x: Any) -> DType:
@@ -223,6 +219,17 @@ class dtypes(metaclass=_DTypesMeta):
                  dtypes.fp8e4m3: (4, 3), dtypes.fp8e5m2: (5, 2)}
         if d not in table: raise TypeError(f"finfo is only defined for float dtypes, not {d}")
         return table[d]
+
+
+def _kinds(d: DType) -> tuple[bool, bool, bool, bool]:
+    """(float, int, unsigned, bool) for dtype d, worked out once per dtype object and kept on it: codegen asks for every
+    constant and every bounds check, and a membership test in a tuple of dtypes calls DType.__eq__ once per entry."""
+    k = d.__dict__.get("_kinds")
+    if k is None:
+        k = (d in dtypes.floats or d == dtypes.weakfloat, d in dtypes.ints or d == dtypes.weakint, d in dtypes.uints,
+             d == dtypes.bool)
+        object.__setattr__(d, "_kinds", k)
+    return k
 
 
 def truncate_float(x: float, d: DType) -> float:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fusegrad.ir.ops import Ops, UOp
-from fusegrad.ir.pattern import graph_rewrite, substitute
+from fusegrad.ir.pattern import graph_rewrite, substitute, substitute_each
 from fusegrad.dtype import dtypes
 from fusegrad.helpers import prod
 from fusegrad.ir.symbolic import pm_symbolic, split_terms
@@ -41,7 +41,7 @@ def unroll_reduces(ast: UOp, ranges: tuple[UOp, ...], rng: UOp, amount: int, nex
     mapping = {}
     for red in ast.toposort():
         if red.op is not Ops.REDUCE or red.src[1:] != ranges: continue
-        parts = [substitute(red.src[0], {rng: base + i}) for i in range(amount)]
+        parts = substitute_each(red.src[0], rng, [base + i for i in range(amount)])
         acc = parts[0]
         for p in parts[1:]: acc = UOp(red.arg, red.dtype, (acc, p))
         mapping[red] = UOp(Ops.REDUCE, red.dtype, (acc,) + new_rngs, red.arg) if new_rngs else acc
@@ -58,8 +58,9 @@ def upcast_global(ast: UOp, rng: UOp, amount: int) -> UOp:
     base = outer * amount if outer is not None else UOp.const(rng.dtype, 0)
     stores = []
     for st in ast.src:
-        if rng in st.toposort(): stores.extend(substitute(st, {rng: base + i}) for i in range(amount))
-        else: stores.append(st)
+        copies = substitute_each(st, rng, [base + i for i in range(amount)])
+        if copies[0] is st: stores.append(st)   # doesn't depend on rng
+        else: stores.extend(copies)
     return ast.replace(src=tuple(stores))
 
 

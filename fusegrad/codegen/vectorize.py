@@ -22,10 +22,11 @@ vector of w elements; values that don't stay scalar (one load of a row's bias, n
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from fusegrad.dtype import PtrDType, dtypes
 from fusegrad.ir.ops import GroupOp, Ops, UOp
-from fusegrad.ir.pattern import substitute
+from fusegrad.ir.pattern import substitute_each
 from fusegrad.ir.symbolic import simplify, split_terms
 
 
@@ -68,12 +69,24 @@ def _masked_by(x: UOp, gate: UOp) -> bool:
     return x.op is Ops.LOAD and len(x.src[0].src) == 4 and x.src[0].src[3] is gate
 
 
+class _Vectors(dict):
+    """The vectorized node of each original node; a missing one is built by `make` (None: a KeyError, as in a dict)."""
+    def __init__(self, make: Callable[[UOp], UOp | None]) -> None:
+        super().__init__()
+        self.make = make
+
+    def __missing__(self, n: UOp) -> UOp:
+        if (v := self.make(n)) is None: raise KeyError(n)
+        self[n] = v
+        return v
+
+
 def vectorize_range(ast: UOp, rng: UOp, width: int, masked_loads: bool = False) -> UOp:
     size = int(rng.src[0].arg)
     if size % width: raise ValueError(f"VECTORIZE: width {width} must divide the range size {size}")
     outer = UOp.range(size // width, rng.arg[0], rng.arg[1]) if size // width > 1 else None
     base = outer * width if outer is not None else UOp.const(rng.dtype, 0)
-    lane_subs = [{rng: simplify(base + i)} for i in range(width)]
+    lane_values = [simplify(base + i) for i in range(width)]
     topo = list(ast.toposort())
     dep: set[UOp] = set()        # depends on the lane
     pure: set[UOp] = set()       # integer/boolean math of ranges and constants only (no loads, no reduces)
@@ -86,10 +99,12 @@ def vectorize_range(ast: UOp, rng: UOp, width: int, masked_loads: bool = False) 
 
     def lanes(n: UOp) -> list[UOp]:
         """n's scalar value in each lane (n pure index math)."""
-        if n not in lanes_memo: lanes_memo[n] = [simplify(substitute(n, s)) for s in lane_subs]
+        if n not in lanes_memo: lanes_memo[n] = [simplify(x) for x in substitute_each(n, rng, lane_values)]
         return lanes_memo[n]
 
-    new: dict[UOp, UOp] = {}
+    # lane-dependent index math becomes a VECTORIZE of its lanes only where a vector consumer reads it: an inner node of
+    # an index expression is folded into its parent's lanes, so building (and simplifying) its own would be wasted
+    new = _Vectors(lambda n: UOp(Ops.VECTORIZE, n.dtype.vec(width), tuple(lanes(n))) if n in pure and n in dep else None)
     out_stores: list[UOp] = []
 
     def access(idx: UOp, load: bool = False) -> tuple[str, list[UOp], list[UOp]]:
@@ -126,7 +141,7 @@ def vectorize_range(ast: UOp, rng: UOp, width: int, masked_loads: bool = False) 
         elif n not in dep:
             new[n] = n.replace(src=tuple(new[s] for s in n.src)) if n.src else n
         elif n in pure:
-            new[n] = UOp(Ops.VECTORIZE, n.dtype.vec(width), tuple(lanes(n)))
+            continue  # built when first read (`_Vectors`)
         elif n.op is Ops.INDEX:
             continue  # built by its LOAD/STORE
         elif n.op is Ops.LOAD:
@@ -142,7 +157,7 @@ def vectorize_range(ast: UOp, rng: UOp, width: int, masked_loads: bool = False) 
                 new[n] = UOp(Ops.VECTORIZE, n.dtype.vec(width), tuple(loads))
         elif n.op is Ops.STORE:
             idx, val = n.src[0], new[n.src[1]]
-            kind, ixs, gates = access(idx) if idx in dep else ("scalar", [new[idx.src[1]]], list(map(new.get, idx.src[2:])))
+            kind, ixs, gates = access(idx) if idx in dep else ("scalar", [new[idx.src[1]]], [new[g] for g in idx.src[2:]])
             buf = new[idx.src[0]]
             if kind == "vector":
                 new[n] = UOp(Ops.STORE, n.dtype, (UOp(Ops.INDEX, val.dtype.vec(width) if val.dtype.count == 1 else val.dtype,

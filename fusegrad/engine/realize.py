@@ -16,7 +16,8 @@ from fusegrad.renderer import ProgramSpec
 from fusegrad.helpers import BEAM, CACHELEVEL, DEBUG, JITBEAM, MERGE_RANGES, NOOPT, PROFILE, SPEC, VIZ, GlobalCounters, \
     colored
 from fusegrad.helpers import CAPTURE_PROCESS_REPLAY  # process replay (fusegrad/replay)
-from fusegrad.ir.ops import UOp
+from fusegrad.dtype import dtypes
+from fusegrad.ir.ops import Ops, UOp
 from fusegrad.schedule import ScheduleItem
 
 _programs: dict[tuple[UOp, str], Any] = {}
@@ -50,8 +51,21 @@ def _load_spec(ast: UOp, device: str, amt: int) -> tuple[str, ProgramSpec | None
                          f"{_renderer_state(dev.renderer)}:{_code_version()}".encode()).hexdigest()
     if (raw := diskcache_get("program", key)) is None: return key, None
     d = json.loads(raw)
+    variables = [UOp(Ops.DEFINE_VAR, getattr(dtypes, dt), (), tuple(arg)) for dt, arg in d.get("vars", [])]
     return key, ProgramSpec(d["name"], d["src"], [], d["nbufs"], d["ops"], d["mem"], tuple(d["global_size"]),
-                            tuple(d["local_size"]), display_name=d["display_name"], thread_size=d["thread_size"])
+                            tuple(d["local_size"]), vars=variables, display_name=d["display_name"],
+                            thread_size=d["thread_size"])
+
+
+def _vars_json(spec: ProgramSpec) -> list | None:
+    """A program's variables (DEFINE_VAR nodes: dtype, (name, min, max, ...)) as JSON, or None when one doesn't fit
+    (the program is then not cached: a loaded program must name the very nodes the schedule binds)."""
+    out = []
+    for v in spec.vars:
+        if getattr(dtypes, v.dtype.name, None) != v.dtype or v.src or not isinstance(v.arg, tuple) or \
+                not all(type(a) in (str, int) for a in v.arg): return None
+        out.append([v.dtype.name, list(v.arg)])
+    return out
 
 
 def _get_spec(ast: UOp, device: str) -> ProgramSpec:
@@ -73,10 +87,10 @@ def _get_spec(ast: UOp, device: str) -> ProgramSpec:
             from fusegrad.viz.recorder import traced_to_program
             spec = traced_to_program(ast, device, dev.renderer, opts)
         else: spec = to_program(ast, dev.renderer, opts)
-        if dkey and not spec.vars:
-            diskcache_put("program", dkey, json.dumps({k: getattr(spec, k) for k in (
+        if dkey and (variables := _vars_json(spec)) is not None:
+            diskcache_put("program", dkey, json.dumps({**{k: getattr(spec, k) for k in (
                 "name", "src", "nbufs", "ops", "mem", "global_size", "local_size", "display_name",
-                "thread_size")}).encode())
+                "thread_size")}, "vars": variables}).encode())
         if CAPTURE_PROCESS_REPLAY:  # process replay: record the AST, renderer, flags and source
             from fusegrad.replay import capture_kernel
             capture_kernel(ast, device, dev.renderer, opts, spec)

@@ -11,7 +11,7 @@ import itertools
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 from fusegrad.dtype import DType
 from fusegrad.ir.ops import GroupOp, Ops, UOp
@@ -219,6 +219,24 @@ def _fixed_point(n: UOp, pm: PatternMatcher, ctx: Any, trace: list | None) -> UO
 def substitute(root: UOp, mapping: dict[UOp, UOp], name: str = "substitute") -> UOp:
     """Replace nodes by the mapping everywhere under root (no further rewriting of the replacements)."""
     return substitute_memo(root, mapping)[root] if mapping else root
+
+
+def substitute_each(root: UOp, old: UOp, news: Sequence[UOp]) -> list[UOp]:
+    """[substitute(root, {old: new}) for new in news], walking root once and rebuilding only the nodes above `old`
+    (an upcast's or an unroll's copies of a store share everything that doesn't depend on the split range)."""
+    above: list[UOp] = []   # the nodes that depend on old, children first
+    dep = {old}
+    for n in root.toposort():
+        if n is not old and any(s in dep for s in n.src):
+            dep.add(n)
+            above.append(n)
+    if root not in dep: return [root] * len(news)
+    out = []
+    for new in news:
+        memo = {old: new}
+        for n in above: memo[n] = n.replace(src=tuple(memo.get(s, s) for s in n.src))
+        out.append(memo[root])
+    return out
 
 
 def substitute_memo(root: UOp, mapping: dict[UOp, UOp]) -> dict[UOp, UOp]:

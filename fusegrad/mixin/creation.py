@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from fusegrad.device import Buffer, canonical_device
+from fusegrad.device import Buffer, Device, canonical_device
 from fusegrad.dtype import ConstType, DType, DTypeLike, dtypes, to_dtype
 from fusegrad.helpers import ShapeError, argfix, prod
 from fusegrad.ir import build
@@ -17,6 +17,20 @@ from fusegrad.storage import buffer_uop, buffer_view
 
 if TYPE_CHECKING:
     from fusegrad.tensor import Tensor
+
+
+_RAND_COUNT = "rand_n"   # the variable holding `rand`'s sample count in its kernels
+
+
+def _variable_count_max(device: "str | tuple[str, ...]", dtype: DType) -> int:
+    """The largest `rand` whose kernels take the sample count as a variable (bound to it): one compiled pair (counter
+    update, draw) then serves every such size on the device, so a model's parameter initialization compiles once,
+    not once per shape. Codegen runs a loop of symbolic size on one thread, so only float32 draws it wouldn't split
+    across threads anyway: a sample is 22 ALU ops, 2.75 steps of mark_thread_loop's measure, so min_thread_work / 3
+    samples stay under its threshold of min_thread_work steps (test_creation.py checks both sides). 0 (the size is
+    a constant) on several devices or for other dtypes."""
+    if not isinstance(device, str) or dtype != dtypes.float32: return 0
+    return Device[device].renderer.min_thread_work // 3
 
 
 def _mix32(x: "Tensor") -> "Tensor":
@@ -149,16 +163,18 @@ class CreationMixin:
             st.assign(cls([0, cls._seed & 0xFFFFFFFF], dtype=dtypes.uint32, device=dev)).realize()
 
     @classmethod
-    def _random_bits(cls: "type[Tensor]", n: int, device: str) -> "Tensor":
+    def _random_bits(cls: "type[Tensor]", n: "int | UOp", device: str) -> "Tensor":
         """n uint32 values hashed from (seed, counter). The counter lives in a small device buffer that each call
-        advances in place, so a TinyJit replay keeps drawing new numbers."""
+        advances in place, so a TinyJit replay keeps drawing new numbers. n is an int or a bound variable (`rand`'s
+        sample count, see `_variable_count_max`)."""
         st = cls._rng_states.get(device)
         if st is None:
             st = cls._rng_states[device] = cls([0, cls._seed & 0xFFFFFFFF], dtype=dtypes.uint32,
                                                      device=device).realize()
+        step = n & 0xFFFFFFFF if isinstance(n, int) else cls.full((), n, dtype=dtypes.uint32, device=device)
         first = cls(UOp(Ops.IOTA, dtypes.uint32, (UOp(Ops.DEVICE, arg=device),), 2)) == 0
-        st.assign(st + first.where(n & 0xFFFFFFFF, 0).cast(dtypes.uint32))
-        start = st[0:1] - (n & 0xFFFFFFFF)
+        st.assign(st + first.where(step, 0).cast(dtypes.uint32))
+        start = st[0:1] - step
         ctr = cls(UOp(Ops.IOTA, dtypes.uint32, (UOp(Ops.DEVICE, arg=device),), n)) + start.expand(n)
         x = _mix32(ctr ^ _mix32(st[1:2].expand(n) + 0x632BE5AB))
         return _mix32(x + 0x85157AF5)
@@ -192,17 +208,18 @@ class CreationMixin:
         samples at the call, into their own buffer.)"""
         s = cls._shape_arg(shape)
         if not all(isinstance(x, int) for x in s): return cls._rand_symbolic(cls.rand, s, device, dtype, requires_grad)
-        dev = canonical_device(device)
-        bits = cls._random_bits(prod(s), dev)
+        dev, n = canonical_device(device), prod(s)
         dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
+        count = UOp.variable(_RAND_COUNT, 1, n).bind(n) if 1 < n <= _variable_count_max(dev, dt) else n
+        bits = cls._random_bits(count, dev)
         # as many random bits as the dtype's significand holds, so every sample is exact in it: 24 bits rounded to
         # half or bfloat16 gave exactly 1.0 for values just under 1 (rand's range is [0, 1))
         digits = {dtypes.float16: 11, dtypes.bfloat16: 8}.get(dt, 24)
-        out = (bits >> (32 - digits)).cast(dtypes.float32) * (2.0 ** -digits)
+        out = ((bits >> (32 - digits)).cast(dtypes.float32) * (2.0 ** -digits)).cast(dt).contiguous()
         # realized now, together with the counter update: the draw happens at the call, like torch
-        ret = out.reshape(s).cast(dt).contiguous()
-        cls.realize(ret, cls._rng_states[dev])
-        return cls(ret.uop, requires_grad=requires_grad)
+        cls.realize(out, cls._rng_states[dev])
+        # a variable count leaves a view of the buffer, which holds exactly n samples (the variable's largest value)
+        return cls(build.reshape(out.uop.base if isinstance(count, UOp) else out.uop, s), requires_grad=requires_grad)
 
     @classmethod
     def randn(cls: "type[Tensor]", *shape: Any, device: str | None = None, dtype: DTypeLike | None = None,

@@ -79,7 +79,11 @@ class Optimizer:
         return out
 
     def _zeros_like_params(self) -> list[Tensor]:
-        return [_state(_zeros_like(t, self.state_dtype)) for t in self.params]
+        """Zeroed state for every parameter, realized in one schedule: one compiler run for all the shapes."""
+        states = [_zeros_like(t, self.state_dtype) for t in self.params]
+        if states: Tensor.realize(*states)
+        for t in states: t.requires_grad = False
+        return states
 
 
 def _zeros_like(t: Tensor, dtype: DType) -> Tensor:

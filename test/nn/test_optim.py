@@ -241,3 +241,22 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="empty"): nn.optim.SGD([], lr=0.1)
     with pytest.raises(ValueError, match="no trainable"): nn.optim.SGD([Tensor([1.0], requires_grad=False)])
     with pytest.raises(ValueError, match="nesterov"): nn.optim.SGD([Tensor([1.0], requires_grad=True)], nesterov=True)
+
+
+def test_zeroed_state_is_one_schedule_for_all_shapes(monkeypatch):
+    """Adam's moments for parameters of several shapes are realized in one schedule per moment (one compiler run for
+    all the shapes, not one per parameter), zero, contiguous and outside autograd."""
+    import fusegrad.engine.realize as er
+    real, schedules = er.run_schedule, []
+    def spy(items):
+        schedules.append(len(items))
+        return real(items)
+    monkeypatch.setattr(er, "run_schedule", spy)
+    params = [Tensor.ones(n, 3, requires_grad=True).contiguous().realize() for n in (5, 7, 11)]
+    schedules.clear()
+    opt = nn.optim.Adam(params)
+    assert len(schedules) == 2, schedules   # m, then v (b1^t, b2^t come from host lists: no kernel)
+    for t, m, v in zip(params, opt.m, opt.v):
+        assert m.shape == v.shape == t.shape and not m.requires_grad and not v.requires_grad
+        np.testing.assert_array_equal(m.numpy(), np.zeros(t.shape, np.float32))
+        np.testing.assert_array_equal(v.numpy(), np.zeros(t.shape, np.float32))

@@ -345,6 +345,64 @@ def test_rand_same_on_cpu_and_python():
     assert cpu.min() >= 0 and cpu.max() < 1
 
 
+def _mix32_np(x: np.ndarray) -> np.ndarray:
+    x = x ^ (x >> 16)
+    x = x * np.uint32(0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = x * np.uint32(0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def test_rand_matches_a_numpy_reference_of_the_counter_hash():
+    """Draws of several sizes (1, where the count is a constant in the kernels, and more, where it is a variable)
+    advance the counter by their size and hash it the same way (creation.py's `_random_bits`)."""
+    Tensor.manual_seed(1234)
+    counter = 0
+    for shape in [(3, 5), (1,), (800,), (2, 16), (7,)]:
+        got = Tensor.rand(*shape).numpy()
+        n = int(np.prod(shape))
+        with np.errstate(over="ignore"):
+            key = _mix32_np(np.array([1234], dtype=np.uint32) + np.uint32(0x632BE5AB))
+            ctr = np.arange(counter, counter + n, dtype=np.uint32)
+            bits = _mix32_np(_mix32_np(ctr ^ key) + np.uint32(0x85157AF5))
+        want = (bits >> 8).astype(np.float32) * np.float32(2.0 ** -24)
+        np.testing.assert_array_equal(got, want.reshape(shape))
+        counter += n
+
+
+def test_rand_compiles_one_kernel_pair_for_every_size(monkeypatch):
+    """The sample count is a kernel argument, so drawing new sizes renders the same C sources (and compiles nothing
+    new): a model's parameter initialization runs the compiler once, not once per parameter shape."""
+    import fusegrad.engine.realize as er
+    real, sources = er._get_spec, []
+    def spy(ast, device):
+        spec = real(ast, device)
+        sources.append(spec.src)
+        return spec
+    monkeypatch.setattr(er, "_get_spec", spy)
+    for n in (811, 37, 25603):   # sizes no other test draws (rendered programs are kept per kernel AST)
+        Tensor.rand(n, device="CPU").realize()
+    assert len(set(sources)) <= 2, "rand of another size rendered new kernels"
+
+
+def test_rand_keeps_its_threads(monkeypatch):
+    """A draw too big for one thread keeps a constant size (codegen splits only loops of constant size across
+    threads), and the largest draw with a variable size is one that codegen wouldn't split anyway."""
+    import fusegrad.engine.realize as er
+    from fusegrad import Device
+    from fusegrad.mixin import creation
+    if Device["CPU"].renderer.threads <= 1: pytest.skip("one CPU thread: nothing is split")
+    real, specs = er._get_spec, []
+    monkeypatch.setattr(er, "_get_spec", lambda ast, device: specs.append(real(ast, device)) or specs[-1])
+    Tensor.rand((1 << 17) + 3, device="CPU").realize()   # a size no other test draws (programs are kept per AST)
+    assert any(s.thread_size and not s.vars for s in specs), "a big draw lost its thread split"
+    specs.clear()
+    cap = creation._variable_count_max("CPU", dtypes.float32)
+    monkeypatch.setattr(creation, "_variable_count_max", lambda device, dtype: 0)   # the constant-size kernels
+    Tensor.rand(cap, device="CPU").realize()
+    assert specs and not any(s.thread_size for s in specs), "a draw of the variable size would have been split"
+
+
 def test_randn_close_on_cpu_and_python():
     Tensor.manual_seed(3)
     cpu = Tensor.randn(2, 3, device="CPU").numpy()

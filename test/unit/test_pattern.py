@@ -7,7 +7,7 @@ import pytest
 from fusegrad.dtype import dtypes
 from fusegrad.ir import pattern
 from fusegrad.ir.ops import Ops, UOp
-from fusegrad.ir.pattern import PatternMatcher, UPat, graph_rewrite, substitute
+from fusegrad.ir.pattern import PatternMatcher, UPat, graph_rewrite, substitute, substitute_each
 from fusegrad.ir.symbolic import pm_symbolic
 
 I32 = dtypes.int32
@@ -254,3 +254,15 @@ def test_rewrite_traces_off_by_default():
     assert pattern.rewrite_traces is None
     graph_rewrite(r0 * 1, pm_symbolic)
     assert pattern.rewrite_traces is None
+
+
+def test_substitute_each_is_substitute_per_value():
+    """substitute_each(root, old, news) gives substitute(root, {old: new}) for each new: the same (hash-consed) nodes,
+    root itself where it doesn't depend on old, and the replacement where root is old."""
+    r, s = UOp.range(8, 0), UOp.range(4, 1)
+    free = s * 3 + 1                                   # doesn't depend on r
+    root = UOp(Ops.SINK, dtypes.void, ((r * 4 + free) // 2, free, r))
+    news = [UOp.range(2, 2) * 4 + i for i in range(4)]
+    assert substitute_each(root, r, news) == [substitute(root, {r: n}) for n in news]
+    assert substitute_each(free, r, news) == [free] * 4
+    assert substitute_each(r, r, news) == news
