@@ -169,8 +169,9 @@ def _preserve_old_values(todo: Sequence[Tensor], readers: list[Tensor]) -> list[
     # no write pending anywhere (every ASSIGN alive has run): nothing to look for in the graphs
     if all(n in realized for n in list(live_assigns)): return []
     # the writes still to run (an ASSIGN computed before is just its buffer now)
-    in_todo: dict[UOp, None] = {}
+    in_todo: dict[UOp, Any] = {}   # every node the graphs being realized compute -> its place in walk order
     for t in todo: in_todo.update(t.uop.toposort(gate=lambda x: x not in realized and x not in in_todo))
+    for i, n in enumerate(in_todo): in_todo[n] = i
     overwritten = {n.src[0].base for n in in_todo if n.op is Ops.ASSIGN and n not in realized}
     if not overwritten: return []
     whole: list[UOp] = []   # readers' own nodes, realized whole (below)
@@ -238,9 +239,8 @@ def _preserve_old_values(todo: Sequence[Tensor], readers: list[Tensor]) -> list[
         readers.append(t)
     # in an order that depends on the graphs, not on where the live tensors happen to sit in memory (the order of
     # _all_tensors): the targets are part of the schedule cache's key, and every eager train step missed it
-    order = {n: i for i, n in enumerate(in_todo)}
     def rank(n: UOp) -> tuple:
-        if n in order: return (0, order[n], ())
+        if n in in_todo: return (0, in_todo[n], ())
         return (1, n.op.value, (n.arg if n.op is Ops.BUFFER else (), str(n.shape)))
     return [snaps[n] for n in sorted(snaps, key=rank)] + sorted(dict.fromkeys(whole), key=rank)
 

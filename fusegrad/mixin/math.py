@@ -7,12 +7,15 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from fusegrad.dtype import ConstType, dtypes
-from fusegrad.ir.ops import Ops, UOp
-from fusegrad.mixin.alu import _float_fast, _relu_uop
+from fusegrad.ir.ops import Ops
+from fusegrad.mixin.alu import _float_fast
 from fusegrad.mixin.nodes import on_nodes, usable
 
 if TYPE_CHECKING:
     from fusegrad.tensor import Tensor
+
+
+def _relu6(self: Any) -> Any: return (self >= 6).where(6, self.relu())
 
 
 def _gelu_tanh(self: Any) -> Any:
@@ -110,13 +113,8 @@ class MathMixin:
         return gamma * (self >= 0).where(self, alpha * (self.exp() - 1))
     def swish(self: "Tensor") -> "Tensor": return self * self.sigmoid()
     def silu(self: "Tensor") -> "Tensor": return self.swish()
-    def relu6(self: "Tensor") -> "Tensor":
-        if _float_fast(self):   # the graph of the composition below, with one tensor instead of about fifteen
-            u, six = self.uop, self._const(6)
-            ge6 = UOp(Ops.OR, dtypes.bool, (UOp(Ops.CMPLT, dtypes.bool, (six, u)), UOp(
-                Ops.CMPNE, dtypes.bool, (UOp(Ops.CMPNE, dtypes.bool, (u, six)), self._const(True, dtypes.bool)))))
-            return type(self)._wrap(UOp(Ops.WHERE, u.dtype, (ge6, six, _relu_uop(u, self._const(0)))), self)
-        return (self >= 6).where(6, self.relu())
+    def relu6(self: "Tensor") -> "Tensor":   # (elementwise only: any float dtype can run it on nodes)
+        return on_nodes(self, _relu6) if _float_fast(self) else _relu6(self)
     def hardswish(self: "Tensor") -> "Tensor": return self * (self + 3).relu6() * (1 / 6)
     def sinh(self: "Tensor") -> "Tensor": return (self.exp() - self.neg().exp()) / 2
     def cosh(self: "Tensor") -> "Tensor": return (self.exp() + self.neg().exp()) / 2

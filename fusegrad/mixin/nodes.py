@@ -1,4 +1,4 @@
-"""Composite ops (GELU, sigmoid, tanh, layernorm, softmax) built straight on graph nodes, one Tensor for the result.
+"""Composite ops (GELU, sigmoid, tanh, relu6, layernorm, softmax) built on graph nodes, one Tensor for the result.
 
 An eager call builds its graph op by op, and each Tensor-level op costs far more than the node it makes: dtype
 promotion, broadcasting, a new Tensor with its autograd and view bookkeeping. A composite such as GELU is some fifty
@@ -7,11 +7,12 @@ nodes, so an eager MiniLM call spent most of its graph building inside a handful
 `on_nodes(x, body)` runs the composite's own Tensor-level formula (`body`, the very function the Tensor method runs
 otherwise) on `Nodes`, a stand-in that has the few Tensor methods these formulas use, each making the node the Tensor
 method makes in the same case, and wraps only the result. The graph is therefore the same, node for node (hash-consing
-makes it the very same object, which tests/unit/test_eager_overhead.py checks), and so are values and gradients.
+makes it the very same object, which test/unit/test_eager_overhead.py checks), and so are values and gradients.
 
 `Nodes` covers one case: float tensors of one dtype whose sums accumulate in that dtype (float32, float64), static
-shapes, Python scalars as the other operands, and nothing to detach for no_grad. `usable(x)` checks it at the entry;
-a step outside it inside a formula raises `Fallback`, and the Tensor-level formula runs instead.
+shapes, Python scalars as the other operands, and nothing to detach for no_grad. `usable(x)` checks it at the entry
+(relu6, whose formula has no reduce, only asks for a float dtype: `alu._float_fast`); a step outside it inside a
+formula raises `Fallback`, and the Tensor-level formula runs instead.
 """
 from __future__ import annotations
 

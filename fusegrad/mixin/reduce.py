@@ -301,9 +301,6 @@ class ReduceMixin:
         return self.std(axis, keepdim, correction), self.mean(axis, keepdim)
 
     # ----- softmax family -----
-    def _softmax(self: "Tensor", axis: int, dtype: DTypeLike | None = None) -> "tuple[Tensor, Tensor, Tensor]":
-        return _softmax_parts(self, axis, dtype)
-
     def softmax(self: "Tensor", axis: int = -1, dtype: DTypeLike | None = None) -> "Tensor":
         return on_nodes(self, _softmax, axis, dtype) if usable(self) else _softmax(self, axis, dtype)
 
