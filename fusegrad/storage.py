@@ -67,6 +67,23 @@ _cache_deps: dict[int, list["weakref.ref[UOp]"]] = {}
 _versions: dict[int, int] = {}
 
 
+class LiveTensors:
+    """A weak set of the frontend's tensors (which of them hold which memory is asked of it now and then).
+    weakref.WeakSet's add is a Python call per tensor made; here it is a C-level reference whose callback (the set's
+    own discard) drops it. A reference hashes as its tensor (by id), so two live tensors never collide and their
+    elementwise `==` never runs."""
+    def __init__(self) -> None:
+        self.refs: set[weakref.ref[Any]] = set()
+        self._discard = self.refs.discard
+
+    def add(self, t: Any) -> None: self.refs.add(weakref.ref(t, self._discard))
+
+    def __iter__(self) -> Any: return iter([t for r in list(self.refs) if (t := r()) is not None])
+
+
+live_tensors = LiveTensors()
+
+
 def buffer_uop(buf: Buffer) -> UOp:
     """A new BUFFER node backed by `buf`."""
     u = UOp(Ops.BUFFER, buf.dtype, (UOp(Ops.DEVICE, arg=buf.device),), (next(_buffer_ids), buf.size))
@@ -129,6 +146,38 @@ def share(buf: Buffer) -> None:
 
 def is_shared(buf: Buffer) -> bool:
     return bool(_shared) and _base(buf) in _shared
+
+
+# memory -> the tensor that owns it: the one a realize computed it for, or that was made from data or wrote into it.
+# Another tensor holding the same memory without being a view of the owner (a second tensor with the same graph,
+# served the first one's cached result; a reduce over size-1 axes, which is only a reshape of its input) reads it, but
+# a write to it goes into memory of its own (as in torch, where the two are separate tensors). Keyed weakly by the
+# memory (a Buffer), so an entry goes with the memory it names.
+_owners: "weakref.WeakKeyDictionary[Buffer, weakref.ref[Any]]" = weakref.WeakKeyDictionary()
+
+
+def _held_memory(u: UOp) -> Buffer | None:
+    """The memory a tensor node holds or writes into: its (first) buffer under movement ops and pending writes."""
+    if u.op is Ops.MULTI: u = u.src[0]
+    if (b := buffers.get(target_buffer(u))) is None: return None
+    return _base(b)
+
+
+def claim(t: Any) -> None:
+    """`t` owns the memory its node holds, unless a live tensor that still holds it owns it already."""
+    if (m := _held_memory(t.uop)) is None: return
+    if (r := _owners.get(m)) is not None and (o := r()) is not None and o is not t and _held_memory(o.uop) is m: return
+    _owners[m] = weakref.ref(t)
+
+
+def owns(t: Any) -> bool:
+    """Whether a write to tensor `t` (not a view) may go into the memory its node holds: `t` owns it (unowned memory is
+    claimed by its first writer)."""
+    if (m := _held_memory(t.uop)) is None: return False
+    if (r := _owners.get(m)) is not None and (o := r()) is not None and o is not t and _held_memory(o.uop) is m:
+        return False
+    _owners[m] = weakref.ref(t)
+    return True
 
 
 # ASSIGN nodes that ran: one must never run twice (a graph that still holds one after its entry was dropped reads
@@ -206,9 +255,12 @@ def prune() -> None:
 # keyed weakly by the source BUFFER node (they go when it does) and then by the movement ops as plain data, so the
 # cache holds no lazy node; an entry remembers the source's write count and is void once that changes.
 _relayouts: "weakref.WeakKeyDictionary[UOp, dict[tuple, tuple[UOp, int, int]]]" = weakref.WeakKeyDictionary()
-# > 0 while TinyJit captures: a capture must contain the relayout kernels, so that its replays copy the buffer's
-# contents of their time (a weight assigned in place between replays) instead of reading a copy from capture time
-relayouts_off = 0
+# > 0 while TinyJit captures: the scheduler is served no derived value (a cached result or relayout: anything computed
+# from buffers), only identities (an executed write is its buffer; a unique node, such as a snapshot or a parameter's
+# initial value, is computed once). A capture must contain every kernel computing its results from its inputs and
+# state, so that a replay computes them from the buffers' contents of its time (a weight written by an optimizer step
+# between replays) instead of reading a copy made before the capture.
+derived_off = 0
 
 
 def relayout_source(u: UOp, structural: bool = False) -> tuple[UOp, tuple] | None:
@@ -252,5 +304,7 @@ def cached_value(u: UOp, _get: Any = realized._data.get, _ref: Any = weakref.ref
     """What the scheduler reads instead of computing `u`: a cached result, or a cached relayout. (ResultCache.get,
     inline: the scheduler asks this for every node of every graph it is given.)"""
     if (r := _get(_ref(u))) is not None:
-        if type(r) is not _reftype or (r := r()) is not None: return r
-    return None if u.op is not Ops.CONTIGUOUS or relayouts_off else relayout_get(u)
+        if type(r) is not _reftype or (r := r()) is not None:
+            if not derived_off or u.op is Ops.ASSIGN or (u.op is Ops.CONTIGUOUS and type(u.arg) is int): return r
+            return None
+    return None if u.op is not Ops.CONTIGUOUS or derived_off else relayout_get(u)

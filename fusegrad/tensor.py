@@ -48,20 +48,7 @@ def _with_history(u: UOp) -> UOp:
 Variable = UOp.variable  # `from fusegrad.tensor import Variable` as in tinygrad
 
 # every live tensor: backward() fills .grad for those in the graph that require a gradient
-class _LiveTensors:
-    """A weak set of tensors. weakref.WeakSet's add is a Python call per tensor made; here it is a C-level reference
-    whose callback (the set's own discard) drops it. A reference hashes as its tensor (by id), so two live
-    tensors never collide and their elementwise `==` never runs."""
-    def __init__(self) -> None:
-        self.refs: set[weakref.ref[Tensor]] = set()
-        self._discard = self.refs.discard
-
-    def add(self, t: "Tensor") -> None: self.refs.add(weakref.ref(t, self._discard))
-
-    def __iter__(self) -> Any: return iter([t for r in list(self.refs) if (t := r()) is not None])
-
-
-_all_tensors = _LiveTensors()
+_all_tensors = storage.live_tensors   # every live Tensor (weakly)
 _unique_ids = iter(range(1, 1 << 62))
 
 
@@ -219,6 +206,7 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
         self._weak = dt is None and isinstance(data, (int, float)) and not isinstance(data, bool)
         if requires_grad: self.uop = _make_unique(self.uop)
         _all_tensors.add(self)
+        if self.uop.base.op is Ops.BUFFER: storage.claim(self)   # made from data: it owns its memory
 
     @staticmethod
     def _from_bytes(data: bytes, dtype: DType, shape: tuple[int, ...], device: Any) -> UOp:
@@ -249,11 +237,8 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
         # (computed from a tensor without an autograd graph: none either)
         else: t.requires_grad, t._derived, t._no_graph = None, False, has_no_graph
         t.uop, t.grad, t.is_param, t._weak, t._used, t._view, t._views = u, None, False, False, False, None, None
-        # a movement op (or a same-size bitcast) of one tensor is a view of it: writes through it reach the base, and
-        # it sees the base's writes (PAD is not a view: padding makes new elements)
-        if len(parents) == 1:
-            mv = u.src[0] if u.op is Ops.DETACH and u.src else u
-            if mv.op in _VIEW_OPS and mv.src[0] is parents[0].uop: _mark_view(t, parents[0])
+        # (a view is marked by the movement method that makes it, `_view_apply`: an op whose result merely happens to
+        # be a movement of its input, such as a sum over size-1 axes, makes a new tensor, as in torch)
         _all_tensors.add(t)
         return t
 
@@ -541,7 +526,7 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
             if o != n and o != 1:
                 raise ShapeError(f"The expanded size of the tensor ({n}) must match the existing size ({o}) at "
                                    f"non-singleton dimension: shape {self.shape} to {new}")
-        return self.reshape(old)._apply(lambda u: build.expand(u, new)) if old != self.shape else \
+        return self.reshape(old)._view_apply(lambda u: build.expand(u, new)) if old != self.shape else \
             self._view_apply(lambda u: build.expand(u, new))
 
     def pad(self, padding: Sequence[int] | Sequence[tuple[int, int] | None], mode: str = "constant",

@@ -224,7 +224,7 @@ def _preserve_old_values(todo: Sequence[Tensor], readers: list[Tensor]) -> list[
             _refresh_views(t)
             continue
         if not reads_old(u): continue
-        if u in in_todo and u not in realized:
+        if u in in_todo and u not in realized and not is_old(u.base):
             # a node the graphs being realized compute anyway (an activation that a custom backward's closure holds,
             # such as batchnorm's input during the optimizer step): realized with them, as one more target, instead
             # of being pointed at copies of the old memory, which made it a second graph computing the same values

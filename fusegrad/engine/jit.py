@@ -307,7 +307,7 @@ class TinyJit(Generic[ReturnType]):
             copies = {id(t): w for t, w in zip(tensors, self._whole) if w is not t}
             items: list[ScheduleItem] = []
             capturing.append(items)
-            storage.relayouts_off += 1
+            storage.derived_off += 1
             try:
                 # an input that is a view (or lazy) is passed as its copy in a buffer of its own, the buffer that
                 # each replay fills with that call's input
@@ -330,7 +330,7 @@ class TinyJit(Generic[ReturnType]):
             finally:
                 relayouts = capturing.relayouts[-1]
                 capturing.pop()
-                storage.relayouts_off -= 1
+                storage.derived_off -= 1
             from fusegrad.storage import buffers
             outs = [buffers[t.uop.base] for t in out_tensors]
             written_in_place = {id(it.bufs[0]) for it in items if it.inplace}

@@ -83,7 +83,7 @@ class ALUMixin:
         """Reinterpret the bits. Same itemsize: elementwise; otherwise the last axis grows or shrinks (little endian)."""
         dt = to_dtype(dtype)
         if dt.itemsize == self.dtype.itemsize:
-            return self if dt == self.dtype else self._apply(lambda u: UOp(Ops.BITCAST, dt, (u,)))
+            return self if dt == self.dtype else self._view_apply(lambda u: UOp(Ops.BITCAST, dt, (u,)))
         if self.ndim == 0: raise RuntimeError(f"bitcast from {self.dtype} to {dt} needs at least one axis")
         uint = {1: dtypes.uint8, 2: dtypes.uint16, 4: dtypes.uint32, 8: dtypes.uint64}
         src_u, dst_u = uint[self.dtype.itemsize], uint[dt.itemsize]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING, Any, Sequence
 
+from fusegrad import storage
 from fusegrad.dtype import dtypes
 from fusegrad.helpers import ShapeError, argfix, prod
 
@@ -131,14 +132,15 @@ class MovementMixin:
         shape = x.shape
         x = x.reshape(tuple(v for s in shape for v in (1, s)))
         x = x.expand(tuple(v for r, s in zip(reps, shape) for v in (r, s)))
-        return x.reshape(tuple(r * s for r, s in zip(reps, shape)))
+        # built from views, but a new tensor (as in torch): a write to it must not reach self
+        return type(self)._wrap(x.reshape(tuple(r * s for r, s in zip(reps, shape))).uop, self)
 
     def repeat_interleave(self: "Tensor", repeats: int, dim: int | None = None) -> "Tensor":
         x = self.flatten() if dim is None else self
         ax = 0 if dim is None else x._axis(dim)
         s = x.shape
         x = x.unsqueeze(ax + 1).expand(s[:ax + 1] + (repeats,) + s[ax + 1:])
-        return x.reshape(s[:ax] + (s[ax] * repeats,) + s[ax + 1:])
+        return type(self)._wrap(x.reshape(s[:ax] + (s[ax] * repeats,) + s[ax + 1:]).uop, self)   # a new tensor
 
     def unflatten(self: "Tensor", dim: int, sizes: tuple[int, ...]) -> "Tensor":
         ax = self._axis(dim)
@@ -447,7 +449,14 @@ class MovementMixin:
         # write into this tensor's own memory (after any pending write), so every holder of it and a TinyJit replay
         # see the new value. A tensor without memory yet (a constant, a lazy value) gets some: like a torch tensor,
         # it then has storage that later writes (and replays of them) update
-        if self.uop.op is Ops.ASSIGN or _is_contiguous_buffer(self.uop): target = self.uop
+        # a tensor of its own (a parameter's initial value) computed as part of another graph holds that memory: the
+        # graphs that read it there (a TinyJit capture) see the write
+        if self.uop.op is Ops.CONTIGUOUS and type(self.uop.arg) is int and \
+           (done := storage.realized.get(self.uop)) is not None and done.base.op is Ops.BUFFER:
+            self.uop = done
+            storage.claim(self)
+        # (memory another tensor owns, which this one only reads, is not written: this tensor gets memory of its own)
+        if self.uop.op is Ops.ASSIGN or (_is_contiguous_buffer(self.uop) and storage.owns(self)): target = self.uop
         else:
             from fusegrad.device import Buffer
             from fusegrad.ir.shape import smax, sprod
@@ -457,6 +466,7 @@ class MovementMixin:
                 target = empty_like(self.uop)
             else: target = buffer_view(buffer_uop(Buffer(self.device, smax(sprod(self.shape)), self.dtype)), self.shape)
         self.uop = UOp(Ops.ASSIGN, self.dtype, (target, val.uop), next(_unique_ids))
+        storage.claim(self)
         _assign_owner[self.uop] = weakref.ref(self)
         from fusegrad.engine.jit import note_assign
         note_assign(self)

@@ -142,6 +142,7 @@ class RealizeMixin:
             if t._derived: storage.record_history(new, old, reads.get(id(old)))  # keep the history for backward()
             elif old.op is Ops.CONTIGUOUS and isinstance(old.arg, int): leaf_of.setdefault(new, old)
             t.uop = new
+            storage.claim(t)   # the memory computed for it is its own (unless a live tensor owns it already)
         for t in todo: _refresh_views(t, realized_now=True)
         # readers of a snapshot hold its buffer itself (a cached result lives only while some tensor holds it)
         if snaps:
@@ -152,6 +153,20 @@ class RealizeMixin:
                     t.uop = done[t.uop]
                     _refresh_views(t)
                 else: t.uop = _substitute_outside_assigns(t.uop, done)
+        # a tensor of its own (a parameter's initial value: a unique CONTIGUOUS) computed as part of another graph now
+        # holds that memory, like a target: a later write to it (an optimizer step) goes into the memory the graphs
+        # computed with it read, and a TinyJit capture that read it sees the write. (Rare: a first step computing the
+        # parameters; only then the live tensors are looked through.)
+        uniq = {old: new for old, new in results.items() if old.op is Ops.CONTIGUOUS and type(old.arg) is int and
+                old not in snaps and new.base.op is Ops.BUFFER}
+        if uniq:
+            for u in todo: uniq.pop(u.uop, None)
+            for t in storage.live_tensors:
+                if (new := uniq.get(t.uop)) is not None:
+                    if not t._derived: leaf_of.setdefault(new, t.uop)
+                    t.uop = new
+                    storage.claim(t)
+                    _refresh_views(t)
         # a tensor whose pending write ran as part of another graph now holds its buffer (the ASSIGN is done)
         for old, new in results.items():
             if old.op is Ops.ASSIGN and (ref := _assign_owner.pop(old, None)) is not None and \

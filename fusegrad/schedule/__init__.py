@@ -116,7 +116,8 @@ def _schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
     for a in nz.assigns:
         if a not in results and nz.pos[a] in tpl.done_assigns:
             results[a] = buffer_view(target_buffer(a), a.shape)
-    # relayouts of buffers got buffers of their own: the caller keeps them for later graphs (storage.relayout_put)
+    # relayouts of buffers and unique nodes got buffers of their own: the caller keeps them for later graphs
+    # (storage.relayout_put; mixin/realize.py hands a unique node's buffer to the tensor holding it)
     if tpl.relayouts:
         want = dict(tpl.relayouts)
         for n, i in nz.pos.items():
@@ -165,6 +166,10 @@ def _plan(nodes: list[UOp]) -> Template:
     order = _order(topo, rp, kernels)
     # relayouts of a buffer (a conv weight made contiguous in another order) keep their buffer: storage.py reuses it
     relayouts = {r for r in rp if relayout_source(r, structural=True) is not None}
+    # so do the nodes of their own (a unique CONTIGUOUS: a parameter's initial value computed inside a larger graph):
+    # the tensor holding one takes its buffer (mixin/realize.py), so it is computed once, and later writes to it (an
+    # optimizer step) go into the memory that graphs computed with it read (a TinyJit capture)
+    relayouts |= {r for r in rp if r.op is Ops.CONTIGUOUS and type(r.arg) is int}
     held = set(sink.src) | {r for r in rp if r.op is Ops.ASSIGN} | relayouts
     slots: list[Slot] = []
     leaf_slot: dict[UOp, int] = {}
