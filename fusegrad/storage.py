@@ -9,6 +9,7 @@ entries that read or hold that buffer, so no later graph is ever served a value 
 """
 from __future__ import annotations
 
+import os
 import weakref
 from typing import Any
 
@@ -16,6 +17,7 @@ from fusegrad.device import Buffer
 from fusegrad.ir import build
 from fusegrad.ir.ops import GroupOp, Ops, UOp
 from fusegrad.ir.shape import all_static, sprod
+from fusegrad.runtime import ops_disk
 
 _buffer_ids = iter(range(1, 1 << 62))
 # BUFFER node -> its device memory; an entry lives as long as some graph references the node
@@ -106,9 +108,33 @@ def target_buffer(u: UOp) -> UOp:
 
 
 def memory_of(buf: Buffer) -> int:
-    """The identity of a buffer's memory (a planner view shares its base's)."""
+    """The identity of a buffer's memory (a planner view shares its base's; a DISK buffer's is its file's)."""
     while buf.base is not None: buf = buf.base
+    if buf.device.__class__ is str and buf.device.startswith("DISK:"): return file_key(buf)
     return id(buf)
+
+
+# (st_dev, st_ino) of a file -> its memory identity: negative, so never an id() of a buffer in host memory
+_file_ids: dict[tuple[int, int], int] = {}
+_disk_keys: "weakref.WeakKeyDictionary[Buffer, int]" = weakref.WeakKeyDictionary()
+
+
+def file_key(buf: Buffer) -> int:
+    """The memory identity of a DISK buffer: its file, by device and inode, so two paths to one file (another spelling,
+    a symbolic or hard link) are one memory: a write through either is a write of both."""
+    if (k := _disk_keys.get(buf)) is not None: return k
+    path = buf.device[len("DISK:"):]
+    try:
+        st = os.stat(path)
+        ident = (st.st_dev, st.st_ino)
+    except OSError:   # not made yet: by its resolved path until it exists
+        return -(abs(hash(os.path.realpath(path))) % (1 << 61)) - (1 << 61)
+    k = _disk_keys[buf] = _file_ids.setdefault(ident, -1 - len(_file_ids))
+    return k
+
+
+def is_disk(buf: Buffer) -> bool:
+    return buf.device.__class__ is str and buf.device.startswith("DISK:")
 
 
 def buffers_read(u: UOp) -> list[Buffer]:
@@ -201,7 +227,8 @@ def cache_result(key: UOp, value: UOp, written_now: set[int] | None, reads: list
         if reads is None: reads = buffers_read(key)
         mems = {memory_of(b) for b in reads}
         if written_now and mems & written_now: return
-        if _shared and any(is_shared(b) for b in reads): return   # memory written from outside: never cached
+        # memory written from outside (DLPack, a file another program may write): never cached
+        if (_shared or ops_disk.opened) and any(is_shared(b) or is_disk(b) for b in reads): return
     realized[key] = value
     ref = weakref.ref(key)
     for held in (value.src if value.op is Ops.MULTI else (value,)):   # a multi-device result holds one per device
@@ -289,8 +316,9 @@ def relayout_get(u: UOp) -> UOp | None:
 
 
 def relayout_put(u: UOp, value: UOp) -> None:
-    """Remember that relayout `u` (see relayout_source) is held in `value` (a view of a buffer of its own)."""
-    if (src := relayout_source(u)) is not None:
+    """Remember that relayout `u` (see relayout_source) is held in `value` (a view of a buffer of its own). Not for
+    memory written from outside fusegrad (DLPack, a file), whose writes no version counts."""
+    if (src := relayout_source(u)) is not None and not is_shared(buffers[src[0]]) and not is_disk(buffers[src[0]]):
         _relayouts.setdefault(src[0], {})[src[1]] = (value, version(buffers[src[0]]), version(buffers[value.base]))
 
 

@@ -259,6 +259,20 @@ def _substitute_outside_assigns(root: UOp, mapping: dict[UOp, UOp]) -> UOp:
 
 # ----- writing into part of a DISK tensor (a file: runtime/ops_disk.py) -----
 
+def _realize_disk_readers(buf: Any) -> None:
+    """Before a file is written, the live lazy tensors that read it (through any path to it: storage.file_key) are
+    computed, so they keep the bytes they were built with, as a lazy tensor built before any other write does. Views
+    of the file itself (DISK tensors) are left: they are the file."""
+    from fusegrad.tensor import Tensor
+    mem = storage.memory_of(buf)
+    readers = []
+    for t in storage.live_tensors:
+        u = t.uop
+        if u.base.op is Ops.BUFFER or u.op is Ops.MULTI: continue   # computed already, or a view of the file
+        if any(storage.memory_of(b) == mem for b in storage.buffers_read(u)): readers.append(t)
+    if readers: Tensor.realize(*readers)
+
+
 def disk_assign(target: "Tensor", x: Any) -> "Tensor":
     """`target.assign(x)` for a DISK tensor: x is computed on its device and its bytes written into the file range
     `target` views (one contiguous range: a slice of whole rows, a reshape). Cached reads of the file are dropped."""
@@ -275,6 +289,7 @@ def disk_assign(target: "Tensor", x: Any) -> "Tensor":
     src = x.cast(target.dtype)
     if is_disk(src.device): src = src.to(Device.DEFAULT)
     data = src.contiguous()._buffer().as_bytes()
+    _realize_disk_readers(buf)
     region = region_of(buf)
     region.device.write(region.offset + offset, memoryview(data))
     storage.written(buf)

@@ -14,6 +14,7 @@ State updated in place (assign: optimizer parameters, BatchNorm running stats, t
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import functools
 import threading
 import time
@@ -125,7 +126,30 @@ def _frozen(v: Any, var_vals: dict[Any, int]) -> Any:
     if isinstance(v, UOp) and v.op is Ops.BIND: return ("var", _unbind(v, var_vals))
     if isinstance(v, (int, float, bool, str, bytes, type(None))): return v
     if isinstance(v, (tuple, list)): return tuple(_frozen(x, var_vals) for x in v)
-    return ("object", id(v))
+    if type(v).__module__ == "numpy" and hasattr(v, "tobytes") and hasattr(v, "dtype"):
+        # an array (or NumPy scalar) is baked in by value: compared by value, never by id() (CPython reuses ids, so
+        # a new array of other values in the memory of a freed one would replay the old values)
+        data = v.tobytes()
+        return ("ndarray", v.dtype.str, getattr(v, "shape", ()),
+                data if len(data) <= 256 else hashlib.blake2b(data, digest_size=32).digest())
+    return _Same(v)
+
+
+class _Same:
+    """Any other object: the same object as at capture, compared by identity through a reference held to it (a weak one
+    where the object allows it: a dead one matches nothing), never by id(), which CPython reuses."""
+    __slots__ = ("ref", "name")
+
+    def __init__(self, v: Any) -> None:
+        try: self.ref: Callable[[], Any] = weakref.ref(v)
+        except TypeError: self.ref = lambda: v   # (no weak references to it: held)
+        self.name = type(v).__qualname__
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, _Same) and (obj := self.ref()) is not None and obj is other.ref()
+
+    def __hash__(self) -> int: return hash(self.name)
+    def __repr__(self) -> str: return f"<{self.name} object>"
 
 
 @dataclass

@@ -55,13 +55,21 @@ def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, U
     sink = UOp(Ops.SINK, src=tuple(targets))
     if not has_multi(sink): return _schedule_disk(targets)
     memo = substitute_memo(sink, {n: realized[n] for n in sink.toposort() if n in realized})
-    lowered = lower_multi(list(memo[sink].src))
+    assigns: dict[UOp, Any] = {}
+    lowered = lower_multi(list(memo[sink].src), assigns)
     flat = list(dict.fromkeys(p for lv in lowered for p in ((lv,) if isinstance(lv, UOp) else lv.parts)))
     items, res = _schedule_disk(flat)
     results: dict[UOp, UOp] = {}
     for orig, lv in zip(targets, lowered):
         if isinstance(lv, UOp): results[orig] = res[lv]
         else: results[orig] = UOp(Ops.MULTI, orig.dtype, tuple(res[p] for p in lv.parts), lv.axis)
+    # a write that ran inside the graphs is done on every device: a later graph holding it must not run it again
+    for a, lv in assigns.items():
+        if a in results: continue
+        parts = (lv,) if isinstance(lv, UOp) else lv.parts
+        if all(p in res for p in parts):
+            results[a] = res[lv] if isinstance(lv, UOp) else UOp(Ops.MULTI, a.dtype, tuple(res[p] for p in parts),
+                                                                   lv.axis)
     return items, results
 
 

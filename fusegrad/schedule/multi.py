@@ -63,8 +63,8 @@ def _multi_here(n: UOp) -> bool:
     return n.op is Ops.MULTI or (n.op in (Ops.DEVICE, Ops.COPY) and isinstance(n.arg, tuple))
 
 
-def lower_multi(targets: list[UOp]) -> list[Value]:
-    """The lowered value of each target."""
+def lower_multi(targets: list[UOp], assigns: dict[UOp, Value] | None = None) -> list[Value]:
+    """The lowered value of each target (and, into `assigns`, of each ASSIGN in their graphs)."""
     sink = UOp(Ops.SINK, src=tuple(targets))
     low: dict[UOp, Value] = {}
     multi: dict[UOp, bool] = {}
@@ -72,6 +72,7 @@ def lower_multi(targets: list[UOp]) -> list[Value]:
         if n.op is Ops.SINK: continue
         multi[n] = _multi_here(n) or any(multi.get(s, False) for s in n.src)
         low[n] = _lower(n, [low[s] for s in n.src]) if multi[n] else n
+        if assigns is not None and n.op is Ops.ASSIGN: assigns[n] = low[n]
     return [low[t] for t in targets]
 
 

@@ -1,0 +1,160 @@
+"""Silently wrong results reported in issue 28, one test each: every one failed before its fix. The rule behind them
+(docs/architecture.md, "Caches and captures: one rule"): a cached or captured value is used only while the memory it
+read is unwritten, memory fusegrad can't see written is never cached, and fresh buffers are never shared by value."""
+from __future__ import annotations
+
+import gc
+import os
+import pathlib
+
+import numpy as np
+import pytest
+import torch
+
+from fusegrad import Tensor, TinyJit, dtypes, nn
+from fusegrad.engine.jit import JitError
+
+
+def test_jitted_eval_reads_the_weight_after_an_optimizer_step():
+    """A conv weight relayout computed in the plain first call was captured as a constant (the README example's
+    TinyJit eval: 69% instead of 81%)."""
+    Tensor.manual_seed(0)
+    c = nn.Conv2d(3, 8, 3)
+    f = lambda x: c(x).sum(axis=(2, 3)).realize()   # noqa: E731
+    fj = TinyJit(f)
+    xs = [Tensor.randn(2, 3, 8, 8).realize() for _ in range(4)]
+    fj(xs[0]); fj(xs[1])
+    for step in range(2):
+        c.weight.assign(c.weight * 2 + 1).realize()     # an optimizer step between replays
+        np.testing.assert_allclose(fj(xs[2 + step]).numpy(), f(xs[2 + step]).numpy(), rtol=1e-5, atol=1e-4)
+
+
+def test_jitted_eval_with_a_realized_weight_after_an_update():
+    Tensor.manual_seed(1)
+    c = nn.Conv2d(3, 4, 3)
+    Tensor.realize(c.weight, c.bias)
+    fj = TinyJit(lambda x: c(x).realize())
+    x = Tensor.randn(1, 3, 6, 6).realize()
+    for _ in range(3): fj(x)
+    c.weight.assign(c.weight - 0.5).realize()
+    ref = torch.nn.functional.conv2d(torch.tensor(x.numpy()), torch.tensor(c.weight.numpy()),
+                                     torch.tensor(c.bias.numpy()))
+    np.testing.assert_allclose(fj(x).numpy(), ref.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_fresh_buffers_realized_together_are_distinct():
+    """Two Tensor.zeros(4).contiguous() are the same node; realized in one call they shared one buffer, so a write to
+    one changed the other (Adam's two step counters in tinygrad's gradaccum example)."""
+    a, b = Tensor.zeros(4).contiguous(), Tensor.zeros(4).contiguous()
+    Tensor.realize(a, b)
+    a.assign(a + 1).realize()
+    assert b.tolist() == [0.0] * 4 and a.tolist() == [1.0] * 4
+    b1, b2 = Tensor.ones((1,)).contiguous(), Tensor.ones((1,)).contiguous()
+    Tensor.realize(b1, b2)
+    b1 *= 0.9
+    b2 *= 0.999
+    Tensor.realize(b1, b2)
+    assert b1.item() == pytest.approx(0.9) and b2.item() == pytest.approx(0.999)
+
+
+def test_same_graph_realized_twice_gives_separate_tensors():
+    """The second tensor with the same graph is served the first one's result; writing it must not change the first."""
+    x = Tensor([1.0, 2.0]).realize()
+    y1, y2 = x * 2, x * 2
+    y1.realize(); y2.realize()
+    y2 += 1
+    assert y1.tolist() == [2.0, 4.0] and y2.tolist() == [3.0, 5.0]
+    y1 += 10
+    assert y1.tolist() == [12.0, 14.0] and y2.tolist() == [3.0, 5.0] and x.tolist() == [1.0, 2.0]
+
+
+@pytest.mark.parametrize("make", [
+    lambda x: x.unsqueeze(0).sum(0), lambda x: x.unsqueeze(0).max(0), lambda x: x.unsqueeze(0).prod(0),
+    lambda x: x.repeat(1), lambda x: x.repeat_interleave(1), lambda x: Tensor.cat(x), lambda x: x.pad(((0, 0),)),
+], ids=["sum", "max", "prod", "repeat", "repeat_interleave", "cat", "pad0"])
+@pytest.mark.parametrize("lazy", [False, True])
+def test_new_tensors_that_are_only_a_reshape_are_not_views(make, lazy):
+    """A reduce over size-1 axes is a reshape of its input, but a new tensor, as in torch: a write through it (or a
+    view of it) must not reach the input, and the input's writes must not reach it."""
+    x = Tensor([1.0, 2.0, 3.0])
+    x = (x * 1.0) if lazy else x.realize()
+    y = make(x)
+    y[1:2].assign(Tensor([10.0])).realize()
+    assert x.tolist() == [1.0, 2.0, 3.0] and y.tolist() == [1.0, 10.0, 3.0]
+    z = make(x)
+    x[0:1].assign(Tensor([-1.0])).realize()
+    assert z.tolist() == [1.0, 2.0, 3.0]
+
+
+def test_relayout_of_dlpack_memory_is_not_cached():
+    """A conv weight shared with torch through DLPack and written by torch: the cached relayout went stale."""
+    w_t = torch.randn(8, 3, 3, 3)
+    w = Tensor.from_dlpack(w_t)
+    x = Tensor.randn(16, 3, 8, 8).realize()
+    a = x.conv2d(w).numpy()
+    w_t.mul_(2)
+    np.testing.assert_allclose(x.conv2d(w).numpy(), 2 * a, rtol=1e-5, atol=1e-4)
+
+
+def test_tinyjit_compares_arrays_by_value():
+    """A NumPy argument is baked into the capture: one with other values (the same array written in place, or a
+    new one that CPython put at the freed one's id) must raise, not replay the old values."""
+    @TinyJit
+    def f(x, arr): return (x + Tensor(arr)).realize()
+    x = Tensor([0.0, 0.0]).realize()
+    a = np.array([1.0, 1.0], dtype=np.float32)
+    for _ in range(3): assert f(x, a).tolist() == [1.0, 1.0]
+    assert f(x, np.array([1.0, 1.0], dtype=np.float32)).tolist() == [1.0, 1.0]   # equal values: fine
+    a[:] = 5
+    with pytest.raises(JitError, match="non-Tensor"): f(x, a)
+
+
+def test_tinyjit_compares_other_objects_by_identity_not_id():
+    class Opt: pass
+    @TinyJit
+    def g(x, o): return (x + 1).realize()
+    x = Tensor([0.0]).realize()
+    o = Opt()
+    for _ in range(3): g(x, o)
+    del o
+    gc.collect()
+    others = [Opt() for _ in range(64)]   # one of them may well sit at the freed object's id
+    for p in others:
+        with pytest.raises(JitError, match="non-Tensor"): g(x, p)
+
+
+def _disk(path: pathlib.Path) -> Tensor:
+    return Tensor(path, dtype=dtypes.float32)
+
+
+@pytest.mark.parametrize("how", ["same tensor", "other spelling", "symlink", "hard link"])
+def test_lazy_read_of_a_file_keeps_its_bytes_across_a_write(tmp_path, how):
+    p = tmp_path / "f.bin"
+    p.write_bytes(np.zeros(4, np.float32).tobytes())
+    other = {"same tensor": p, "other spelling": tmp_path / "." / "f.bin", "symlink": tmp_path / "link.bin",
+             "hard link": tmp_path / "hard.bin"}[how]
+    if how == "symlink": os.symlink(p, other)
+    if how == "hard link": os.link(p, other)
+    t = _disk(p)
+    lazy = t.to("CPU") + 1
+    _disk(other).assign(Tensor([5.0, 6.0, 7.0, 8.0]))
+    assert lazy.tolist() == [1.0, 1.0, 1.0, 1.0]
+    assert (t.to("CPU") + 0).tolist() == [5.0, 6.0, 7.0, 8.0]   # a read built after the write sees it
+
+
+def test_cached_read_of_a_file_sees_a_write_through_another_path(tmp_path):
+    p = tmp_path / "g.bin"
+    p.write_bytes(np.arange(4, dtype=np.float32).tobytes())
+    os.symlink(p, tmp_path / "l.bin")
+    t = _disk(p)
+    assert (t.to("CPU") * 2).tolist() == [0.0, 2.0, 4.0, 6.0]
+    _disk(tmp_path / "l.bin").assign(Tensor([1.0, 1.0, 1.0, 1.0]))
+    assert (t.to("CPU") * 2).tolist() == [2.0, 2.0, 2.0, 2.0]
+
+
+def test_sharded_pending_write_runs_once():
+    t = Tensor([0.0, 0.0, 0.0, 0.0]).shard(("CPU", "CPU:1"), axis=0).realize()
+    t += 1
+    assert t.tolist() == [1.0] * 4
+    t += 1
+    assert t.tolist() == [2.0] * 4
