@@ -74,7 +74,7 @@ def _dot_nodes(x: "Tensor", w: "Tensor") -> "Tensor":
     mul = build.alu(Ops.MUL, build.expand(build.reshape(xr, xs), full), build.expand(build.reshape(wr, ws), full))
     red = build.reduce_axis(build.cast(mul, sum_acc_dtype(dt)), Ops.ADD, (nd - 1,))   # sum(-1)
     T = type(x)
-    out = T._wrap(build.reshape(red, full[:-1]), T._wrap(red, x, w))   # a view of the reduce, as sum() makes it
+    out = T._wrap(red, x, w)._view_apply(lambda u: build.reshape(u, full[:-1]))   # a view of the reduce, as sum() makes
     if dtypes.is_float(dt): out = out.cast(dt)
     if x.ndim == 1: out = out.squeeze(-2)
     return out.cast(dt)
