@@ -53,6 +53,24 @@ def test_beautiful_mnist_trains():
     assert step == 10 and acc > 25.0, f"test accuracy {acc:.1f}% after 10 steps (chance is 10%); losses {losses}"
 
 
+def test_beautiful_mnist_same_with_and_without_tinyjit():
+    """A short fixed run gives the same losses and test accuracies with TinyJit as without: its jitted evaluation
+    replays after optimizer steps (a stale weight relayout made the README's run reach 69% instead of 81%)."""
+    from fusegrad import Context
+    bm = load_example("beautiful_mnist")
+    kw = dict(steps=6, bs=16, lr=0.003, eval_every=3, eval_bs=50, eval_n=200, progress=False)
+    try:
+        jit = bm.train(**kw)
+    except DatasetNotFound as e:
+        pytest.skip(f"no MNIST data: {e}")
+    with Context(JIT=0): eager = bm.train(**kw)
+    assert len(jit.accuracies) == len(eager.accuracies) == 2
+    import numpy as np
+    np.testing.assert_allclose(jit.losses, eager.losses, rtol=1e-4, atol=1e-5)
+    for (s1, a1), (s2, a2) in zip(jit.accuracies, eager.accuracies):
+        assert s1 == s2 and abs(a1 - a2) <= 0.5, (jit.accuracies, eager.accuracies)
+
+
 def test_beautiful_mnist_plot(tmp_path, capsys):
     """The training-curve PNG is written where asked; a History without test passes still plots."""
     pytest.importorskip("matplotlib", reason="the plot needs matplotlib (pip install matplotlib)")
