@@ -24,56 +24,22 @@ from typing import Any, Callable, Generic, Iterator, TypeVar
 
 from fusegrad import storage
 from fusegrad.device import Buffer
-from fusegrad.helpers import DEBUG, JIT, PROFILE, VIZ
+from fusegrad.engine.capture import JitError, capturing, not_capturing, note_assign, note_relayout  # noqa: F401
+from fusegrad.engine.realize import get_runner
+from fusegrad.helpers import DEBUG, JIT, JIT_VERIFY, PROFILE, VIZ, GlobalCounters
+from fusegrad.ir.ops import Ops, UOp
+from fusegrad.ir.pattern import substitute
+from fusegrad.ir.shape import all_static
 from fusegrad.schedule import ScheduleItem
+from fusegrad.storage import buffer_uop, buffer_view, buffers
+from fusegrad.tensor import Tensor, _is_contiguous_buffer, _is_realized
+from fusegrad.views import _assign_owner, _view_chain
 
 ReturnType = TypeVar("ReturnType")
 
 
-class JitError(Exception):
-    """A TinyJit misuse that would otherwise give silently wrong results."""
-
-
-class _CaptureStack(threading.local):
-    """The TinyJit captures in progress in this thread (run_schedule appends the items it executes to the innermost):
-    a capture in one thread doesn't see, or forbid, another thread's work."""
-    def __init__(self) -> None:
-        self.stack: list[list[ScheduleItem]] = []
-        self.assigns: list[list[Any]] = []   # weak refs to the tensors assigned to during each capture
-        self.relayouts: list[list[tuple[Buffer, Buffer]]] = []   # (source, copy) of the relayouts each capture ran
-    def __bool__(self) -> bool: return bool(self.stack)
-    def __getitem__(self, i: int) -> list[ScheduleItem]: return self.stack[i]
-    def append(self, items: list[ScheduleItem]) -> None:
-        self.stack.append(items); self.assigns.append([]); self.relayouts.append([])
-    def pop(self) -> list[ScheduleItem]: self.assigns.pop(); self.relayouts.pop(); return self.stack.pop()
-
-
-capturing = _CaptureStack()
-
-
-@contextlib.contextmanager
-def not_capturing() -> Iterator[None]:
-    """Run a block outside this thread's captures: for reading a value that is the same on every call (a shape
-    computed from constants); what the block runs is not recorded."""
-    saved = capturing.stack, capturing.assigns, capturing.relayouts
-    capturing.stack, capturing.assigns, capturing.relayouts = [], [], []
-    try: yield
-    finally: capturing.stack, capturing.assigns, capturing.relayouts = saved
-
-
-def note_assign(t: Any) -> None:
-    """assign() made a pending write to `t`: a capture realizes it at the end, so replays perform it too."""
-    if capturing.stack: capturing.assigns[-1].append(weakref.ref(t))
-
-
-def note_relayout(src: Buffer, copy: Buffer) -> None:
-    """A realize computed `copy`, a relayout (a contiguous copy of movement ops) of the buffer `src`."""
-    if capturing.stack: capturing.relayouts[-1].append((src, copy))
-
-
 def _collect(args: tuple, kwargs: dict) -> tuple[list[Any], list[Any]]:
     """(tensors, the non-Tensor values) in the arguments, one level into lists, tuples and dicts."""
-    from fusegrad.tensor import Tensor
     tensors: list[Tensor] = []
     others: list[Any] = []
 
@@ -103,8 +69,6 @@ def _swap(x: Any, copies: dict[int, Any]) -> Any:
 
 def _unbind(x: Any, var_vals: dict[Any, int]) -> Any:
     """A shape entry (or bound-variable argument) with its bound variables unbound; their values go to var_vals."""
-    from fusegrad.ir.ops import Ops, UOp
-    from fusegrad.ir.pattern import substitute
     if not isinstance(x, UOp): return x
     binds = {n: n.src[0] for n in x.toposort() if n.op is Ops.BIND}
     for b, var in binds.items():
@@ -122,7 +86,6 @@ def _signature(t: Any, var_vals: dict[Any, int]) -> tuple:
 def _frozen(v: Any, var_vals: dict[Any, int]) -> Any:
     """A comparable form of a non-Tensor argument (identity for objects we can't compare by value). A bound Variable
     compares as its variable: its value is passed to the kernels on every call."""
-    from fusegrad.ir.ops import Ops, UOp
     if isinstance(v, UOp) and v.op is Ops.BIND: return ("var", _unbind(v, var_vals))
     if isinstance(v, (int, float, bool, str, bytes, type(None))): return v
     if isinstance(v, (tuple, list)): return tuple(_frozen(x, var_vals) for x in v)
@@ -168,7 +131,6 @@ class CapturedJit:
 
     def __init__(self, items: list[ScheduleItem], inputs: list[Buffer], outputs: list[Buffer], ret_struct: Any,
                  relayouts: list[tuple[Buffer, Buffer]] | None = None):
-        from fusegrad.engine.realize import get_runner
         self.items, self.ret_struct = items, ret_struct
         self.inputs, self.outputs = inputs, outputs
         per_call = {id(b): i for i, b in enumerate(inputs)}
@@ -218,7 +180,6 @@ class CapturedJit:
         return self._written_fixed | {storage.memory_of(in_bufs[i]) for i in self._written_inputs}
 
     def replay(self, in_bufs: list[Buffer], var_vals: dict[Any, int] | None = None) -> list[Buffer]:
-        from fusegrad.helpers import GlobalCounters
         outs = [Buffer(b.device, b.size, b.dtype) for b in self.outputs]
         per_call = in_bufs + outs
         traced = bool(VIZ.value or PROFILE.value)  # fusegrad/viz: time each replayed launch for the timeline
@@ -262,8 +223,9 @@ class TinyJit(Generic[ReturnType]):
     [2.0, 4.0]
     """
 
-    def __init__(self, fxn: Callable[..., ReturnType] | None = None, *, prune: bool = False):
-        self.fxn, self.prune = fxn, prune
+    def __init__(self, fxn: Callable[..., ReturnType] | None = None, *, prune: bool = False,
+                 verify: int | None = None):
+        self.fxn, self.prune, self.verify = fxn, prune, verify
         self.reset()
         self._per_instance: "weakref.WeakKeyDictionary[Any, TinyJit]" = weakref.WeakKeyDictionary()
         if fxn is not None: functools.update_wrapper(self, fxn)  # type: ignore[arg-type]
@@ -271,7 +233,9 @@ class TinyJit(Generic[ReturnType]):
     def reset(self) -> None:
         """Forget the capture: the next call runs normally again."""
         self.cnt = 0
+        self.verified = 0   # replays checked against an eager call so far (verify=N)
         self.captured: CapturedJit | None = None
+        self._state: list[Any] = []   # weak references to the tensors the captured call writes in place
         self.expected: tuple | None = None
         self.expected_others: Any = None
 
@@ -280,7 +244,8 @@ class TinyJit(Generic[ReturnType]):
         # one capture per instance: two models sharing a method must not share kernels
         jit = self._per_instance.get(obj)
         if jit is None:
-            jit = self._per_instance[obj] = TinyJit(functools.partial(self.fxn, obj), prune=self.prune)  # type: ignore
+            jit = self._per_instance[obj] = TinyJit(functools.partial(self.fxn, obj), prune=self.prune,  # type: ignore
+                                                    verify=self.verify)
         return jit
 
     def _check(self, tensors: list[Any], others: list[Any]) -> dict[Any, int]:
@@ -290,7 +255,6 @@ class TinyJit(Generic[ReturnType]):
         if self.expected is not None and sig != self.expected:
             raise JitError(f"TinyJit inputs changed since capture: expected {self.expected}, got {sig} "
                            "(shapes, dtypes and devices must stay the same; call .reset() to recapture)")
-        from fusegrad.tensor import Tensor
         frozen = (_frozen(others, var_vals), ("training", bool(Tensor.training)), ("no_grad", bool(Tensor.no_grad)))
         if self.expected_others is not None and frozen != self.expected_others:
             raise JitError(f"TinyJit non-Tensor arguments or the mode (Tensor.training, Tensor.no_grad) changed since "
@@ -302,8 +266,6 @@ class TinyJit(Generic[ReturnType]):
     def _prepare_inputs(self, tensors: list[Any]) -> list[Buffer]:
         """The buffer each input tensor's data is in. An input that is not a whole buffer (a view, a lazy value) is
         copied into one; the caller's tensor stays what it was (a view stays a view of its base)."""
-        from fusegrad.storage import buffers
-        from fusegrad.tensor import Tensor, _is_contiguous_buffer
         if (multi := [t for t in tensors if isinstance(t.device, tuple)]):
             raise JitError(f"TinyJit inputs on several devices ({multi[0].device}) are not supported yet: pass the "
                            "one-device tensor and shard it inside the function, or run the step without TinyJit")
@@ -330,6 +292,9 @@ class TinyJit(Generic[ReturnType]):
             in_bufs = self._prepare_inputs(tensors)
             copies = {id(t): w for t, w in zip(tensors, self._whole) if w is not t}
             items: list[ScheduleItem] = []
+            # (held while capturing, so no tensor made during the call can take one's id)
+            before = list(storage.live_tensors) if (self.verify or JIT_VERIFY.value) else []
+            before_ids = {id(t) for t in before}
             capturing.append(items)
             storage.derived_off += 1
             try:
@@ -344,18 +309,17 @@ class TinyJit(Generic[ReturnType]):
                 if (multi := [t for t in out_tensors if isinstance(t.device, tuple)]):
                     raise JitError(f"TinyJit outputs on several devices ({multi[0].device}) are not supported yet: "
                                    "return a one-device tensor (e.g. .to(device)), or run the step without TinyJit")
-                from fusegrad.tensor import Tensor
                 # writes the function left pending (x += y, BatchNorm's running stats) are part of what it does
+                # state: tensors that lived before the call (one the function makes and writes is an output)
+                self._state = [r for r in capturing.assigns[-1] if id(r()) in before_ids]
                 written = [t for r in capturing.assigns[-1] if (t := r()) is not None]
                 if out_tensors or written: Tensor.realize(*out_tensors, *written)
-                from fusegrad.tensor import _is_contiguous_buffer
                 for t in out_tensors:  # outputs must own plain buffers (a view of an input is copied)
                     if not _is_contiguous_buffer(t.uop): t.uop = t.contiguous().realize().uop
             finally:
                 relayouts = capturing.relayouts[-1]
                 capturing.pop()
                 storage.derived_off -= 1
-            from fusegrad.storage import buffers
             outs = [buffers[t.uop.base] for t in out_tensors]
             written_in_place = {id(it.bufs[0]) for it in items if it.inplace}
             fresh = [b for b in outs if id(b) not in written_in_place and id(b) not in {id(x) for x in in_bufs}]
@@ -373,14 +337,60 @@ class TinyJit(Generic[ReturnType]):
         # lazy tensors built before this call that read memory the replay writes keep the value they were built with
         # (as the eager call's realize keeps it: views.py _preserve_old_values)
         _realize_readers(self.captured.written_memory(in_bufs))
+        if self.verified < (self.verify if self.verify is not None else JIT_VERIFY.value):
+            self.verified += 1
+            return self._verified_replay(args, kwargs, tensors, in_bufs, var_vals)
         outs = self.captured.replay(in_bufs, var_vals)
         self.cnt += 1
         return self._rebuild(outs, var_vals, tensors)
 
+    def _verified_replay(self, args: tuple, kwargs: dict, tensors: list[Any], in_bufs: list[Buffer],
+                         var_vals: dict[Any, int]) -> Any:
+        """Replay, then put back the memory the replay wrote and run the function eagerly on the same inputs and
+        state: its outputs and the state it writes must agree with the replay's (NaN where NaN, float32 rounding
+        aside), or JitError names the first that differs. The eager call's results are the ones kept."""
+        assert self.captured is not None
+        import numpy as np
+        state = [t for r in self._state if (t := r()) is not None and _is_contiguous_buffer(t.uop)]
+        mems = self.captured.written_memory(in_bufs) | {storage.memory_of(buffers[t.uop.base]) for t in state}
+        written = {storage.memory_of(b): b for b in [*in_bufs, *(it.bufs[0] for it in self.captured.items)]
+                   if storage.memory_of(b) in mems}
+        written.update({storage.memory_of(b): b for t in state if (b := buffers[t.uop.base]) is not None})
+        before = {m: b.as_bytes() for m, b in written.items()}
+        replayed = self._rebuild(self.captured.replay(in_bufs, var_vals), var_vals, tensors)
+        got = [t.numpy() for t in _flatten_ret(replayed)] + [t.numpy() for t in state]
+        for m, b in written.items():   # back to the memory as it was before the call
+            b.copyin(before[m])
+            storage.written(b)
+        self.cnt += 1
+        with not_capturing():
+            ret = self.fxn(*args, **kwargs)
+            outs = _flatten_ret(ret)
+            Tensor.realize(*outs, *state) if outs or state else None
+        want = [t.numpy() for t in outs] + [t.numpy() for t in state]
+        names = [f"output {i}" for i in range(len(outs))] + \
+                [f"state tensor {i} {tuple(t.shape)} written in place" for i, t in enumerate(state)]
+        if len(got) != len(want):
+            raise JitError(f"TinyJit verify: the replay returned {len(got)} values, the eager call {len(want)}")
+        for name, a, b in zip(names, got, want):
+            if a.shape != b.shape or a.dtype != b.dtype:
+                raise JitError(f"TinyJit verify (replay {self.verified}): {name} is {a.dtype}{a.shape} replayed but "
+                               f"{b.dtype}{b.shape} eagerly")
+            exact = not np.issubdtype(a.dtype, np.floating)
+            ok = np.array_equal(a, b) if exact else np.allclose(a.astype(np.float64), b.astype(np.float64),
+                                                                  rtol=1e-4, atol=1e-5, equal_nan=True)
+            if not ok:
+                diff = np.abs(a.astype(np.float64) - b.astype(np.float64))
+                at = tuple(int(i) for i in np.unravel_index(int(np.argmax(np.where(np.isnan(diff), np.inf, diff))),
+                                                             a.shape)) if a.size else ()
+                raise JitError(f"TinyJit verify (replay {self.verified}): {name} differs from the eager call: "
+                               f"replayed {a[at] if a.size else a} vs eager {b[at] if b.size else b} at index {at}. "
+                               "The capture reads something that changed since (see docs/tensor/mutation.md, "
+                               "TinyJit's capture rules), or the function's behaviour depends on Python state")
+        return ret
+
     def _rebuild(self, outs: list[Buffer], var_vals: dict[Any, int], tensors: list[Any]) -> Any:
         """The captured return structure with each fresh output tensor pointing at this call's buffer."""
-        from fusegrad.storage import buffer_uop, buffer_view
-        from fusegrad.tensor import Tensor
         assert self.captured is not None
         fresh = {id(b): outs[i] for i, b in enumerate(self.captured.outputs)}
         mapping: dict[int, Tensor] = {}
@@ -396,9 +406,6 @@ class TinyJit(Generic[ReturnType]):
 def _realize_pending() -> None:
     """Run the in-place writes still pending on any tensor (`w += 1` is lazy), so the kernels that follow read the
     memory they would read eagerly."""
-    from fusegrad.ir.ops import Ops
-    from fusegrad.tensor import Tensor
-    from fusegrad.views import _assign_owner
     if not _assign_owner: return
     pending = [t for r in list(_assign_owner.values()) if (t := r()) is not None and t.uop.op is Ops.ASSIGN]
     if pending: Tensor.realize(*pending)
@@ -409,11 +416,8 @@ def _realize_readers(mems: set[int]) -> None:
     value they were built with, as an eager call's write leaves them (views.py _preserve_old_values). Views of that
     memory are left alone: they see the write, as they do eagerly."""
     if not mems: return
-    from fusegrad.ir.ops import Ops
-    from fusegrad.tensor import Tensor, _all_tensors, _is_realized
-    from fusegrad.views import _view_chain
     lazy = []
-    for t in list(_all_tensors):   # once per replay over every live tensor: the common realized ones cost one test
+    for t in storage.live_tensors:   # once per replay over every live tensor: the common realized ones cost one test
         u = t.uop
         if u.op is Ops.BUFFER or (u.op is Ops.RESHAPE and u.src[0].op is Ops.BUFFER): continue
         if _is_realized(u) or (t._view is not None and _view_chain(u, t._view[1]) is not None): continue
@@ -423,9 +427,6 @@ def _realize_readers(mems: set[int]) -> None:
 
 def _rebind(shape: tuple[Any, ...], var_vals: dict[Any, int]) -> tuple[Any, ...]:
     """A captured output shape with its variables bound to this call's values."""
-    from fusegrad.ir.ops import Ops, UOp
-    from fusegrad.ir.pattern import substitute
-    from fusegrad.ir.shape import all_static
     if all_static(shape) or not var_vals: return shape
     def rebind(s: Any) -> Any:
         if not isinstance(s, UOp): return s
@@ -446,7 +447,6 @@ def _dedup_bufs(bufs: list[Buffer]) -> list[Buffer]:
 
 
 def _flatten_ret(ret: Any) -> list[Any]:
-    from fusegrad.tensor import Tensor
     if ret is None: return []
     if isinstance(ret, Tensor): return [ret]
     if isinstance(ret, (list, tuple)): return [t for r in ret for t in _flatten_ret(r)]
@@ -458,7 +458,6 @@ def _flatten_ret(ret: Any) -> list[Any]:
 
 
 def _map_ret(ret: Any, mapping: dict[int, Any]) -> Any:
-    from fusegrad.tensor import Tensor
     if ret is None: return None
     if isinstance(ret, Tensor): return mapping[id(ret)]
     if isinstance(ret, tuple): return tuple(_map_ret(r, mapping) for r in ret)

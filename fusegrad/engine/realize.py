@@ -17,6 +17,7 @@ from fusegrad.helpers import BEAM, CACHELEVEL, DEBUG, JITBEAM, MERGE_RANGES, NOO
     colored
 from fusegrad.helpers import CAPTURE_PROCESS_REPLAY  # process replay (fusegrad/replay)
 from fusegrad.dtype import dtypes
+from fusegrad.engine.capture import capturing
 from fusegrad.ir.ops import Ops, UOp
 from fusegrad.schedule import ScheduleItem
 
@@ -71,7 +72,6 @@ def _vars_json(spec: ProgramSpec) -> list | None:
 def _get_spec(ast: UOp, device: str) -> ProgramSpec:
     """The rendered program of a kernel: from the program disk cache, else by codegen (BEAM search first when asked)."""
     from fusegrad.codegen import to_program
-    from fusegrad.engine.jit import capturing
     dev = Device[device]
     opts = None
     amt = int(BEAM.value) or (int(JITBEAM.value) if capturing else 0)
@@ -169,7 +169,6 @@ item_hooks: list[Callable[[ScheduleItem], None]] = []
 
 
 def run_schedule(items: list[ScheduleItem]) -> None:
-    from fusegrad.engine.jit import capturing
     if capturing: capturing[-1].extend(items)
     st = time.perf_counter()
     kernels = 0

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from fusegrad import storage
 from fusegrad.dtype import dtypes
+from fusegrad.engine.capture import note_assign
 from fusegrad.helpers import ShapeError, argfix, prod
 
 if TYPE_CHECKING:
@@ -468,7 +469,6 @@ class MovementMixin:
         self.uop = UOp(Ops.ASSIGN, self.dtype, (target, val.uop), next(_unique_ids))
         storage.claim(self)
         _assign_owner[self.uop] = weakref.ref(self)
-        from fusegrad.engine.jit import note_assign
         note_assign(self)
         self._derived = x._derived
         _refresh_views(self)

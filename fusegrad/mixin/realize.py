@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from fusegrad import storage
 from fusegrad.device import Buffer, canonical_device as _canonical_device
 from fusegrad.dtype import ConstType, DType, dtypes
+from fusegrad.engine.capture import JitError, capturing, note_relayout
 from fusegrad.helpers import PROFILE, VIZ, dedup, prod
 from fusegrad.ir.ops import Ops, UOp, VarVals
 from fusegrad.ir.shape import all_static
@@ -105,7 +106,6 @@ class RealizeMixin:
     @classmethod
     def _realize_todo(cls: "type[Tensor]", todo: list["Tensor"], traced: bool = False) -> None:
         from fusegrad.engine.realize import run_schedule
-        from fusegrad.engine.jit import note_relayout
         from fusegrad.schedule import create_schedule
         # each tensor once (realize(a, a), two views of one lazy base): a second visit would find it realized already
         todo = list({id(t): t for t in _view_bases(todo)}.values())
@@ -119,7 +119,8 @@ class RealizeMixin:
             from fusegrad.viz.recorder import traced_schedule
             sched, results = traced_schedule(create_schedule, uops)
         else: sched, results = create_schedule(uops)
-        snap_ids = {id(u) for u in snaps}
+        # (the snapshots proper: a reader realized whole is an ordinary result, valid only until what it read is written)
+        snap_ids = {id(u) for u in snaps if u.op is Ops.CONTIGUOUS and type(u.arg) is int}
         # the buffers each target's graph reads (for the result cache and autograd history), walked now: after the
         # kernels ran, the graph is out of the CPU caches and the same walk takes about twice as long
         reads = {id(u): storage.buffers_read(u) for u in uops if u.op is not Ops.ASSIGN and id(u) not in snap_ids}
@@ -176,7 +177,6 @@ class RealizeMixin:
 
     def _buffer(self: "Tensor") -> Buffer:
         """The realized, contiguous buffer holding this tensor's data."""
-        from fusegrad.engine.jit import JitError, capturing
         if capturing:
             raise JitError("reading tensor data (.item()/.numpy()/.tolist()) inside a TinyJit function: the value "
                            "would be frozen into the capture. Return the tensor instead and read it outside")

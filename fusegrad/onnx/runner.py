@@ -9,14 +9,13 @@ from __future__ import annotations
 from typing import Any
 import numpy as np
 from fusegrad.tensor import Tensor
+from fusegrad.engine.capture import not_capturing
 from fusegrad.onnx.ops import OPS, attr_value, UnsupportedOp, to_tensor, onnx_dtype
 
 
 def read_constant(t: Tensor) -> np.ndarray:
     """Read a Tensor computed only from constants and static shapes. Inside a TinyJit capture the value is the same on
     every replay (TinyJit checks input shapes), so the read runs outside the capture instead of raising."""
-    from fusegrad.engine.jit import not_capturing
-
     with not_capturing():
         return t.numpy()
 

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from fusegrad import GlobalCounters, Tensor, TinyJit
+from fusegrad import Context, GlobalCounters, Tensor, TinyJit
 from fusegrad.engine.jit import JitError
 
 
@@ -24,6 +24,7 @@ def test_replay_matches_eager_and_outputs_are_fresh():
         np.testing.assert_allclose(o.numpy(), np.maximum(x @ w.numpy() + 1, 0), rtol=1e-5, atol=1e-6)
 
 
+@Context(JIT_VERIFY=0)   # counts a replay's kernels: a verified replay runs the eager call too
 def test_replay_runs_only_captured_kernels():
     @TinyJit
     def f(a, b): return ((a + b) * 2).sum(1).realize()
@@ -197,3 +198,66 @@ def test_symbolic_kv_cache_decode_step():
         np.testing.assert_allclose(out.numpy(), (a / a.sum()) @ ref_cache[:p + 1], rtol=1e-5, atol=1e-5)
     assert step.cnt == 8 and len(realize._programs) == compiled   # replays compile nothing
     np.testing.assert_allclose(cache.numpy(), ref_cache, rtol=1e-5, atol=1e-6)
+
+
+# ----- TinyJit(verify=N) / JIT_VERIFY=N: replays checked against the eager call -----
+
+def test_verify_raises_on_a_function_that_depends_on_python_state():
+    k = [0]
+    def f(x):
+        k[0] += 1
+        return (x * k[0]).realize()
+    jit = TinyJit(f, verify=2)
+    x = Tensor([1.0, 2.0]).realize()
+    jit(x); jit(x)
+    with pytest.raises(JitError, match=r"verify \(replay 1\): output 0 differs"): jit(x)
+
+
+def test_verify_names_the_state_tensor_that_differs():
+    w = Tensor([0.0, 0.0]).realize()
+    k = [0]
+    def f(x):
+        k[0] += 1
+        w.assign(w + k[0])
+        return (x + 1).realize()
+    jit = TinyJit(f, verify=1)
+    x = Tensor([1.0, 2.0]).realize()
+    jit(x); jit(x)
+    with pytest.raises(JitError, match=r"state tensor 0 \(2,\) written in place differs"): jit(x)
+
+
+def test_verify_passes_a_training_step_and_leaves_the_eager_state():
+    """A train step (BatchNorm running stats, Adam state, sampling on the device) verified on every replay: the same
+    losses and weights as without TinyJit. (It also caught a stale cache entry: a loss realized as a reader of the
+    weights the step overwrites was cached as a snapshot, so the verifying eager call read an old loss.)"""
+    from fusegrad import nn
+    def run(jit: bool, verify: int) -> tuple[list[float], list[float]]:
+        Tensor.manual_seed(2)
+        X = Tensor(np.random.default_rng(0).standard_normal((32, 3)).astype(np.float32))
+        Y = (X.sum(1) > 0).cast("int32")
+        lin, bn = nn.Linear(3, 4), nn.BatchNorm(4)
+        opt = nn.optim.Adam(nn.state.get_parameters([lin, bn]), lr=0.05)
+        def step():
+            with Tensor.train():
+                opt.zero_grad()
+                i = Tensor.randint(8, high=32)
+                loss = bn(lin(X[i])).sparse_categorical_crossentropy(Y[i]).backward()
+                return loss.realize(*opt.schedule_step())
+        f = TinyJit(step, verify=verify) if jit else step
+        losses = [f().item() for _ in range(6)]
+        return losses, lin.weight.flatten().tolist() + bn.running_mean.tolist()
+    (l1, w1), (l2, w2) = run(False, 0), run(True, 10)
+    np.testing.assert_allclose(l2, l1, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(w2, w1, rtol=1e-5, atol=1e-6)
+
+
+def test_jit_verify_flag():
+    k = [0]
+    def f(x):
+        k[0] += 1
+        return (x * k[0]).realize()
+    with Context(JIT_VERIFY=1):
+        jit = TinyJit(f)
+        x = Tensor([1.0]).realize()
+        jit(x); jit(x)
+        with pytest.raises(JitError, match="verify"): jit(x)
