@@ -18,6 +18,7 @@ from fusegrad import storage
 from fusegrad.device import Buffer, Device
 from fusegrad.dtype import DType, dtypes
 from fusegrad.helpers import prod
+from fusegrad.views import sole_holder
 
 if TYPE_CHECKING:
     from fusegrad.tensor import Tensor
@@ -142,6 +143,7 @@ def export(t: Tensor, max_version: tuple[int, int] | None, copy: bool | None) ->
     """`t.__dlpack__(...)`: share `t`'s buffer when it is a whole realized buffer in host memory, else a copy."""
     from fusegrad.tensor import _is_contiguous_buffer
     whole = _is_contiguous_buffer(t.realize().uop)
+    if whole and copy is not True: sole_holder(t)
     buf = t._buffer()
     shape = t._concrete_shape()
     versioned = max_version is not None and max_version[0] >= 1

@@ -60,7 +60,7 @@ realized = ResultCache()
 # the lazy graph a realized tensor with autograd history was computed from (for backward through realize)
 lazy_of: "weakref.WeakKeyDictionary[UOp, UOp]" = weakref.WeakKeyDictionary()
 # lazy_of's key -> the write count of each memory its lazy graph read, when it was computed
-_history_versions: "weakref.WeakKeyDictionary[UOp, dict[int, int]]" = weakref.WeakKeyDictionary()
+_history_versions: "weakref.WeakKeyDictionary[UOp, Reads]" = weakref.WeakKeyDictionary()
 # realized buffer of a leaf -> the unique node graphs built before the realize refer to (gradients still reach it)
 leaf_of: "weakref.WeakKeyDictionary[UOp, UOp]" = weakref.WeakKeyDictionary()
 # id(memory) -> the cached results (weak refs to `realized` keys) that read or hold that memory
@@ -182,7 +182,7 @@ def is_shared(buf: Buffer) -> bool:
 _owners: "weakref.WeakKeyDictionary[Buffer, weakref.ref[Any]]" = weakref.WeakKeyDictionary()
 
 
-def _held_memory(u: UOp) -> Buffer | None:
+def held_memory(u: UOp) -> Buffer | None:
     """The memory a tensor node holds or writes into: its (first) buffer under movement ops and pending writes."""
     if u.op is Ops.MULTI: u = u.src[0]
     if (b := buffers.get(target_buffer(u))) is None: return None
@@ -191,16 +191,16 @@ def _held_memory(u: UOp) -> Buffer | None:
 
 def claim(t: Any) -> None:
     """`t` owns the memory its node holds, unless a live tensor that still holds it owns it already."""
-    if (m := _held_memory(t.uop)) is None: return
-    if (r := _owners.get(m)) is not None and (o := r()) is not None and o is not t and _held_memory(o.uop) is m: return
+    if (m := held_memory(t.uop)) is None: return
+    if (r := _owners.get(m)) is not None and (o := r()) is not None and o is not t and held_memory(o.uop) is m: return
     _owners[m] = weakref.ref(t)
 
 
 def owns(t: Any) -> bool:
     """Whether a write to tensor `t` (not a view) may go into the memory its node holds: `t` owns it (unowned memory is
     claimed by its first writer)."""
-    if (m := _held_memory(t.uop)) is None: return False
-    if (r := _owners.get(m)) is not None and (o := r()) is not None and o is not t and _held_memory(o.uop) is m:
+    if (m := held_memory(t.uop)) is None: return False
+    if (r := _owners.get(m)) is not None and (o := r()) is not None and o is not t and held_memory(o.uop) is m:
         return False
     _owners[m] = weakref.ref(t)
     return True
@@ -251,20 +251,35 @@ def version(buf: Buffer) -> int:
     return _versions.get(memory_of(buf), 0)
 
 
+# The one rule of every cache and capture (docs/architecture.md, "Caches and captures: one rule"): what a cached value
+# read is recorded as (memory, write version) pairs, and the value is used only while they all still hold. `written`
+# is the one place a version moves. (The result cache applies the rule eagerly: `written` drops its entries at once.)
+Reads = tuple[tuple[int, int], ...]
+
+
+def read_versions(bufs: "list[Buffer] | tuple[Buffer, ...]") -> Reads:
+    """The (memory, write version) pairs of `bufs`, for a value computed from them now."""
+    return tuple((m, _versions.get(m, 0)) for m in dict.fromkeys(memory_of(b) for b in bufs))
+
+
+def still_valid(reads: Reads) -> bool:
+    """Whether none of the memory in `reads` was written since they were recorded."""
+    return all(_versions.get(m, 0) == v for m, v in reads)
+
+
 def record_history(new: UOp, old: UOp, reads: list[Buffer] | None = None) -> None:
     """`new` (a realized result) was computed by the lazy graph `old`: backward() differentiates through it. (`reads`:
     `buffers_read(old)` when the caller has it already.)"""
     lazy_of[new] = old
-    _history_versions[new] = {memory_of(b): version(b) for b in (buffers_read(old) if reads is None else reads)}
+    _history_versions[new] = read_versions(buffers_read(old) if reads is None else reads)
 
 
 def check_history(new: UOp) -> None:
     """Raise if memory the history of `new` read was written since (its gradient would use the new values)."""
-    for m, v in _history_versions.get(new, {}).items():
-        if _versions.get(m, 0) != v:
-            raise RuntimeError("one of the tensors needed for gradient computation has been modified by an in-place "
-                               "operation (assign, +=, an optimizer step) since the result was computed: call "
-                               "backward() before changing them, as in torch")
+    if not still_valid(_history_versions.get(new, ())):
+        raise RuntimeError("one of the tensors needed for gradient computation has been modified by an in-place "
+                           "operation (assign, +=, an optimizer step) since the result was computed: call "
+                           "backward() before changing them, as in torch")
 
 
 def prune() -> None:
@@ -281,7 +296,7 @@ def prune() -> None:
 # can't keep it: its entries live only while the lazy node does, and each call builds that node anew. Entries are
 # keyed weakly by the source BUFFER node (they go when it does) and then by the movement ops as plain data, so the
 # cache holds no lazy node; an entry remembers the source's write count and is void once that changes.
-_relayouts: "weakref.WeakKeyDictionary[UOp, dict[tuple, tuple[UOp, int, int]]]" = weakref.WeakKeyDictionary()
+_relayouts: "weakref.WeakKeyDictionary[UOp, dict[tuple, tuple[UOp, Reads]]]" = weakref.WeakKeyDictionary()
 # > 0 while TinyJit captures: the scheduler is served no derived value (a cached result or relayout: anything computed
 # from buffers), only identities (an executed write is its buffer; a unique node, such as a snapshot or a parameter's
 # initial value, is computed once). A capture must contain every kernel computing its results from its inputs and
@@ -309,7 +324,7 @@ def relayout_get(u: UOp) -> UOp | None:
     if (src := relayout_source(u)) is None or (d := _relayouts.get(src[0])) is None: return None
     if (hit := d.get(src[1])) is None: return None
     # void once the source or the copy itself (a tensor holding it, written in place) was written
-    if hit[1] != version(buffers[src[0]]) or hit[2] != version(buffers[hit[0].base]):
+    if not still_valid(hit[1]):
         del d[src[1]]
         return None
     return hit[0]
@@ -319,7 +334,7 @@ def relayout_put(u: UOp, value: UOp) -> None:
     """Remember that relayout `u` (see relayout_source) is held in `value` (a view of a buffer of its own). Not for
     memory written from outside fusegrad (DLPack, a file), whose writes no version counts."""
     if (src := relayout_source(u)) is not None and not is_shared(buffers[src[0]]) and not is_disk(buffers[src[0]]):
-        _relayouts.setdefault(src[0], {})[src[1]] = (value, version(buffers[src[0]]), version(buffers[value.base]))
+        _relayouts.setdefault(src[0], {})[src[1]] = (value, read_versions([buffers[src[0]], buffers[value.base]]))
 
 
 # cached_value(u) is None wherever the first gives None for a weak reference to u and u's op is not in the second:

@@ -257,6 +257,24 @@ def _substitute_outside_assigns(root: UOp, mapping: dict[UOp, UOp]) -> UOp:
     return memo[root]
 
 
+def sole_holder(t: "Tensor") -> None:
+    """Before `t`'s memory is shared outside fusegrad (DLPack), where writes can't be seen: every other live tensor
+    holding the same memory without being a view of `t` (the same result served to two tensors) gets a copy of its
+    own, so a write from outside reaches `t` and its views only. `t` then owns the memory."""
+    mem = storage.held_memory(t.uop)
+    if mem is None: return
+    others = []
+    for o in storage.live_tensors:
+        if o is t or storage.held_memory(o.uop) is not mem: continue
+        if o._view is not None and _view_chain(o.uop, o._view[1]) is not None: continue   # follows its base
+        others.append(o)
+    for o in others:
+        o.uop = o.clone().realize().uop
+        storage.claim(o)
+        _refresh_views(o)
+    storage.claim(t)
+
+
 # ----- writing into part of a DISK tensor (a file: runtime/ops_disk.py) -----
 
 def _realize_disk_readers(buf: Any) -> None:

@@ -122,7 +122,7 @@ class _Launch:
     slots: list[tuple[int, int]]  # (argument position, index into the per-call buffer list)
     item: ScheduleItem
     relayout: tuple[Buffer, Buffer] | None = None   # (source, copy) when the launch only re-lays-out a fixed buffer
-    done: tuple[int, int] | None = None   # the versions of (source, copy) right after the copy last ran
+    done: storage.Reads | None = None   # (source, copy) and their write versions right after the copy last ran
     bump: Buffer | None = None   # a fixed buffer this launch computes afresh: its version moves on every run
 
 
@@ -194,7 +194,7 @@ class CapturedJit:
                 if ln.bump is not None: storage.written(ln.bump)
                 continue
             if ln.relayout is not None:
-                if ln.done == (storage.version(ln.relayout[0]), storage.version(ln.relayout[1])): continue
+                if ln.done is not None and storage.still_valid(ln.done): continue
             args = list(ln.args)
             for k, i in ln.slots: args[k] = per_call[i].opaque
             if ln.prg.spec.vars:  # symbolic sizes: this call's values (variables not in the inputs keep theirs)
@@ -207,7 +207,7 @@ class CapturedJit:
             if ln.item.inplace: storage.written(per_call[ln.slots[0][1]] if ln.slots and ln.slots[0][0] == 0
                                                 else ln.item.bufs[0])   # cached results read the old contents
             if ln.bump is not None: storage.written(ln.bump)
-            if ln.relayout is not None: ln.done = (storage.version(ln.relayout[0]), storage.version(ln.relayout[1]))
+            if ln.relayout is not None: ln.done = storage.read_versions(ln.relayout)
             GlobalCounters.kernel_count += 1
             GlobalCounters.global_ops += ln.prg.spec.ops
             GlobalCounters.global_mem += ln.prg.spec.mem

@@ -222,3 +222,22 @@ def test_gradient_accumulation_across_jitted_functions_matches_eager():
     np.testing.assert_allclose(jl, el, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(je, ee, rtol=1e-4, atol=1e-4)
     assert all(np.isfinite(jl)) and jl[-1] < jl[0]
+
+
+def test_dlpack_export_of_a_shared_result_does_not_alias_the_other_tensor():
+    """Two tensors with one graph realized together hold one buffer until either is written; exporting one through
+    DLPack (then writing it from NumPy) must not change the other."""
+    a, b = Tensor.zeros(3).contiguous(), Tensor.zeros(3).contiguous()
+    Tensor.realize(a, b)
+    arr = np.from_dlpack(b)
+    arr[:] = 7
+    assert a.tolist() == [0.0, 0.0, 0.0] and b.tolist() == [7.0, 7.0, 7.0]
+
+
+def test_dlpack_export_by_the_owner_does_not_alias_a_tensor_served_its_result():
+    x = Tensor([1.0, 2.0]).realize()
+    y1, y2 = x * 2, x * 2
+    y1.realize(); y2.realize()           # y2 is served y1's buffer
+    arr = np.from_dlpack(y1)
+    arr[:] = 0
+    assert y2.tolist() == [2.0, 4.0] and y1.tolist() == [0.0, 0.0]
