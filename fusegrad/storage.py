@@ -6,6 +6,10 @@ A BUFFER node names a piece of memory and stands for its *current* contents. The
 node to the node of the buffer holding its value; every entry remembers the buffers its value was computed from, and
 `written(buffer)` (called after every in-place write: a realize that ran an ASSIGN, a TinyJit replay) drops the
 entries that read or hold that buffer, so no later graph is ever served a value computed from older contents.
+
+Every cache and capture follows one rule, stated in docs/architecture.md ("Caches and captures: one rule"): write
+versions per memory (`written`, `read_versions`, `still_valid`), nothing cached from memory written outside fusegrad,
+fresh buffers never shared by value (`claim`/`owns`), no derived value captured by TinyJit (`derived_off`).
 """
 from __future__ import annotations
 

@@ -9,6 +9,8 @@ Everything that would make a replay silently wrong is checked and raises JitErro
   - reading tensor data (.item(), .numpy(), .tolist()) while capturing (the value would be frozen);
   - the same buffer passed twice, or nested TinyJit calls.
 Outputs get fresh buffers on every replay, so a tensor returned earlier is never overwritten by a later call.
+A capture holds no derived value as a constant (docs/architecture.md, "Caches and captures: one rule"), and
+`verify=N` / JIT_VERIFY=N checks the first N replays against eager calls.
 State updated in place (assign: optimizer parameters, BatchNorm running stats, the RNG counter) advances on every replay.
 """
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Schedule cache: a graph structurally identical to an earlier one reuses its schedule.
+"""Schedule cache: a graph structurally identical to an earlier one reuses its schedule. (It keeps no values, so the
+one rule of caches, docs/architecture.md "Caches and captures: one rule", holds trivially: buffers are placeholders.)
 
 The scheduler's work (splitting reduces, lowering every kernel by index propagation, ordering, memory planning) depends
 only on the graph's structure, never on which memory its BUFFER nodes name or on the values of bound variables. So
