@@ -10,11 +10,11 @@ import importlib
 import json
 import os
 import pkgutil
-import tempfile
 from typing import Any, Callable
 
 from fusegrad.dtype import DType, dtypes
-from fusegrad.helpers import CACHELEVEL, DEBUG, DEV, GlobalCounters, cache_dir, hash_bytes
+from fusegrad import diskcache
+from fusegrad.helpers import DEBUG, DEV, GlobalCounters, hash_bytes
 
 
 class _Device:
@@ -220,7 +220,7 @@ class Buffer:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# compile cache: one file per entry, written atomically, verified by checksum on read
+# compile cache: one SQLite file per cache directory (diskcache.py), entries checked by checksum on read
 
 class CompileError(Exception):
     pass
@@ -228,27 +228,12 @@ class CompileError(Exception):
 
 def diskcache_del(table: str, key: str) -> None:
     """Evict an entry (one that passed its checksum but turned out unusable); missing is fine."""
-    try: os.unlink(os.path.join(cache_dir(), table, key))
-    except OSError: pass
+    diskcache.delete(table, key)
 
 
 def diskcache_get(table: str, key: str) -> bytes | None:
-    if CACHELEVEL < 1: return None
-    path = os.path.join(cache_dir(), table, key)
-    try:
-        with open(path, "rb") as f: blob = f.read()
-    except OSError:
-        return None
-    digest, payload = blob[:64], blob[64:]
-    if digest.decode(errors="replace") != hash_bytes(payload):
-        if DEBUG >= 1: print(f"corrupt cache entry {path}, recompiling")
-        return None
-    if (check := CACHE_VALIDATORS.get(table)) is not None and not check(payload):
-        # the checksum matched but the entry can't be used (written by another version, ...): evict, so it is redone
-        if DEBUG >= 1: print(f"unusable cache entry {path}, evicting")
-        diskcache_del(table, key)
-        return None
-    return payload
+    """The cached payload, or None (missing, damaged, or unusable for `table`: then evicted, so it is redone)."""
+    return diskcache.get(table, key, CACHE_VALIDATORS.get(table))
 
 
 def _valid_program(payload: bytes) -> bool:
@@ -265,18 +250,7 @@ CACHE_VALIDATORS: dict[str, Callable[[bytes], bool]] = {"program": _valid_progra
 
 
 def diskcache_put(table: str, key: str, payload: bytes) -> None:
-    if CACHELEVEL < 1: return
-    d, tmp = os.path.join(cache_dir(), table), None
-    try:
-        os.makedirs(d, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-")
-        with os.fdopen(fd, "wb") as f: f.write(hash_bytes(payload).encode() + payload)
-        os.replace(tmp, os.path.join(d, key))  # atomic: readers see the old file or the whole new one
-    except OSError as e:
-        if tmp is not None:  # a failed write (full disk, ...) leaves no .tmp- file behind
-            try: os.unlink(tmp)
-            except OSError: pass
-        if DEBUG >= 1: print(f"could not write compile cache {d}: {e}")
+    diskcache.put(table, key, payload)
 
 
 class Compiler:

@@ -224,7 +224,8 @@ def report(timeout: float) -> int:
     """Print the report; 0 when the default device works, else 1."""
     import fusegrad
     from fusegrad.device import Device
-    from fusegrad.helpers import cache_dir
+    from fusegrad import diskcache
+    from fusegrad.helpers import CACHE_MAX_MB, cache_dir
     try: version = importlib.metadata.version("fusegrad")
     except importlib.metadata.PackageNotFoundError: version = "not installed (imported from source)"
     print(f"fusegrad   {version} ({pathlib.Path(fusegrad.__file__).parent})")
@@ -247,8 +248,18 @@ def report(timeout: float) -> int:
             print(f"    {'ok  ' if p.found else 'MISS'} {p.what}: " + (p.found if p.found else f"fix: {p.fix}"))
     root = cache_dir()
     usage = cache_usage(root)
-    print(f"\ncaches  {root}  {_size(sum(u[2] for u in usage))}")
-    print("  (kernels per backend and compiler, rendered programs, datasets; delete a folder to clear it)")
+    db = diskcache.stats()
+    db_bytes = os.path.getsize(diskcache.db_path()) if db is not None else 0
+    print(f"\ncaches  {root}  {_size(sum(u[2] for u in usage) + db_bytes)}")
+    cap = int(CACHE_MAX_MB.value)
+    if db is not None:
+        print(f"  compile cache {diskcache.DB_NAME}: {db[0]} entries, {_size(db[1])} of the {cap} MB cap "
+              "(CACHE_MAX_MB; least recently used entries go past it; delete the file to clear it)")
+        for table, (n, size) in sorted(db[2].items(), key=lambda kv: -kv[1][1]):
+            print(f"    {table:26s} {n:7d} entries {_size(size):>9s}")
+    else: print(f"  compile cache {diskcache.DB_NAME}: none yet (cap {cap} MB, CACHE_MAX_MB)")
+    if usage: print("  other folders (datasets, downloads; a kernel folder is the old one-file-per-entry cache, unused "
+                    "now: delete it)")
     for name, n, size in usage: print(f"  {name:28s} {n:7d} files  {_size(size):>9s}")
     known = env_vars_read()
     set_here = sorted(k for k in known if k in os.environ)

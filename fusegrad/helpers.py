@@ -103,6 +103,7 @@ JIT_VERIFY = ContextVar("JIT_VERIFY", 0)  # N: each of a TinyJit's first N repla
 DEV = ContextVar("DEV", "")
 SPEC = ContextVar("SPEC", 0)
 CACHELEVEL = ContextVar("CACHELEVEL", 2)
+CACHE_MAX_MB = ContextVar("CACHE_MAX_MB", 1024)  # the compile cache's size cap (diskcache.py): LRU eviction past it
 SCHEDULE_CACHE = ContextVar("SCHEDULE_CACHE", 1)  # 0: schedule every graph from scratch (schedule/cache.py)
 SPLIT_REDUCE = ContextVar("SPLIT_REDUCE", 32768)  # shortest reduce split into two kernels (schedule/split.py); 0: off
 MERGE_RANGES = ContextVar("MERGE_RANGES", 1)   # 0: keep every loop of a kernel as its shape gives it (codegen/merge.py)

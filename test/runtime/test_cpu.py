@@ -1,12 +1,14 @@
-"""CPU backend: compiler discovery, the on-disk compile cache (atomic writes, corrupt entries), device selection."""
+"""CPU backend: compiler discovery, the on-disk compile cache (one SQLite file: corrupt entries, size cap, a damaged
+file), device selection."""
 import os
+import sqlite3
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from fusegrad import Device, Tensor
+from fusegrad import Context, Device, Tensor, diskcache
 from fusegrad.device import diskcache_get, diskcache_put
 from fusegrad.runtime.ops_cpu import CPUCompiler, find_compiler
 
@@ -34,26 +36,56 @@ def test_missing_cc_env_is_an_error(monkeypatch):
         find_compiler()
 
 
+def _db(tmp_path):
+    return sqlite3.connect(str(tmp_path / "fusegrad" / "cache.db"))
+
+
 def test_cache_roundtrip_and_corruption(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     diskcache_put("t", "k", b"payload")
-    files = list((tmp_path / "fusegrad" / "t").iterdir())
-    assert [f.name for f in files] == ["k"]  # no temp file left behind
+    assert sorted(f.name for f in (tmp_path / "fusegrad").iterdir() if not f.name.startswith("cache.db-")) == \
+        ["cache.db"]   # one file (and SQLite's write-ahead log beside it), not a file per entry
     assert diskcache_get("t", "k") == b"payload"
-    (tmp_path / "fusegrad" / "t" / "k").write_bytes(b"garbage that is not a valid entry")
-    assert diskcache_get("t", "k") is None   # corrupt -> miss, so the caller recompiles
+    with _db(tmp_path) as db: db.execute("UPDATE entries SET payload=? WHERE key='k'", (b"garbage",))
+    assert diskcache_get("t", "k") is None   # corrupt -> miss (and evicted), so the caller recompiles
+    with _db(tmp_path) as db: assert db.execute("SELECT COUNT(*) FROM entries").fetchone()[0] == 0
 
 
 def test_compile_cached_recompiles_corrupt_entry(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     comp = CPUCompiler()
     lib = comp.compile_cached(SRC)
-    d = tmp_path / "fusegrad" / comp.cachekey
-    (entry,) = list(d.iterdir())
-    entry.write_bytes(entry.read_bytes()[:100])  # truncated write
+    with _db(tmp_path) as db:
+        (key, payload), = db.execute("SELECT key, payload FROM entries WHERE tbl=?", (comp.cachekey,)).fetchall()
+        db.execute("UPDATE entries SET payload=? WHERE key=?", (payload[:100], key))   # a truncated write
     lib2 = comp.compile_cached(SRC)
     assert lib2 == lib  # recompiled and identical
-    assert diskcache_get(comp.cachekey, entry.name) == lib
+    assert diskcache_get(comp.cachekey, key) == lib
+
+
+def test_cache_size_cap_evicts_least_recently_used(tmp_path, monkeypatch):
+    """CACHE_MAX_MB caps the cache: past it, the entries used longest ago go first."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(diskcache, "_TOUCH_S", 0.0)   # every read marks its entry used
+    with Context(CACHE_MAX_MB=1):
+        blob = bytes(100_000)
+        diskcache_put("t", "keep", blob)
+        for i in range(40):
+            diskcache_put("t", f"k{i}", blob)
+            assert diskcache_get("t", "keep") == blob   # used all along: never the least recently used
+        n, size, _ = diskcache.stats()
+        assert size <= (1 << 20) + 32 * len(blob) and n < 41
+        assert diskcache_get("t", "k0") is None and diskcache_get("t", "keep") == blob
+
+
+def test_unreadable_cache_file_is_moved_aside(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    (tmp_path / "fusegrad").mkdir()
+    (tmp_path / "fusegrad" / "cache.db").write_bytes(b"this is not an SQLite database" * 100)
+    diskcache.close_all()
+    diskcache_put("t", "k", b"v")
+    assert diskcache_get("t", "k") == b"v"
+    assert any(f.name.startswith("cache.db.corrupt-") for f in (tmp_path / "fusegrad").iterdir())
 
 
 def test_cache_key_includes_compiler_and_cpu():
@@ -176,7 +208,7 @@ def test_compile_batch_one_object_for_several_kernels(tmp_path, monkeypatch):
     monkeypatch.setattr(ops_cpu, "_batch_libs", {})
     monkeypatch.setattr(ops_cpu, "_batch_objs", {})
     bkey = libs[0][len(ops_cpu.BATCH_REF):].split(b":")[0].decode()
-    (tmp_path / "fusegrad" / comp.cachekey / bkey).unlink()
+    diskcache.delete(comp.cachekey, bkey)
     lib = comp.compile_cached(BATCH_SRCS[0][1])
     assert not lib.startswith(ops_cpu.BATCH_REF) and _run_add(lib, "k") == 2.0
     assert diskcache_get(comp.cachekey, hash_bytes(BATCH_SRCS[0][1])) == lib

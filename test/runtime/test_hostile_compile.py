@@ -1,12 +1,14 @@
 """The CPU compiler and kernel cache against a hostile environment: hanging, missing, blank or silent compilers,
 unusable cache entries, full disks and noexec temp directories. Each gives a clear error or repairs itself."""
 import os
+import sqlite3
 import subprocess
 import sys
 import time
 
 import pytest
 
+from fusegrad import diskcache
 from fusegrad.device import CompileError, diskcache_put
 from fusegrad.helpers import hash_bytes
 from fusegrad.runtime import ops_cpu
@@ -58,37 +60,37 @@ def run_child(env: dict) -> subprocess.CompletedProcess:
                           env={**base, "DEV": "CPU", **env})
 
 
+def _set_payloads(tmp_path, where: str, payload: bytes) -> int:
+    """Overwrite every cache entry of the tables matching `where` with `payload` and a checksum that matches it."""
+    with sqlite3.connect(str(tmp_path / "fusegrad" / "cache.db")) as db:
+        return db.execute(f"UPDATE entries SET payload=?, digest=?, size=? WHERE {where}",
+                          (payload, hash_bytes(payload), len(payload))).rowcount
+
+
 def test_unusable_cache_entries_are_repaired(tmp_path):
     env = {"XDG_CACHE_HOME": str(tmp_path)}
     assert run_child(env).stdout.strip() == "[4.0, 7.0]"
-    entries = [os.path.join(r, f) for r, _, fs in os.walk(tmp_path) for f in fs if "cpu_" in r]
-    programs = [os.path.join(r, f) for r, _, fs in os.walk(tmp_path) for f in fs if r.endswith("program")]
-    assert entries and programs
     for bad in (b"{not json", b'{"name": "x"}', b'[1, 2]'):   # the engine's rendered-program cache
-        for e in programs:
-            with open(e, "wb") as f: f.write(hash_bytes(bad).encode() + bad)
+        assert _set_payloads(tmp_path, "tbl = 'program'", bad)
         for _ in range(2):
             r = run_child(env)
             assert r.stdout.strip() == "[4.0, 7.0]", r.stderr[-3000:]
     for bad in (b"not an ELF file", b"FUSEGRAD-BATCH-REF:x:y:z", b"FUSEGRAD-BATCH-REF:\xff"):
-        for e in entries:   # checksums that match, contents that can't be loaded
-            with open(e, "wb") as f: f.write(hash_bytes(bad).encode() + bad)
+        # checksums that match, contents that can't be loaded
+        assert _set_payloads(tmp_path, "tbl LIKE 'cpu_%'", bad)
         for _ in range(2):  # the first run repairs the cache, the second uses the repaired entries
             r = run_child(env)
             assert r.stdout.strip() == "[4.0, 7.0]", r.stderr[-3000:]
 
 
-def test_failed_cache_write_leaves_no_tmp_files(tmp_path, monkeypatch):
+def test_unwritable_cache_is_skipped(tmp_path, monkeypatch):
+    """A cache directory that can't be made (a file stands where it should be) means no cache, not an error."""
+    (tmp_path / "fusegrad").write_text("a file, not a directory")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-
-    class Full:
-        def __init__(self, fd, mode): os.close(fd)
-        def __enter__(self): return self
-        def __exit__(self, *a): return False
-        def write(self, b): raise OSError(28, "No space left on device")
-    monkeypatch.setattr("fusegrad.device.os.fdopen", Full)
+    diskcache.close_all()
     for i in range(5): diskcache_put("t", f"k{i}", b"payload")
-    assert [f for _, _, fs in os.walk(tmp_path) for f in fs] == []
+    assert diskcache.get("t", "k0") is None
+    assert CPUCompiler().compile_cached(SRC)   # compiles all the same
 
 
 def test_noexec_tmpdir_says_what_to_change(monkeypatch):
