@@ -561,8 +561,8 @@ def fetch(url: str | os.PathLike, name: str | os.PathLike | None = None, subdir:
     defaults to a hash of the URL and its last path part. A `name` that is a Path or holds a "/" is the whole
     destination; otherwise the path must stay inside the downloads folder (ValueError for an absolute `subdir`, a
     `..`, or a symlink below the folder leading out). A later call finds the file there and doesn't download again
-    (unless allow_caching=False or $DISABLE_HTTP_CACHE is set). Downloads are written to a temporary file, then renamed into place, with a progress
-    bar on stderr. `sha256` (hex) checks the bytes as served: a mismatch removes the file and raises ValueError (a
+    (unless allow_caching=False or $DISABLE_HTTP_CACHE is set). Downloads are written to a temporary file, then
+    renamed into place, with a progress bar on stderr. `sha256` (hex) checks the bytes as served: a mismatch removes the file and raises ValueError (a
     cached file is checked too, and downloaded again if it fails, except a gunzipped one, checked only on download).
     `gunzip` stores the decompressed data. A local path (or a file:// URL) is returned as it is (gunzip=True
     decompresses it into the cache instead). `timeout` (seconds) bounds the whole opening, name lookup included, and
