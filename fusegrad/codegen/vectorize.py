@@ -30,6 +30,14 @@ from fusegrad.ir.pattern import substitute_each
 from fusegrad.ir.symbolic import simplify, split_terms
 
 
+def reduce_start(op: Ops, first: UOp) -> UOp:
+    """The first term of a reduce written out without a loop (a fully unrolled range, the lanes of a horizontal sum).
+    A float sum starts from +0.0 as a loop's accumulator does (and torch's), so a sum of -0.0s is +0.0, not -0.0."""
+    if op is Ops.ADD and dtypes.is_float(first.dtype):
+        return UOp(Ops.ADD, first.dtype, (UOp.const(first.dtype, 0.0), first))
+    return first
+
+
 def broadcast(x: UOp, width: int) -> UOp:
     if x.dtype.count == width: return x
     return UOp(Ops.VECTORIZE, x.dtype.vec(width), (x,) * width)
@@ -136,6 +144,7 @@ def vectorize_range(ast: UOp, rng: UOp, width: int, masked_loads: bool = False) 
             rngs = tuple(outer if r is rng else new[r] for r in n.src[1:] if r is not rng or outer is not None)
             part = UOp(Ops.REDUCE, val.dtype, (val, *rngs), n.arg) if rngs else val
             acc = UOp(Ops.GEP, n.dtype, (part,), 0)
+            if not rngs: acc = reduce_start(n.arg, acc)   # no loop accumulator before the lanes
             for i in range(1, width): acc = UOp(n.arg, n.dtype, (acc, UOp(Ops.GEP, n.dtype, (part,), i)))
             new[n] = acc
         elif n not in dep:
