@@ -20,7 +20,7 @@ from fusegrad.dtype import dtypes
 from fusegrad.helpers import prod
 from fusegrad.ir.symbolic import pm_symbolic, split_terms
 from fusegrad.renderer import Renderer
-from fusegrad.codegen.vectorize import interval_gate, reduce_start, vectorize_range
+from fusegrad.codegen.vectorize import close_reduce, interval_gate, vectorize_range
 
 
 @dataclass(frozen=True)
@@ -42,9 +42,10 @@ def unroll_reduces(ast: UOp, ranges: tuple[UOp, ...], rng: UOp, amount: int, nex
     for red in ast.toposort():
         if red.op is not Ops.REDUCE or red.src[1:] != ranges: continue
         parts = substitute_each(red.src[0], rng, [base + i for i in range(amount)])
-        acc = parts[0] if new_rngs else reduce_start(red.arg, parts[0])   # no loop accumulator left
+        acc = parts[0]
         for p in parts[1:]: acc = UOp(red.arg, red.dtype, (acc, p))
-        mapping[red] = UOp(Ops.REDUCE, red.dtype, (acc,) + new_rngs, red.arg) if new_rngs else acc
+        mapping[red] = UOp(Ops.REDUCE, red.dtype, (acc,) + new_rngs, red.arg) if new_rngs else \
+            close_reduce(red.arg, acc)   # no loop accumulator left
     return substitute(ast, mapping)
 
 
