@@ -562,8 +562,9 @@ def fetch(url: str | os.PathLike, name: str | os.PathLike | None = None, subdir:
     destination; otherwise the path must stay inside the downloads folder (ValueError for an absolute `subdir`, a
     `..`, or a symlink below the folder leading out). A later call finds the file there and doesn't download again
     (unless allow_caching=False or $DISABLE_HTTP_CACHE is set). Downloads are written to a temporary file, then
-    renamed into place, with a progress bar on stderr. `sha256` (hex) checks the bytes as served: a mismatch removes the file and raises ValueError (a
-    cached file is checked too, and downloaded again if it fails, except a gunzipped one, checked only on download).
+    renamed into place, with a progress bar on stderr. `sha256` (hex) checks the bytes as served: a mismatch removes
+    the file and raises ValueError (a cached file is checked too, and downloaded again if it fails, except a
+    gunzipped one, checked only on download).
     `gunzip` stores the decompressed data. A local path (or a file:// URL) is returned as it is (gunzip=True
     decompresses it into the cache instead). `timeout` (seconds) bounds the whole opening, name lookup included, and
     each read. A failed download raises DownloadError naming the URL and where to put the file by hand.
