@@ -561,10 +561,12 @@ def fetch(url: str | os.PathLike, name: str | os.PathLike | None = None, subdir:
 
     The file goes to `cache_dir()/downloads/[subdir/]name` ($XDG_CACHE_HOME/fusegrad or ~/.cache/fusegrad); `name`
     defaults to a hash of the URL and its last path part. A `name` that is a Path or holds a "/" is the whole
-    destination. A later call finds the file there and doesn't download again (unless allow_caching=False or
-    $DISABLE_HTTP_CACHE is set). Downloads are written to a temporary file, then renamed into place, with a progress
-    bar on stderr. `sha256` (hex) checks the bytes as served: a mismatch removes the file and raises ValueError (a
-    cached file is checked too, and downloaded again if it fails, except a gunzipped one, checked only on download).
+    destination; otherwise the path must stay inside the downloads folder (ValueError for an absolute `subdir`, a
+    `..`, or a symlink below the folder leading out). A later call finds the file there and doesn't download again
+    (unless allow_caching=False or $DISABLE_HTTP_CACHE is set). Downloads are written to a temporary file, then
+    renamed into place, with a progress bar on stderr. `sha256` (hex) checks the bytes as served: a mismatch removes
+    the file and raises ValueError (a cached file is checked too, and downloaded again if it fails, except a
+    gunzipped one, checked only on download).
     `gunzip` stores the decompressed data. A local path (or a file:// URL) is returned as it is (gunzip=True
     decompresses it into the cache instead). `timeout` (seconds) bounds the whole opening, name lookup included, and
     each read. A failed download raises DownloadError naming the URL and where to put the file by hand.
@@ -574,16 +576,18 @@ def fetch(url: str | os.PathLike, name: str | os.PathLike | None = None, subdir:
     >>> fetch(p) == p
     True
     """
+    whole = name is not None and (isinstance(name, os.PathLike) or "/" in name or os.sep in name)
+    _check_cache_parts(subdir, None if whole else (name or None))
     local = _local_path(url)
     if allow_caching is None: allow_caching = not os.getenv("DISABLE_HTTP_CACHE")
     if local is not None: return _fetch_local(local, gunzip, sha256)
     assert isinstance(url, str)
     last = url.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
-    if name is not None and (isinstance(name, os.PathLike) or "/" in name or os.sep in name):
+    if whole:
         fp = pathlib.Path(name).expanduser()
     else:
         default = f"{hash_bytes(url)[:16]}-{last or 'download'}" + (".gunzip" if gunzip else "")
-        fp = pathlib.Path(cache_dir(), "downloads", subdir or "", name or default)
+        fp = _download_path(subdir, name or default)
     if allow_caching and fp.is_file():
         if sha256 is None or gunzip: return fp
         try:  # a cached file that fails the check (an older version, a hand-copied file) is downloaded again
@@ -605,6 +609,31 @@ def fetch(url: str | os.PathLike, name: str | os.PathLike | None = None, subdir:
             _gunzip_to(raw, fp, url)
         finally:
             raw.unlink(missing_ok=True)
+    return fp
+
+
+def _check_cache_parts(subdir: str | None, name: str | None) -> None:
+    """ValueError for a `subdir` or plain `name` of fetch that would lead out of (or onto) the downloads folder."""
+    for what, part in (("subdir", subdir), ("name", name)):
+        if part is None: continue
+        pp = pathlib.PurePath(part)
+        if pp.is_absolute() or ".." in pp.parts or (what == "name" and pp.name in ("", ".")):
+            raise ValueError(f"fetch: {what}={str(part)!r} would leave the cache folder "
+                             f"{pathlib.Path(cache_dir(), 'downloads')}; pass a plain relative "
+                             f"{'folder' if what == 'subdir' else 'file name'} without '..' (or a Path as name to "
+                             "choose the whole destination)")
+
+
+def _download_path(subdir: str | None, name: str) -> pathlib.Path:
+    """`cache_dir()/downloads/[subdir/]name`, checked to stay inside that folder: ValueError for an absolute subdir,
+    a `..` part, a name that is empty, `.` or `..`, or a symlink below the folder that leads out of it."""
+    _check_cache_parts(subdir, name)
+    root = pathlib.Path(cache_dir(), "downloads")
+    fp = root / (subdir or "") / name
+    real_root, real = root.resolve(), fp.resolve()
+    if real == real_root or not real.is_relative_to(real_root):
+        raise ValueError(f"fetch: {fp} resolves to {real}, outside the cache folder {real_root} (a symlink below it "
+                         "leads out); remove the link or pass a Path as name to choose the destination")
     return fp
 
 

@@ -20,7 +20,7 @@ from fusegrad.dtype import dtypes
 from fusegrad.helpers import prod
 from fusegrad.ir.symbolic import pm_symbolic, split_terms
 from fusegrad.renderer import Renderer
-from fusegrad.codegen.vectorize import interval_gate, vectorize_range
+from fusegrad.codegen.vectorize import close_reduce, interval_gate, vectorize_range
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,8 @@ def unroll_reduces(ast: UOp, ranges: tuple[UOp, ...], rng: UOp, amount: int, nex
         parts = substitute_each(red.src[0], rng, [base + i for i in range(amount)])
         acc = parts[0]
         for p in parts[1:]: acc = UOp(red.arg, red.dtype, (acc, p))
-        mapping[red] = UOp(Ops.REDUCE, red.dtype, (acc,) + new_rngs, red.arg) if new_rngs else acc
+        mapping[red] = UOp(Ops.REDUCE, red.dtype, (acc,) + new_rngs, red.arg) if new_rngs else \
+            close_reduce(red.arg, acc)   # no loop accumulator left
     return substitute(ast, mapping)
 
 

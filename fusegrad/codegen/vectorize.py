@@ -30,6 +30,15 @@ from fusegrad.ir.pattern import substitute_each
 from fusegrad.ir.symbolic import simplify, split_terms
 
 
+def close_reduce(op: Ops, acc: UOp) -> UOp:
+    """The result of a reduce written out without a loop accumulator (a fully unrolled range, the lanes of a
+    horizontal sum). A loop's float sum starts from +0.0 (torch's too), so a sum of -0.0s is +0.0; `acc + 0.0` gives
+    exactly that (it only turns a -0.0 total into +0.0) and, added last, leaves the sum's own adds free to contract
+    into fused multiply-adds."""
+    if op is Ops.ADD and dtypes.is_float(acc.dtype): return UOp(Ops.ADD, acc.dtype, (acc, UOp.const(acc.dtype, 0.0)))
+    return acc
+
+
 def broadcast(x: UOp, width: int) -> UOp:
     if x.dtype.count == width: return x
     return UOp(Ops.VECTORIZE, x.dtype.vec(width), (x,) * width)
@@ -137,7 +146,7 @@ def vectorize_range(ast: UOp, rng: UOp, width: int, masked_loads: bool = False) 
             part = UOp(Ops.REDUCE, val.dtype, (val, *rngs), n.arg) if rngs else val
             acc = UOp(Ops.GEP, n.dtype, (part,), 0)
             for i in range(1, width): acc = UOp(n.arg, n.dtype, (acc, UOp(Ops.GEP, n.dtype, (part,), i)))
-            new[n] = acc
+            new[n] = acc if rngs else close_reduce(n.arg, acc)   # no loop accumulator before the lanes
         elif n not in dep:
             new[n] = n.replace(src=tuple(new[s] for s in n.src)) if n.src else n
         elif n in pure:

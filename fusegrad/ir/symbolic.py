@@ -285,6 +285,14 @@ def _gt_fold(c: UOp, x: UOp) -> UOp | None:
     return UOp(Ops.CMPLT, dtypes.bool, (UOp.const(x.dtype, c.arg - x.src[1].arg), x.src[0]))
 
 
+def _add_zero(x: UOp, c: UOp) -> UOp | None:
+    """x + 0 -> x, for floats only when the zero is -0.0: x + +0.0 is +0.0 for x = -0.0 (IEEE, and torch), so folding
+    it would turn -0.0 + 0.0 (and 0.0 - x at x = +0.0, built as 0.0 + -x) into -0.0."""
+    if isinstance(c.arg, tuple) or c.arg != 0: return None
+    if dtypes.is_float(c.dtype) and not math.copysign(1.0, c.arg) < 0: return None
+    return x
+
+
 x_, y_, c_, c2_ = UPat.var("x"), UPat.var("y"), UPat.cvar("c"), UPat.cvar("c2")
 
 pm_symbolic = PatternMatcher([
@@ -292,7 +300,7 @@ pm_symbolic = PatternMatcher([
     (UPat(GroupOp.ALU | {Ops.CAST}, name="x", src=UPat(Ops.CONST)), const_fold),  # op(c1, c2) -> c3
     (UPat(GroupOp.ALU | {Ops.CAST, Ops.RANGE, Ops.SPECIAL}, name="x"), bounds_fold),  # vmin == vmax -> const
     # identities
-    (x_ + 0, lambda x: x),                                                            # x+0 -> x
+    (x_ + c_, _add_zero),                                                             # x+0 -> x (floats: x+-0.0)
     (x_ * 1, lambda x: x),                                                            # x*1 -> x
     (x_ * 0, lambda x: UOp.const(x.dtype, 0) if _is_int(x) else None),               # x*0 -> 0 (ints only: NaN*0)
     (x_ // 1, lambda x: x),                                                           # x//1 -> x

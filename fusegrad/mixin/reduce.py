@@ -133,8 +133,10 @@ class ReduceMixin:
             ident = 0 if op is Ops.ADD else 1
             x = x.pad([(0, 1) if i in axes and s == 0 else (0, 0) for i, s in enumerate(self.shape)], value=ident)
         # reducing nothing still gives a new tensor (not a view of self: a later write to self doesn't change it)
-        out = x._apply(lambda u: build.reduce_axis(u, op, axes)) if any(x.shape[a] != 1 for a in axes) else \
-            type(self)._wrap(x.uop, x)
+        if any(x.shape[a] != 1 for a in axes): out = x._apply(lambda u: build.reduce_axis(u, op, axes))
+        # a sum starts from +0.0 (torch's too), so a sum of one -0.0 is +0.0: x + 0.0, which codegen doesn't fold
+        elif op is Ops.ADD and dtypes.is_float(x.dtype): out = x + 0.0
+        else: out = type(self)._wrap(x.uop, x)
         return out if keepdim else out.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
 
     def sum(self: "Tensor", axis: int | Sequence[int] | None = None, keepdim: bool = False,

@@ -3,6 +3,7 @@ splitting) and byte-level BPE for GPT-2. Text in, token ids out; the `tokenizers
 installed, and a pure-Python path that gives the same ids runs otherwise (or with backend="python")."""
 from __future__ import annotations
 
+import heapq
 import json
 import pathlib
 import unicodedata
@@ -256,6 +257,27 @@ def gpt2_pre_tokenize(text: str) -> list[str]:
     return out
 
 
+def bpe_merge(parts: list[str], ranks: dict[tuple[str, str], int]) -> list[str]:
+    """Apply BPE merges to a list of symbols: repeatedly join the adjacent pair with the lowest rank in `ranks` (the
+    leftmost such pair on ties) until no adjacent pair has a rank. Near-linear: a heap of candidate pairs ordered by
+    (rank, left position) and a doubly linked list of the live symbols."""
+    n = len(parts)
+    if n < 2: return parts
+    nxt, prv = list(range(1, n + 1)), list(range(-1, n - 1))   # nxt[i] == n: no symbol after i
+    heap = [(r, i) for i in range(n - 1) if (r := ranks.get((parts[i], parts[i + 1]))) is not None]
+    heapq.heapify(heap)
+    while heap:
+        r, i = heapq.heappop(heap)
+        j = nxt[i]
+        if parts[i] is None or j >= n or ranks.get((parts[i], parts[j])) != r: continue   # stale entry
+        parts[i], parts[j] = parts[i] + parts[j], None
+        nxt[i] = k = nxt[j]
+        if k < n: prv[k] = i
+        if (p := prv[i]) >= 0 and (rp := ranks.get((parts[p], parts[i]))) is not None: heapq.heappush(heap, (rp, p))
+        if k < n and (rk := ranks.get((parts[i], parts[k]))) is not None: heapq.heappush(heap, (rk, i))
+    return [p for p in parts if p is not None]
+
+
 class BPETokenizer:
     """GPT-2's byte-level BPE from vocab.json and merges.txt: `encode(text) -> ids`, `decode(ids) -> text`.
 
@@ -302,13 +324,13 @@ class BPETokenizer:
         return tok
 
     def _bpe(self, word: str) -> list[int]:
-        """Merge the lowest-ranked adjacent pair (leftmost first) until no pair has a merge."""
+        """Merge the lowest-ranked adjacent pair (leftmost first) until no pair has a merge.
+
+        O(n log n) in the word's length: candidate pairs wait in a heap keyed by (rank, position of the left symbol)
+        and the symbols form a linked list, so a merge touches only its two neighbours. An entry whose pair has since
+        changed (a neighbour merged away) is recognised when popped and dropped."""
         if word in self._cache: return self._cache[word]
-        parts = list(word)
-        while len(parts) > 1:
-            best = min(range(len(parts) - 1), key=lambda i: self.ranks.get((parts[i], parts[i + 1]), 1 << 62))
-            if (parts[best], parts[best + 1]) not in self.ranks: break
-            parts[best:best + 2] = [parts[best] + parts[best + 1]]
+        parts = bpe_merge(list(word), self.ranks)
         try:
             ids = [self.vocab[p] for p in parts]
         except KeyError as e:

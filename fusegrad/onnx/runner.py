@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 import numpy as np
 from fusegrad.tensor import Tensor
-from fusegrad.engine.capture import not_capturing
-from fusegrad.onnx.ops import OPS, attr_value, UnsupportedOp, to_tensor, onnx_dtype
+from fusegrad.engine.capture import capturing, not_capturing
+from fusegrad.onnx.ops import OPS, attr_value, UnsupportedOp, to_tensor, onnx_dtype, check_input_dtype, onnx_np_dtype
 
 
 def read_constant(t: Tensor) -> np.ndarray:
@@ -38,6 +38,15 @@ class Ctx:
             return self.npscope[name]
         v = self.scope[name]
         return None if v is None else v.numpy()
+
+    def index_values(self, i: int) -> np.ndarray | None:
+        """Input i (an index tensor) as numpy, for a range check: free for a constant; a runtime tensor is realized
+        (one sync and a copy of the indices to the host). None while a TinyJit captures, where reading would freeze
+        the value into the capture (docs/onnx.md: replays do not check)."""
+
+        if self.node.input[i] not in self.npscope and capturing:
+            return None
+        return self.np(i)
 
     def ints(self, i: int) -> list[int] | None:
         v = self.np(i)
@@ -99,14 +108,20 @@ class OnnxRunner:
         return outs
 
     def _input_value(self, v: Any, vinfo: Any) -> Any:
+        dt = vinfo.type.tensor_type.elem_type if vinfo is not None and vinfo.type.HasField("tensor_type") else None
+        if isinstance(v, Tensor) and dt:
+            check_input_dtype(vinfo.name, dt, v.dtype)
         if v is None or isinstance(v, Tensor):
             return v
         if isinstance(v, list):
             return [self._input_value(x, None) for x in v]
         arr = np.asarray(v)
+        if dt and isinstance(v, np.ndarray | np.generic):
+            check_input_dtype(vinfo.name, dt, arr.dtype)
         if arr.dtype.kind in "OSU":
             return arr.astype(object)
-        dt = vinfo.type.tensor_type.elem_type if vinfo is not None and vinfo.type.HasField("tensor_type") else None
+        if dt and not isinstance(v, np.ndarray | np.generic) and dt != 8:
+            arr = np.asarray(v, dtype=onnx_np_dtype(dt))  # a Python scalar or list has no dtype: take the declared one
         return to_tensor(arr, dt, self.device)
 
     def run_graph(self, graph: Any, scope: dict, npscope: dict, fold: bool = False) -> dict[str, Any]:

@@ -174,3 +174,46 @@ def test_local_paths_pass_through(tmp_path: pathlib.Path, monkeypatch: pytest.Mo
     out = fetch(g, gunzip=True)
     assert out.read_bytes() == b"abc" and out.parent == tmp_path / "xdg" / "fusegrad" / "downloads"
     with pytest.raises(TypeError, match="expected a URL or a path"): fetch(3)  # type: ignore[arg-type]
+
+
+def _all_files(root: pathlib.Path) -> set[pathlib.Path]:
+    return {p for p in root.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize("kw", [{"subdir": "../.."}, {"subdir": ".."}, {"subdir": "a/../../b"}, {"name": ".."},
+                                {"name": "."}, {"subdir": "/tmp"}, {"subdir": "ok", "name": ".."}])
+def test_paths_stay_inside_the_cache(server: Server, tmp_path: pathlib.Path, kw: dict) -> None:
+    """subdir/name can't lead out of cache_dir()/downloads: ValueError naming the argument, nothing requested or
+    written anywhere under tmp_path (the cache lives there)."""
+    before = _all_files(tmp_path)
+    key = next(iter(kw)) if len(kw) == 1 else "name"
+    with pytest.raises(ValueError, match=rf"fetch: {key}=.* would leave the cache folder"):
+        fetch(server.url + "/weights.bin", **kw)
+    assert server.requests == [] and _all_files(tmp_path) == before
+
+
+def test_file_url_with_escaping_subdir(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    g = tmp_path / "x.gz"
+    g.write_bytes(gzip.compress(b"abc"))
+    with pytest.raises(ValueError, match=r"fetch: subdir='\.\./\.\.' would leave the cache folder"):
+        fetch(g.as_uri(), subdir="../..", gunzip=True)
+
+
+def test_symlink_below_the_cache_leading_out(server: Server, tmp_path: pathlib.Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    downloads = tmp_path / "xdg" / "fusegrad" / "downloads"
+    downloads.mkdir(parents=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (downloads / "link").symlink_to(outside)
+    with pytest.raises(ValueError, match="outside the cache folder"):
+        fetch(server.url + "/weights.bin", subdir="link", name="w.bin")
+    assert list(outside.iterdir()) == [] and server.requests == []
+    # a symlinked cache root is fine (the containment check resolves both sides)
+    real = tmp_path / "real_cache"
+    real.mkdir()
+    (tmp_path / "xdg2").symlink_to(real)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg2"))
+    p = fetch(server.url + "/weights.bin", subdir="nested/dir", name="w.bin")
+    assert p.read_bytes() == FILES["/weights.bin"] and p.resolve().is_relative_to(real)

@@ -90,10 +90,17 @@ def test_int_overflow_wraps_like_int32():
     (r4 % 1, c(0)),
     (n * 0, c(0)),
     (fload * cf(1.0), fload),
-    (fload + cf(0.0), fload),
+    (fload + cf(-0.0), fload),           # x + -0.0 is x for every float x (x + +0.0 is not: see below)
 ])
 def test_identities(before, expected):
     assert simplify(before) is expected
+
+
+def test_float_plus_positive_zero_is_not_folded():
+    # -0.0 + 0.0 is +0.0 (IEEE, torch), so x + 0.0 -> x would keep a -0.0; ints still fold
+    assert simplify(fload + cf(0.0)) is not fload
+    assert simplify(cf(0.0) + fload) is not fload
+    assert simplify(r4 + 0) is r4
 
 
 def test_float_times_zero_is_not_folded():

@@ -12,10 +12,15 @@ from fusegrad.onnx.ops.base import (
     OPS,
     UnsupportedOp,
     attr_value,
+    check_input_dtype,
     onnx_dtype,
+    onnx_np_dtype,
     op,
     to_exotic,
     to_tensor,
 )
 
-__all__ = ["EXOTIC", "EXOTIC_NAMES", "OPS", "UnsupportedOp", "attr_value", "onnx_dtype", "op", "to_exotic", "to_tensor"]
+__all__ = [
+    "EXOTIC", "EXOTIC_NAMES", "OPS", "UnsupportedOp", "attr_value", "check_input_dtype", "onnx_dtype", "onnx_np_dtype",
+    "op", "to_exotic", "to_tensor",
+]

@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from fusegrad.dtype import dtypes
+from fusegrad.dtype import dtypes, from_np_dtype
 from fusegrad.tensor import Tensor
 
 OPS: dict[str, Callable] = {}
@@ -54,6 +54,38 @@ def onnx_dtype(t: int):
     if t not in m:
         raise NotImplementedError(f"ONNX elem_type {t} has no fusegrad dtype")
     return m[t]
+
+
+def onnx_np_dtype(t: int) -> np.dtype:
+    """ONNX TensorProto elem_type -> the numpy dtype onnx and onnxruntime use for it (ml_dtypes for exotic types)."""
+    from onnx import helper
+
+    return np.dtype(helper.tensor_dtype_to_np_dtype(t))
+
+
+def check_input_dtype(name: str, elem_type: int, given: Any) -> None:
+    """Raise TypeError when a graph input's value (numpy dtype or fusegrad dtype) is not the elem_type the model
+    declares for it; onnxruntime rejects such a feed too (INVALID_ARGUMENT), and computing in the given dtype would
+    change the results (an int64 feed to a FLOAT input turns Div into integer division)."""
+    from onnx import TensorProto
+
+    declared = TensorProto.DataType.Name(elem_type).lower() if elem_type in TensorProto.DataType.values() else elem_type
+    if isinstance(given, np.dtype):
+        ok = given.kind in "OSU" if elem_type == TensorProto.STRING else given == onnx_np_dtype(elem_type)
+        shown = given.name
+    else:  # a fusegrad dtype: exotic types are held in their storage dtype (see EXOTIC)
+        if elem_type == TensorProto.STRING:
+            ok = False
+        elif elem_type in EXOTIC:
+            ok = given == from_np_dtype(np.dtype(EXOTIC[elem_type]))
+        else:
+            ok = given == onnx_dtype(elem_type)
+        shown = str(given)
+    if not ok:
+        raise TypeError(
+            f"ONNX input {name!r} is declared {declared} but was given {shown}; convert it first (e.g. "
+            f"arr.astype(np.{onnx_np_dtype(elem_type).name})), as onnxruntime requires too"
+        )
 
 
 # ONNX types fusegrad has no dtype for (float8/float4/int4/int2 ...): held as float32 / int8 / uint8 Tensors whose

@@ -4,6 +4,7 @@ DepthToSpace, OneHot, Trilu, NonZero, Unique, CenterCropPad, TensorScatter, ..."
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -105,9 +106,31 @@ def _slice(ctx, x, starts=None, ends=None, axes=None, steps=None):
     return out
 
 
+def _check_indices(ctx, i: int, sizes: tuple, where: Any) -> None:
+    """Raise IndexError, as onnxruntime does (ONNX leaves the result undefined), when an index of input i is outside
+    [-n, n) for its dimension; without this an out-of-range index would read 0 or drop its write. `sizes` has one
+    size per index (Gather, *Elements) or one per entry of the last index axis (GatherND, ScatterND)."""
+    if not all(isinstance(s, int) for s in sizes):
+        return  # a symbolic size: the check needs the bound value
+    vals = ctx.index_values(i)
+    if vals is None or vals.size == 0:
+        return
+    vals = np.asarray(vals).astype(np.int64).reshape(-1, len(sizes))
+    n = np.array(sizes, dtype=np.int64)
+    bad = (vals < -n) | (vals >= n)
+    if bad.any():
+        row, col = np.argwhere(bad)[0]
+        n, dim = sizes[col], where(col) if callable(where) else where
+        raise IndexError(
+            f"ONNX {ctx.node.op_type} node {ctx.node.name!r}: index {int(vals[row, col])} is out of range for {dim} "
+            f"of size {n} (valid: {-n} to {n - 1})"
+        )
+
+
 @op("Gather")
 def _gather(ctx, x, idx, axis=0):
     a = _ax(axis, x.ndim)
+    _check_indices(ctx, 1, (x.shape[a],), f"axis {a}")
     ii = ctx.np(1) if ctx.node.input[1] in ctx.npscope else None
     if ii is not None and ii.ndim <= 1 and ii.size <= 64 and x.numel() > 0:
         vals = [int(v) + x.shape[a] if v < 0 else int(v) for v in ii.reshape(-1)]
@@ -123,6 +146,7 @@ def _gather(ctx, x, idx, axis=0):
 @op("GatherElements")
 def _gather_el(ctx, x, idx, axis=0):
     a = _ax(axis, x.ndim)
+    _check_indices(ctx, 1, (x.shape[a],), f"axis {a}")
     idx = idx.cast(dtypes.int64)
     idx = (idx < 0).where(idx + x.shape[a], idx)
     return x.gather(a, idx)
@@ -132,6 +156,7 @@ def _gather_el(ctx, x, idx, axis=0):
 def _gathernd(ctx, x, idx, batch_dims=0):
     idx = idx.cast(dtypes.int64)
     m = idx.shape[-1]
+    _check_indices(ctx, 1, tuple(x.shape[batch_dims : batch_dims + m]), lambda j: f"axis {batch_dims + j}")
     bshape = x.shape[:batch_dims]
     nb = math.prod(bshape)
     rest = x.shape[batch_dims + m :]
@@ -152,6 +177,7 @@ def _gathernd(ctx, x, idx, batch_dims=0):
 @op("Scatter", "ScatterElements")
 def _scatter_el(ctx, x, idx, upd, axis=0, reduction="none"):
     a = _ax(axis, x.ndim)
+    _check_indices(ctx, 1, (x.shape[a],), f"axis {a}")
     idx = idx.cast(dtypes.int64)
     idx = (idx < 0).where(idx + x.shape[a], idx)
     if reduction == "none":
@@ -164,12 +190,14 @@ def _scatter_el(ctx, x, idx, upd, axis=0, reduction="none"):
 def _scatternd(ctx, x, idx, upd, reduction="none"):
     m = idx.shape[-1]
     dims = x.shape[:m]
+    _check_indices(ctx, 1, tuple(dims), lambda j: f"axis {j}")
     rest = x.shape[m:]
     xf = x.reshape(math.prod(dims), math.prod(rest) if rest else 1)
     idf = idx.cast(dtypes.int64).reshape(-1, m)
     flat = Tensor.zeros(idf.shape[0], dtype=dtypes.int64)
     for j in range(m):
-        flat = flat * dims[j] + idf[:, j]
+        ij = idf[:, j]
+        flat = flat * dims[j] + (ij < 0).where(ij + dims[j], ij)  # negative indices count from the end (onnxruntime)
     uf = upd.reshape(idf.shape[0], xf.shape[1])
     fidx = flat.reshape(-1, 1).expand(idf.shape[0], xf.shape[1])
     if reduction == "none":
