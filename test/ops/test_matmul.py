@@ -88,9 +88,11 @@ def test_matmul_large_values():
     # which our float reduce kernels use like BLAS does, keeps the exact product and may give -inf. Both are non-finite.
     x, y = np.array([[1e20, 1e20]], np.float32), np.array([[1e20], [-1e20]], np.float32)
     assert not np.isfinite((Tensor(x) @ Tensor(y)).numpy()).any()
-    check_op(None, lambda x, y: x @ y, vals=[np.array([[1e20, 1e19]], np.float32), np.array([[1e19], [-1e20]],
-                                                                                              np.float32)],
-             forward_only=True)  # large but finite products: exact agreement
+    # large but finite products, exact in float32 (powers of two), so every summation order and FMA agree exactly.
+    # (1e20 * 1e19 overflows: torch gave inf or nan depending on the machine's matmul path)
+    check_op(None, lambda x, y: x @ y, vals=[np.array([[2.0**60, 2.0**59, 3.0]], np.float32),
+                                             np.array([[2.0**60], [-2.0**61], [2.0**100]], np.float32)],
+             forward_only=True)
     check_op(None, lambda x, y: x @ y, vals=[np.array([[np.nan, 1.0]], np.float32), np.array([[0.0], [2.0]],
                                                                                               np.float32)],
              forward_only=True)
