@@ -71,6 +71,15 @@ def sprod(xs: Sequence[sint]) -> sint:
     return smul(_static(_simp(sym)), n)
 
 
+def strides_for(shape: Sequence[int]) -> tuple[int, ...]:
+    """The row-major (contiguous) strides of `shape`, in elements."""
+    out, acc = [], 1
+    for s in reversed(shape):
+        out.append(acc)
+        acc *= s
+    return tuple(reversed(out))
+
+
 def sym_eq(a: sint, b: sint) -> bool:
     """Whether two sizes are equal for every value of their variables (as far as the simplifier can prove)."""
     if isinstance(a, int) and isinstance(b, int): return a == b

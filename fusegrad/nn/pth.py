@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 
 from fusegrad.dtype import DType, dtypes
 from fusegrad.helpers import prod
+from fusegrad.ir.shape import strides_for
 from fusegrad.nn._io import MAX_DIM, FormatError, Source, UnsafePickleError, tensor_from_bytes
 from fusegrad.tensor import Tensor
 
@@ -228,14 +229,6 @@ def _strided_bytes(data: memoryview, itemsize: int, offset: int, size: tuple[int
         return bytes(out)
 
 
-def _contiguous_strides(size: tuple[int, ...]) -> tuple[int, ...]:
-    out, acc = [], 1
-    for s in reversed(size):
-        out.append(acc)
-        acc *= s
-    return tuple(reversed(out))
-
-
 class _Materializer:
     """Turns the pending tensors of an unpickled object into Tensors: each view is checked against the bytes its storage
     really has, stride-0 dims become expand()s, identical views give the same Tensor, shared containers stay shared,
@@ -268,7 +261,7 @@ class _Materializer:
                 raise src.error(f"the tensor views copy more than twice the storages' bytes plus {_MAX_COPY >> 20} MiB: "
                                 "overlapping views this large are not supported")
             self.budget -= n * isz
-            if all(st_ == c for s, st_, c in zip(size, stride, _contiguous_strides(size)) if s != 1):
+            if all(st_ == c for s, st_, c in zip(size, stride, strides_for(size)) if s != 1):
                 raw: Any = data[p.offset * isz:(p.offset + n) * isz]
             else: raw = _strided_bytes(data, isz, p.offset, size, stride)
             out = tensor_from_bytes(raw, st.dtype, size)

@@ -19,26 +19,19 @@ N*N*K times. The scheduler compares those counts with the node's size to find wo
 from __future__ import annotations
 
 import functools
+import operator
 from dataclasses import dataclass, field
 
 from fusegrad.dtype import dtypes
 from fusegrad.ir.ops import GroupOp, Ops, UOp
 from fusegrad.ir.symbolic import simplify
-from fusegrad.ir.shape import all_static, smax, smul, sprod, sym_eq
+from fusegrad.ir.shape import all_static, smax, smul, sprod, strides_for, sym_eq
 from fusegrad.schedule.recompute import RecomputePolicy
 from fusegrad.schedule.reduce_order import order_reduce_loops
 
 TRUE = UOp.const(dtypes.bool, True)
 INDEX_MAX = 2**31 - 1
 Index = tuple[UOp, ...]
-
-
-def strides_for(shape: tuple[int, ...]) -> tuple[int, ...]:
-    out, acc = [], 1
-    for s in reversed(shape):
-        out.append(acc)
-        acc *= s
-    return tuple(reversed(out))
 
 
 ZERO = UOp.const(dtypes.int32, 0)
@@ -70,34 +63,21 @@ def _kernel_const(x: UOp) -> UOp:
 
 
 def reshape_groups(shape: tuple[int, ...], src_shape: tuple[int, ...]) -> list[tuple[int, int, int, int]]:
-    """A reshape's axes matched in groups of equal size: (i0, i1, j0, j1) per group, shape[i0:i1] ~ src_shape[j0:j1]."""
-    if not (all_static(shape) and all_static(src_shape)): return _symbolic_reshape_groups(shape, src_shape)
+    """A reshape's axes matched in groups of equal size: (i0, i1, j0, j1) per group, shape[i0:i1] ~ src_shape[j0:j1].
+    A group closes when its two products are (provably) equal; the side with the smaller (largest) product grows. With
+    variables, what can't be matched becomes one last group, flattened whole: always correct, just more index math (a
+    div/mod by a variable). Plain ints take the same walk with int arithmetic."""
+    static = all_static(shape) and all_static(src_shape)
+    eq, mul, big = (operator.eq, operator.mul, int) if static else (sym_eq, smul, smax)
     out = []
     i = j = 0
     while i < len(shape) or j < len(src_shape):
         i0, j0, pi, pj = i, j, 1, 1
         if i < len(shape): pi, i = shape[i], i + 1
         if j < len(src_shape): pj, j = src_shape[j], j + 1
-        while pi != pj:   # equal totals: the smaller side always has axes left
-            if pi < pj: pi, i = pi * shape[i], i + 1
-            else: pj, j = pj * src_shape[j], j + 1
-        out.append((i0, i, j0, j))
-    return out
-
-
-def _symbolic_reshape_groups(shape: tuple, src_shape: tuple) -> list[tuple[int, int, int, int]]:
-    """reshape_groups for shapes with variables: a group closes when its two products are provably equal (the side
-    with the smaller largest value grows first). What can't be matched becomes one last group, flattened whole:
-    always correct, just more index math (a div/mod by a variable)."""
-    out = []
-    i = j = 0
-    while i < len(shape) or j < len(src_shape):
-        i0, j0, pi, pj = i, j, 1, 1
-        if i < len(shape): pi, i = shape[i], i + 1
-        if j < len(src_shape): pj, j = src_shape[j], j + 1
-        while not sym_eq(pi, pj):
-            if i < len(shape) and (j >= len(src_shape) or smax(pi) <= smax(pj)): pi, i = smul(pi, shape[i]), i + 1
-            elif j < len(src_shape): pj, j = smul(pj, src_shape[j]), j + 1
+        while not eq(pi, pj):
+            if i < len(shape) and (j >= len(src_shape) or big(pi) <= big(pj)): pi, i = mul(pi, shape[i]), i + 1
+            elif j < len(src_shape): pj, j = mul(pj, src_shape[j]), j + 1
             else: return out + [(i0, len(shape), j0, len(src_shape))]
         out.append((i0, i, j0, j))
     return out
