@@ -323,11 +323,22 @@ def _strip(s: str) -> str:
     return s[1:-1]
 
 
+def _half_fn(name: str, n: int) -> str:
+    """fg_h2f / fg_f2h for n lanes: fg_h2f_xN for a vector, fg_h2f for one value."""
+    return f"{name}_x{n}" if n > 1 else name
+
+
 def _unround_half(x: str, n: int) -> str:
-    """float32 lanes of float16 vector expression x: fg_f2h_xN(e) is e itself (not rounded), else a conversion."""
-    head = f"fg_f2h_x{n}("
+    """float32 lanes of float16 expression x (n lanes): fg_f2h(e) is e itself (not rounded), else a conversion."""
+    head = f"{_half_fn('fg_f2h', n)}("
     if x.startswith(head) and _strip(x[len(head) - 1:]) != x[len(head) - 1:]: return x[len(head):-1]
-    return f"fg_h2f_x{n}({x})"
+    return f"{_half_fn('fg_h2f', n)}({x})"
+
+
+# one float16 value <-> float32 (C's conversions), so float16 math is float32 math rounded where a value is stored or
+# named whether or not the target has float16 arithmetic (with AVX512-FP16, GCC computes _Float16 in _Float16)
+HALF_SCALAR_C = ("static inline float fg_h2f(_Float16 x) { return (float)x; }\n"
+                 "static inline _Float16 fg_f2h(float x) { return (_Float16)x; }")
 
 
 def _zero(dt: DType) -> object:
@@ -453,18 +464,20 @@ class ClangRenderer(CStyleLanguage):
 
     @staticmethod
     def _half_vector_math(op: Ops, src_dtype: DType) -> bool:
-        return src_dtype.scalar() == dtypes.float16 and src_dtype.count in (4, 8, 16) and op is not Ops.WHERE
+        return src_dtype.scalar() == dtypes.float16 and src_dtype.count in (1, 4, 8, 16) and op is not Ops.WHERE
 
     def render_alu(self, op: Ops, dt: DType, a: list[str], src_dtype: DType) -> str:
         if self._half_vector_math(op, src_dtype):
-            # GCC (without AVX512-FP16) splits _Float16 vector math into one converted scalar op per lane: compute in
-            # float32 vectors and round where the value is stored or named, as GCC does for scalar _Float16 (excess
-            # precision): an operand inlined from another op is used unrounded (a / b is a * (1/b): one rounding)
+            # float16 math is float32 math rounded where the value is stored or named: an operand inlined from another
+            # op is used unrounded (a / b is a * (1/b): one rounding). GCC without AVX512-FP16 does so for scalar
+            # _Float16 (excess precision) but splits vectors into one converted op per lane; with AVX512-FP16 it
+            # rounds every scalar op to _Float16 (torch's float16 results differed by up to 4 ulp). So it is spelled
+            # out: float32 vectors, and explicit conversions for one value.
             n, f32 = src_dtype.count, dtypes.float32.vec(src_dtype.count)
             args = [_unround_half(x, n) for x in a]
-            out = f"fg_maxf_x{n}({', '.join(args)})" if op is Ops.MAX else \
+            out = f"fg_maxf_x{n}({', '.join(args)})" if op is Ops.MAX and n > 1 else \
                 self.render_alu(op, f32 if dt.scalar() == dtypes.float16 else dt, args, f32)
-            return f"fg_f2h_x{n}({out})" if dt.scalar() == dtypes.float16 else out
+            return f"{_half_fn('fg_f2h', n)}({out})" if dt.scalar() == dtypes.float16 else out
         if op is Ops.EXP2 and dt.count > 1 and dt.scalar() == dtypes.float32: return f"fg_exp2f_x{dt.count}({a[0]})"
         if op is Ops.LOG2 and dt.count > 1 and dt.scalar() == dtypes.float32: return f"fg_log2f_x{dt.count}({a[0]})"
         if op is Ops.MAX and dt in (dtypes.float32, dtypes.float64) and not any(x.startswith("acc") for x in a):
@@ -506,6 +519,7 @@ class ClangRenderer(CStyleLanguage):
         used += [vector_exp2_c(w) for w in (4, 8, 16) if f"fg_exp2f_x{w}(" in src]
         used += [vector_log2_c(w) for w in (4, 8, 16) if f"fg_log2f_x{w}(" in src]
         used += [half_convert_c(w) for w in (4, 8, 16) if f"fg_h2f_x{w}(" in src or f"fg_f2h_x{w}(" in src]
+        if "fg_h2f(" in src or "fg_f2h(" in src: used.append(HALF_SCALAR_C)
         return "".join(f + "\n" for f in used) + src + (_thread_trampoline(name, args) if args[-2:] ==
                                                          ["int core_start", "int core_end"] else "")
 
