@@ -1,0 +1,59 @@
+"""tinygrad semantics that tinygrad code relies on (issue 30), each compared with NumPy or PyTorch: bool operands in
+subtraction promote like ints, ..."""
+import numpy as np
+import pytest
+import torch
+
+from fusegrad import Tensor, dtypes
+from fusegrad.dtype import to_np_dtype
+
+# ----- bool promotes like an int in subtraction (tinygrad's `1.0 - mask`, BERT's attention mask) -----
+
+OTHER = ["float32", "float16", "float64", "int8", "int32", "int64", "uint8", "uint32"]
+
+
+@pytest.mark.parametrize("reverse", [False, True], ids=["mask-x", "x-mask"])
+@pytest.mark.parametrize("dt", OTHER)
+def test_bool_tensor_minus_tensor_promotes_like_numpy(dt, reverse):
+    m = np.array([True, False, True, False])
+    x = np.array([3, 1, 0, 2]).astype(dt)
+    want = (x - m) if reverse else (m - x)
+    out = (Tensor(x) - Tensor(m)) if reverse else (Tensor(m) - Tensor(x))
+    assert to_np_dtype(out.dtype) == want.dtype, f"{out.dtype} != NumPy {want.dtype}"
+    np.testing.assert_array_equal(out.numpy(), want)
+
+
+@pytest.mark.parametrize("scalar,dtype", [(1.0, "float32"), (0.5, "float32"), (1, "int32"), (-3, "int32")])
+@pytest.mark.parametrize("reverse", [False, True], ids=["mask-s", "s-mask"])
+def test_bool_tensor_minus_python_number(scalar, dtype, reverse):
+    """A Python number keeps its kind and takes the default width: float32 (NumPy: float64), int32 (NumPy: int64)."""
+    m = np.array([True, False, True])
+    want = (scalar - m) if reverse else (m - scalar)
+    out = (scalar - Tensor(m)) if reverse else (Tensor(m) - scalar)
+    assert out.dtype == dtypes.from_py(scalar) and to_np_dtype(out.dtype) == np.dtype(dtype)
+    np.testing.assert_array_equal(out.numpy(), want.astype(dtype))
+
+
+def test_one_minus_mask_as_in_bert():
+    """tinygrad's BERT: `(1.0 - mask) * -10000.0` on a bool mask; PyTorch refuses the subtraction."""
+    m = np.array([[True, True, False]])
+    with pytest.raises(RuntimeError): 1.0 - torch.tensor(m)
+    out = (1.0 - Tensor(m)) * -10000.0
+    assert out.dtype == dtypes.float32
+    np.testing.assert_array_equal(out.numpy(), (1.0 - m.astype(np.float32)) * -10000.0)
+
+
+def test_bool_minus_bool_raises_like_numpy_and_torch():
+    m = np.array([True, False])
+    with pytest.raises(TypeError): m - m
+    with pytest.raises(RuntimeError): torch.tensor(m) - torch.tensor(m)
+    for f in (lambda: Tensor(m) - Tensor(m), lambda: Tensor(m) - True, lambda: True - Tensor(m)):
+        with pytest.raises(RuntimeError, match="two bools"): f()
+
+
+def test_float_minus_mask_gradient():
+    x, m = Tensor([1.0, 2.0, 3.0], requires_grad=True), Tensor([True, False, True])
+    tx = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    ((x - m) * x).sum().backward()
+    ((tx - torch.tensor([1.0, 0.0, 1.0])) * tx).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy())
