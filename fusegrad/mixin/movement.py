@@ -401,7 +401,13 @@ class MovementMixin:
 
     def __setitem__(self: "Tensor", indices: Any, v: Any) -> None:
         """In-place assignment through an index, like torch. Basic indices (ints, slices of any step, None, ...) write
-        through the view they select; tensor or list indices scatter into the selected positions."""
+        through the view they select; tensor or list indices scatter into the selected positions.
+
+        A Tensor value must have self's dtype, as in tinygrad (`RuntimeError` otherwise; PyTorch casts silently); a
+        Python number, a list or a 0-d tensor made from a bare Python number is converted to self's dtype."""
+        if isinstance(v, _T()) and v.dtype != self.dtype and not v._weak:
+            raise RuntimeError(f"setitem dtype mismatch: self.dtype={self.dtype} != v.dtype={v.dtype} (cast the value "
+                               "first)")
         if _is_basic(indices): self[indices].assign(v)
         else: self._setitem_advanced(indices, v)
 

@@ -57,3 +57,27 @@ def test_float_minus_mask_gradient():
     ((x - m) * x).sum().backward()
     ((tx - torch.tensor([1.0, 0.0, 1.0])) * tx).sum().backward()
     np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy())
+
+
+# ----- setitem with a value of another dtype raises, as in tinygrad (PyTorch casts) -----
+
+@pytest.mark.parametrize("index", [1, slice(0, 2), [0, 2]], ids=["int", "slice", "list"])
+def test_setitem_dtype_mismatch_raises(index):
+    t = Tensor.zeros(4).contiguous().realize()
+    for v in (Tensor([7], dtype=dtypes.int32).reshape(()) if index == 1 else Tensor([7, 8], dtype=dtypes.int32),
+              Tensor([7.0, 8.0], dtype=dtypes.float16) if index != 1 else Tensor(7.0, dtype=dtypes.float16)):
+        with pytest.raises(RuntimeError, match="setitem dtype mismatch"): t[index] = v
+    assert t.tolist() == [0.0, 0.0, 0.0, 0.0]
+
+
+def test_setitem_python_values_and_weak_scalars_convert():
+    t, ref = Tensor.zeros(5).contiguous().realize(), torch.zeros(5)
+    for idx, v in ((1, 3), (slice(2, 4), [1.5, 2.5]), (4, 9)):
+        t[idx] = v
+        ref[idx] = torch.tensor(v, dtype=torch.float32)
+    t[0] = Tensor(6)                                  # a bare Python number's tensor is weakly typed: converted
+    ref[0] = 6
+    np.testing.assert_array_equal(t.numpy(), ref.numpy())
+    i = Tensor([0, 0, 0], dtype=dtypes.int32).contiguous().realize()
+    i[1] = Tensor([5], dtype=dtypes.int32)[0]
+    assert i.tolist() == [0, 5, 0]
