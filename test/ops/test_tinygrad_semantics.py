@@ -81,3 +81,21 @@ def test_setitem_python_values_and_weak_scalars_convert():
     i = Tensor([0, 0, 0], dtype=dtypes.int32).contiguous().realize()
     i[1] = Tensor([5], dtype=dtypes.int32)[0]
     assert i.tolist() == [0, 5, 0]
+
+
+# ----- arange past int32: int64 values, as torch (wrapping to int32 was silently wrong) -----
+
+@pytest.mark.parametrize("args", [(2**31, 2**31 + 4), (2**31 - 2, 2**31 + 2), (0, 2**33, 2**31),
+                                  (-2**31 - 2, -2**31 + 2), (2**40, 2**40 - 6, -2)], ids=str)
+def test_arange_past_int32_is_int64(args):
+    t, ref = Tensor.arange(*args), torch.arange(*args)
+    assert t.dtype == dtypes.int64 and ref.dtype == torch.int64
+    assert t.tolist() == ref.tolist()
+
+
+def test_arange_int32_when_it_fits_and_explicit_dtype_overflow_raises():
+    assert Tensor.arange(2**31 - 3, 2**31).dtype == dtypes.int32
+    assert Tensor.arange(2**31 - 3, 2**31).tolist() == torch.arange(2**31 - 3, 2**31).tolist()
+    with pytest.raises(OverflowError, match="outside the range"): Tensor.arange(2**31, 2**31 + 2, dtype=dtypes.int32)
+    with pytest.raises(OverflowError): Tensor.arange(250, 260, dtype=dtypes.uint8)
+    assert Tensor.arange(250, 256, dtype=dtypes.uint8).tolist() == list(range(250, 256))
