@@ -630,3 +630,8 @@ class ShapeError(RuntimeError, ValueError):
     except ValueError: pass
     ```
     """
+
+
+class JoinShapeError(ShapeError, AssertionError):
+    """Tensors to `cat` or `stack` whose shapes don't fit together: a ShapeError (RuntimeError, torch's type, and
+    ValueError) that is also an AssertionError, the type tinygrad's shape check raises."""

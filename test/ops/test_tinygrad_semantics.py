@@ -99,3 +99,44 @@ def test_arange_int32_when_it_fits_and_explicit_dtype_overflow_raises():
     with pytest.raises(OverflowError, match="outside the range"): Tensor.arange(2**31, 2**31 + 2, dtype=dtypes.int32)
     with pytest.raises(OverflowError): Tensor.arange(250, 260, dtype=dtypes.uint8)
     assert Tensor.arange(250, 256, dtype=dtypes.uint8).tolist() == list(range(250, 256))
+
+
+# ----- error types of one_hot, repeat, stack/cat: PyTorch's type, and tinygrad's too where it differs -----
+
+def test_one_hot_errors():
+    with pytest.raises(RuntimeError): torch.nn.functional.one_hot(torch.tensor([1.0]), 3)
+    with pytest.raises(RuntimeError, match="integer"): Tensor([1.0]).one_hot(3)
+    with pytest.raises(RuntimeError): torch.nn.functional.one_hot(torch.tensor([1]), -2)
+    for t in (RuntimeError, ValueError):   # torch's type and tinygrad's
+        with pytest.raises(t, match="num_classes"): Tensor([1]).one_hot(-2)
+    np.testing.assert_array_equal(Tensor([0, 2]).one_hot(-1).numpy(),
+                                  torch.nn.functional.one_hot(torch.tensor([0, 2]), -1).numpy())
+
+
+@pytest.mark.parametrize("shape,reps", [((2, 3), (2,)), ((2, 3, 4), (3, 1)), ((2, 3), (2, 1, 2)), ((3,), (0,)),
+                                        ((2, 3), (2, 2))], ids=str)
+def test_repeat_tiles_like_numpy(shape, reps):
+    """Fewer repeats than axes repeat the last axes, as tinygrad and np.tile (PyTorch raises)."""
+    a = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+    np.testing.assert_array_equal(Tensor(a).repeat(*reps).numpy(), np.tile(a, reps))
+    if len(reps) >= len(shape): np.testing.assert_array_equal(Tensor(a).repeat(reps).numpy(),
+                                                              torch.tensor(a).repeat(*reps).numpy())
+
+
+def test_repeat_negative_raises():
+    with pytest.raises(RuntimeError): torch.ones(2, 3).repeat(2, -1)
+    for t in (RuntimeError, ValueError):
+        with pytest.raises(t, match="non-negative"): Tensor.ones(2, 3).repeat(2, -1)
+
+
+@pytest.mark.parametrize("fn", [lambda T, a, b: T.stack([a, b]), lambda T, a, b: T.cat([a, b], dim=1)],
+                         ids=["stack", "cat"])
+def test_join_shape_mismatch_error_types(fn):
+    """torch raises RuntimeError; tinygrad's check is an assert (AssertionError); fusegrad's error is both (and a
+    ValueError, like its other shape errors)."""
+    with pytest.raises(RuntimeError): fn(torch, torch.ones(2, 3), torch.ones(3, 3))
+    for t in (RuntimeError, AssertionError, ValueError):
+        with pytest.raises(t): fn(Tensor, Tensor.ones(2, 3), Tensor.ones(3, 3))
+    with pytest.raises(IndexError): torch.stack([torch.ones(2), torch.ones(2)], dim=3)
+    with pytest.raises(IndexError): Tensor.stack(Tensor.ones(2), Tensor.ones(2), dim=3)
+    with pytest.raises(RuntimeError): Tensor.stack()
