@@ -119,7 +119,7 @@ def test_grad_fxn_replaces_the_gradient():
     assert out.tolist() == [3.0, 8.0]
     out.sum().backward()
     assert x.grad.tolist() == [10.0, 10.0]
-    assert y.grad is None
+    assert y.grad.tolist() == [0.0, 0.0]        # in the graph, no gradient sent: zeros (as tinygrad)
     assert isinstance(seen[0], FunctionCall) and len(seen[0].inputs) == 2
 
 

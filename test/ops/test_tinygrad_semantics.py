@@ -140,3 +140,65 @@ def test_join_shape_mismatch_error_types(fn):
     with pytest.raises(IndexError): torch.stack([torch.ones(2), torch.ones(2)], dim=3)
     with pytest.raises(IndexError): Tensor.stack(Tensor.ones(2), Tensor.ones(2), dim=3)
     with pytest.raises(RuntimeError): Tensor.stack()
+
+
+# ----- backward fills .grad of unset (requires_grad=None) tensors in the graph, as tinygrad -----
+
+def test_backward_fills_unset_tensors_like_torch_with_requires_grad():
+    rng = np.random.default_rng(0)
+    xa, wa = rng.standard_normal((4, 3)).astype(np.float32), rng.standard_normal((3, 2)).astype(np.float32)
+    x, w = Tensor(xa), Tensor(wa, requires_grad=True)            # x: flag unset, as a data batch
+    tx, tw = torch.tensor(xa, requires_grad=True), torch.tensor(wa, requires_grad=True)
+    ((x @ w).relu() ** 2).sum().backward()
+    ((tx @ tw).relu() ** 2).sum().backward()
+    assert x.requires_grad is None
+    np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(w.grad.numpy(), tw.grad.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_backward_unset_grad_is_replaced_not_chained():
+    """The no-leak rule: a dataset used every step holds one step's gradient graph, not a growing chain."""
+    data = Tensor(np.arange(12, dtype=np.float32).reshape(6, 2)).realize()
+    w = Tensor([[1.0], [2.0]], requires_grad=True)
+    sizes = []
+    for step in range(4):
+        idx = Tensor([step % 6, (step + 1) % 6])
+        (data[idx] @ w).sum().backward()
+        sizes.append(len(data.grad.uop.toposort()))
+    assert len(set(sizes)) == 1, sizes
+    want = np.zeros((6, 2), np.float32)
+    want[[3, 4]] = [1.0, 2.0]                         # the last step's rows only
+    np.testing.assert_array_equal(data.grad.numpy(), want)
+    np.testing.assert_array_equal(w.grad.numpy(), np.array([[0 + 2 + 4 + 6 + 2 + 4 + 6 + 8], [1 + 3 + 5 + 7 + 3 + 5 + 7 + 9]],
+                                                           np.float32))   # requires_grad=True: accumulated
+
+
+def test_backward_opt_out_constants_and_other_graphs():
+    c = Tensor([1.0, 2.0], requires_grad=False)
+    z = Tensor.zeros(2)                                # a constant node shared by every zeros(2): none
+    other = Tensor([5.0, 5.0])
+    other.grad = Tensor([7.0, 7.0])
+    i = Tensor([1, 2])
+    x = Tensor([3.0, 4.0], requires_grad=True)
+    (x * c + z + i).sum().backward()
+    assert c.grad is None and z.grad is None and i.grad is None
+    assert other.grad.tolist() == [7.0, 7.0]           # not in this graph: untouched
+    assert x.grad.tolist() == [1.0, 2.0]
+
+
+def test_comparison_gradients_are_zero():
+    a = np.array([1.0, 2.0, 3.0], np.float32)
+    x, y = Tensor(a, requires_grad=True), Tensor(a[::-1].copy(), requires_grad=True)
+    tx, ty = torch.tensor(a, requires_grad=True), torch.tensor(a[::-1].copy(), requires_grad=True)
+    ((x < y).where(x, y * 2) + (x == y).float() * 5).sum().backward()
+    (torch.where(tx < ty, tx, ty * 2) + (tx == ty).float() * 5).sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), tx.grad.numpy())
+    np.testing.assert_array_equal(y.grad.numpy(), ty.grad.numpy())
+    # a tensor reached only through a comparison is in the graph with a zero gradient (torch can't backward this)
+    u = Tensor(a, requires_grad=True)
+    (u > 1.5).sum().backward()
+    assert u.grad.tolist() == [0.0, 0.0, 0.0]
+    for cmp in (lambda t: t < 2, lambda t: t >= 2, lambda t: t != 2):
+        v = Tensor(a, requires_grad=True)
+        g, = cmp(v).float().sum().gradient(v)
+        assert g.tolist() == [0.0, 0.0, 0.0]
