@@ -162,3 +162,37 @@ def test_decorator_forms_and_name():
     def named(x): return x + 1
     assert named.name.endswith("named") and named(Tensor([1.0])).tolist() == [2.0]
     assert function(named.fxn)(Tensor([2.0])).tolist() == [3.0]
+
+
+def test_training_with_function_tinyjit_and_batchnorm_matches_plain():
+    """tinygrad's beautiful_mnist pattern: `@function` on `__call__` (BatchNorm updating its running statistics inside),
+    a TinyJit train step, Adam. Same losses, weights and running statistics as the same model without `@function`."""
+    from fusegrad import Context, TinyJit
+
+    class Model:
+        def __init__(self):
+            self.layers = [nn.Conv2d(1, 4, 3), Tensor.relu, nn.BatchNorm(4), Tensor.max_pool2d,
+                           lambda x: x.flatten(1), nn.Linear(4 * 3 * 3, 10)]
+        def plain(self, x): return x.sequential(self.layers)
+        @function
+        def __call__(self, x): return x.sequential(self.layers)
+
+    def train(use_function):
+        Tensor.manual_seed(3)
+        m = Model()
+        opt = nn.optim.Adam(get_parameters(m))
+        X, Y = Tensor.randn(32, 1, 8, 8).realize(), Tensor.randint(32, high=10).realize()
+
+        @TinyJit
+        @Context(TRAINING=1)
+        def step(xb, yb):
+            opt.zero_grad()
+            loss = (m(xb) if use_function else m.plain(xb)).sparse_categorical_crossentropy(yb).backward()
+            return loss.realize(*opt.schedule_step())
+        batches = [(X[i * 8:(i + 1) * 8].contiguous().realize(), Y[i * 8:(i + 1) * 8].contiguous().realize())
+                   for i in range(4)]
+        losses = [step(*batches[i % 4]).item() for i in range(5)]
+        return losses, [p.numpy() for p in get_parameters(m)]
+    (la, pa), (lb, pb) = train(True), train(False)
+    np.testing.assert_allclose(la, lb, rtol=1e-5)
+    for a, b in zip(pa, pb): np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

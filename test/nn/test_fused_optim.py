@@ -65,3 +65,30 @@ def test_context_selects_fused_and_per_parameter_rules_stay_unfused():
     _, unfused, _ = _run(lambda m, ps, f: m.LAMB(ps, lr=0.01, fused=f) if m is not torch.optim else
                          m.Adam(ps, lr=0.01), False, steps=2, skip=99)
     for a, b in zip(fused, unfused): np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=15, deadline=None)
+@given(shapes=st.lists(st.tuples(st.integers(1, 4), st.integers(1, 3)), min_size=1, max_size=3),
+       kind=st.sampled_from(["sgd", "adam", "adamw"]), lr=st.sampled_from([0.1, 0.01]), steps=st.integers(1, 3),
+       seed=st.integers(0, 2**16))
+def test_fused_steps_match_torch(shapes, kind, lr, steps, seed):
+    """Random parameter shapes and step counts: fused updates equal torch.optim doing the same steps."""
+    rng = np.random.default_rng(seed)
+    init = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    grads = [[rng.standard_normal(s).astype(np.float32) for s in shapes] for _ in range(steps)]
+    ps, tps = [Tensor(a, requires_grad=True) for a in init], [torch.tensor(a, requires_grad=True) for a in init]
+    make = {"sgd": lambda m, p, **k: m.SGD(p, lr=lr, momentum=0.9, **k), "adam": lambda m, p, **k: m.Adam(p, lr=lr, **k),
+            "adamw": lambda m, p, **k: m.AdamW(p, lr=lr, weight_decay=0.05, **k)}[kind]
+    opt, topt = make(nn.optim, ps, fused=True), make(torch.optim, tps)
+    with Tensor.train():
+        for gs in grads:
+            opt.zero_grad()
+            sum((p * Tensor(g)).sum() for p, g in zip(ps, gs)).backward()
+            opt.step()
+            topt.zero_grad()
+            sum((p * torch.tensor(g)).sum() for p, g in zip(tps, gs)).backward()
+            topt.step()
+    for p, tp in zip(ps, tps): np.testing.assert_allclose(p.numpy(), tp.detach().numpy(), rtol=1e-5, atol=1e-5)
