@@ -22,6 +22,7 @@ import functools
 from typing import Any, Callable, Generic, TypeVar
 
 from fusegrad.autograd import GradFn
+from fusegrad.dtype import dtypes
 from fusegrad.ir.ops import Ops, UOp
 from fusegrad.nn.state import get_state_dict
 from fusegrad.tensor import Tensor, live_tensors, wrap_node
@@ -36,7 +37,8 @@ class FunctionCall:
         self.name, self.inputs, self.outputs = name, inputs, outputs
         self.src: tuple[UOp, ...] = (outputs[0].uop, *(t.uop for t in inputs))
 
-    def __repr__(self) -> str: return f"FunctionCall({self.name}, {len(self.inputs)} inputs, {len(self.outputs)} outputs)"
+    def __repr__(self) -> str:
+        return f"FunctionCall({self.name}, {len(self.inputs)} inputs, {len(self.outputs)} outputs)"
 
 
 def _buffer_id(u: UOp) -> int | None:
@@ -121,7 +123,7 @@ class _function(Generic[ReturnType]):
     def _with_materialized_backward(self, inputs: tuple[Tensor, ...], outs: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
         def make(o: Tensor) -> Callable:
             def bw(ctx: UOp, node: UOp) -> tuple[UOp | None, ...]:
-                need = [t for t in inputs if t.requires_grad]
+                need = [t for t in inputs if t.requires_grad is not False and dtypes.is_float(t.dtype)]
                 gs = dict(zip(map(id, need), o.gradient(*need, gradient=Tensor(ctx)))) if need else {}
                 return tuple(gs[id(t)].contiguous().uop if id(t) in gs else None for t in inputs)
             return bw

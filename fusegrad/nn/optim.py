@@ -96,7 +96,8 @@ class Optimizer:
         g = Tensor.cat(*[(grads[i] if i in have else t.zeros_like().cast(self.state_dtype)).flatten()
                          for i, t in enumerate(self.params)])
         keep = None if len(have) == len(self.params) else Tensor.cat(*[
-            Tensor.full((t.numel(),), i in have, dtype=dtypes.bool, device=self.device) for i, t in enumerate(self.params)])
+            Tensor.full((t.numel(),), i in have, dtype=dtypes.bool, device=self.device)
+            for i, t in enumerate(self.params)])
         return [(0, w, g, _Writer(self.params, keep))]
 
     def _set(self, state: Tensor, new: Tensor, writer: "_Writer") -> None:

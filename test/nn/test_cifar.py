@@ -114,7 +114,8 @@ def test_offline_error_says_how_to_get_it(isolated):
 
 def test_bad_inputs(isolated):
     (isolated / "empty").mkdir()
-    with pytest.raises(DatasetNotFound, match="neither the six CIFAR-10 binary files"): cifar(data_dir=isolated / "empty")
+    with pytest.raises(DatasetNotFound, match="neither the six CIFAR-10 binary files"):
+        cifar(data_dir=isolated / "empty")
     b = fake_batches(seed=4)
     write_bins(isolated / "trunc", b)
     (isolated / "trunc" / "data_batch_3.bin").write_bytes(record_bytes(*b["data_batch_3.bin"])[:-5])

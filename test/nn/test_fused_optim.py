@@ -18,7 +18,8 @@ def _run(make_opt, fused, steps=4, skip=2):
     with Tensor.train():
         for step in range(steps):
             opt.zero_grad()
-            used = [p for i, p in enumerate(ps) if not (i == skip and step % 2)]   # param `skip` has no grad every 2nd step
+            # param `skip` gets no gradient every second step
+            used = [p for i, p in enumerate(ps) if not (i == skip and step % 2)]
             sum(((p * Tensor(x)).sum() ** 2 for p, x in zip(ps, xs) if any(p is u for u in used))).backward()
             opt.step()
     tps = [torch.tensor(a, requires_grad=True) for a in init]
@@ -80,7 +81,8 @@ def test_fused_steps_match_torch(shapes, kind, lr, steps, seed):
     init = [rng.standard_normal(s).astype(np.float32) for s in shapes]
     grads = [[rng.standard_normal(s).astype(np.float32) for s in shapes] for _ in range(steps)]
     ps, tps = [Tensor(a, requires_grad=True) for a in init], [torch.tensor(a, requires_grad=True) for a in init]
-    make = {"sgd": lambda m, p, **k: m.SGD(p, lr=lr, momentum=0.9, **k), "adam": lambda m, p, **k: m.Adam(p, lr=lr, **k),
+    make = {"sgd": lambda m, p, **k: m.SGD(p, lr=lr, momentum=0.9, **k),
+            "adam": lambda m, p, **k: m.Adam(p, lr=lr, **k),
             "adamw": lambda m, p, **k: m.AdamW(p, lr=lr, weight_decay=0.05, **k)}[kind]
     opt, topt = make(nn.optim, ps, fused=True), make(torch.optim, tps)
     with Tensor.train():
