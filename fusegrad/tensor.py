@@ -645,12 +645,11 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
 
     # ----- autograd -----
     def backward(self, gradient: "Tensor | None" = None) -> "Tensor":
-        """Fill `.grad` of the live float tensors in this one's graph, as tinygrad does: those whose requires_grad is
-        True (their gradients accumulate into an existing `.grad`) and those whose flag is unset (None), which get
-        the gradient of this call (it replaces an older one, so a data tensor used every step never holds a chain
-        of old steps). A tensor in the graph that no gradient reaches (only through a comparison, say) gets zeros.
-        requires_grad=False opts out; constants (`Tensor.zeros(3)` before a realize) share nodes and get none.
-        Use requires_grad=True on tensors made by factories like `Tensor.zeros` so each gets its own gradient."""
+        """Fill `.grad` of every live float tensor in this one's graph whose requires_grad is True (as in torch);
+        gradients accumulate into an existing `.grad`. One in the graph that no gradient reaches (it only feeds a
+        comparison, say) gets zeros, as in tinygrad. Tensors with the flag unset (None) get none (tinygrad fills them
+        too: docs/porting.md says why fusegrad doesn't). Use requires_grad=True on tensors made by factories like
+        `Tensor.zeros` so each gets its own gradient (identical constants otherwise share one graph node)."""
         if gradient is None:
             if self.numel() != 1:
                 raise RuntimeError(f"grad can be implicitly created only for scalar outputs, got shape {self.shape}")
@@ -663,10 +662,8 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
         in_graph = set(topo)
         targets: dict[Tensor, UOp] = {}
         for t in list(_all_tensors):
-            if t is gradient or t.requires_grad is False or not dtypes.is_float(t.dtype): continue
-            if t.requires_grad is None and (t._no_graph or t.uop.base.op is Ops.CONST or t.uop not in in_graph):
-                continue
-            targets[t] = lazy_of.get(t.uop, t.uop)
+            if t.requires_grad and dtypes.is_float(t.dtype) and t is not gradient:
+                targets[t] = lazy_of.get(t.uop, t.uop)
         grads = autograd.compute_gradient(root, gradient.uop, set(targets.values()) | {t.uop for t in targets} |
                                           {leaf_of[t.uop] for t in targets if t.uop in leaf_of}, topo)
         for t, u in targets.items():
@@ -677,7 +674,7 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
                 g = t.zeros_like()                                   # in the graph, but no gradient reaches it
             else: g = Tensor._wrap(found[0] if len(found) == 1 else build.alu(Ops.ADD, *found))
             if g.dtype != t.dtype: g = g.cast(t.dtype)
-            t.grad = g if t.grad is None or t.requires_grad is None else (t.grad + g)
+            t.grad = g if t.grad is None else (t.grad + g)
         return self
 
     def gradient(self, *targets: "Tensor", gradient: "Tensor | None" = None) -> list["Tensor"]:
