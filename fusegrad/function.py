@@ -25,7 +25,9 @@ from fusegrad.autograd import GradFn
 from fusegrad.dtype import dtypes
 from fusegrad.ir.ops import Ops, UOp
 from fusegrad.nn.state import get_state_dict
-from fusegrad.tensor import Tensor, live_tensors, wrap_node
+from fusegrad.device import Buffer, Device
+from fusegrad.storage import buffer_uop
+from fusegrad.tensor import Tensor, wrap_node
 
 ReturnType = TypeVar("ReturnType")
 
@@ -41,10 +43,10 @@ class FunctionCall:
         return f"FunctionCall({self.name}, {len(self.inputs)} inputs, {len(self.outputs)} outputs)"
 
 
-def _buffer_id(u: UOp) -> int | None:
-    """The id of the BUFFER node a realized tensor's node names (through its movement ops), else None."""
-    while u.op in (Ops.RESHAPE, Ops.SHRINK, Ops.PERMUTE, Ops.EXPAND, Ops.FLIP, Ops.PAD): u = u.src[0]
-    return u.arg[0] if u.op is Ops.BUFFER else None
+def _buffer_watermark() -> int:
+    """An id below every BUFFER node made from now on (BUFFER ids count up): a BUFFER node of a never-allocated empty
+    buffer costs no memory."""
+    return buffer_uop(Buffer(Device.DEFAULT, 0, dtypes.uint8)).arg[0]
 
 
 def _as_node(g: Any, like: Tensor) -> UOp | None:
@@ -75,8 +77,7 @@ class _function(Generic[ReturnType]):
         inputs = tuple({id(t): t for t in get_state_dict((args, kwargs)).values()}.values())
         in_nodes = {t.uop for t in inputs}
         # buffers that existed before the call: only these can be implicit inputs (a tensor made in the body isn't)
-        before = None if self.allow_implicit else \
-            {b for t in live_tensors() if (b := _buffer_id(t.uop)) is not None}
+        before = None if self.allow_implicit else _buffer_watermark()
         ret = self.fxn(*args, **kwargs)
         outs = ret if isinstance(ret, tuple) else (ret,)
         if not outs or not all(isinstance(o, Tensor) for o in outs):
@@ -88,11 +89,11 @@ class _function(Generic[ReturnType]):
         if self.precompile: outs = tuple(o.contiguous() for o in outs)
         return outs if isinstance(ret, tuple) else outs[0]  # type: ignore[return-value]
 
-    def _check_implicit(self, outs: tuple[Tensor, ...], in_nodes: set[UOp], before: set[int]) -> None:
+    def _check_implicit(self, outs: tuple[Tensor, ...], in_nodes: set[UOp], before: int) -> None:
         found: dict[int, UOp] = {}
         for o in outs:
             for n in o.uop.toposort(gate=lambda n: n not in in_nodes):
-                if n.op is Ops.BUFFER and n not in in_nodes and n.arg[0] in before: found[n.arg[0]] = n
+                if n.op is Ops.BUFFER and n not in in_nodes and n.arg[0] < before: found[n.arg[0]] = n
         if found:
             lines = "\n  ".join(f"{i}: dtype={b.dtype}, size={b.arg[1]}, device={b.src[0].arg}"
                                 for i, b in enumerate(found.values()))

@@ -710,11 +710,6 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
 
 
 
-def live_tensors() -> list[Tensor]:
-    """Every Tensor object alive now."""
-    return list(_all_tensors)
-
-
 def wrap_node(u: UOp, *parents: Tensor) -> Tensor:
     """A new Tensor for node `u` computed from `parents` (its autograd flags follow theirs, as for any op)."""
     return Tensor._wrap(u, *parents)
@@ -729,4 +724,4 @@ def _unpickle_tensor(data: bytes, dtype: DType, shape: tuple[int, ...], device: 
     return t
 
 
-__all__ = ["Tensor", "make_tuple", "live_tensors", "wrap_node"]
+__all__ = ["Tensor", "make_tuple", "wrap_node"]

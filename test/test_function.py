@@ -208,3 +208,11 @@ def test_unset_inputs_as_a_plain_call(opts):
     (x2 @ w2).tanh().sum().backward()
     assert x.grad is None and x2.grad is None
     np.testing.assert_allclose(w.grad.numpy(), w2.grad.numpy(), rtol=1e-6, atol=1e-7)
+
+
+def test_implicit_buffer_inside_a_captured_lazy_tensor():
+    """A captured tensor that is still lazy (its realized base no longer held by any tensor) is implicit too."""
+    w = Tensor([1.0, 2.0]).realize() * 2
+    with pytest.raises(RuntimeError, match="1 implicit buffer"):
+        function(lambda x: x + w)(Tensor([1.0, 1.0]))
+    assert function(lambda x, w: x + w)(Tensor([1.0, 1.0]), w).tolist() == [3.0, 5.0]
