@@ -128,10 +128,11 @@ class MovementMixin:
     def repeat(self: "Tensor", repeats: Any, *args: int) -> "Tensor":
         """Tile the tensor `repeats[i]` times along axis i. Fewer repeats than axes repeat the last axes (the others
         once), as tinygrad and `np.tile` do (PyTorch raises); more add leading axes. A negative repeat raises."""
+        from fusegrad.ir.ops import UOp
         reps = tuple(argfix(repeats, *args))
-        if any(not hasattr(r, "__index__") or r < 0 for r in reps):
+        if any(not isinstance(r, UOp) and (not hasattr(r, "__index__") or r < 0) for r in reps):
             raise ShapeError(f"repeats must be non-negative ints, got {reps}")
-        reps = (1,) * (self.ndim - len(reps)) + tuple(int(r) for r in reps)
+        reps = (1,) * (self.ndim - len(reps)) + tuple(r if isinstance(r, UOp) else int(r) for r in reps)
         x = self.reshape((1,) * (len(reps) - self.ndim) + self.shape)
         shape = x.shape
         x = x.reshape(tuple(v for s in shape for v in (1, s)))

@@ -195,3 +195,10 @@ def test_comparison_gradients_are_zero():
         v = Tensor(a, requires_grad=True)
         g, = cmp(v).float().sum().gradient(v)
         assert g.tolist() == [0.0, 0.0, 0.0]
+
+
+def test_repeat_symbolic_count_still_works():
+    from fusegrad import Variable
+    v = Variable("rep", 1, 4).bind(3)
+    out = Tensor([1.0, 2.0]).repeat(v)
+    assert out.sum().item() == 9.0 and out.numpy().tolist() == [1.0, 2.0] * 3
