@@ -191,9 +191,15 @@ def strip_grad_fns(u: UOp) -> UOp:
     return _stripped.get(u, u)
 
 
-def compute_gradient(root: UOp, root_grad: UOp, targets: set[UOp]) -> dict[UOp, UOp]:
-    """Reverse-mode gradients of `root` (seeded with `root_grad`) for every node on a path to a target."""
-    topo = list(root.toposort(gate=lambda u: u.op is not Ops.DETACH or u.arg is not None))
+def graph_nodes(root: UOp) -> list[UOp]:
+    """The nodes gradients can flow through from `root`, children first: the walk stops at a plain DETACH."""
+    return list(root.toposort(gate=lambda u: u.op is not Ops.DETACH or u.arg is not None))
+
+
+def compute_gradient(root: UOp, root_grad: UOp, targets: set[UOp], topo: list[UOp] | None = None) -> dict[UOp, UOp]:
+    """Reverse-mode gradients of `root` (seeded with `root_grad`) for every node on a path to a target. `topo` is
+    graph_nodes(root) when the caller already has it."""
+    if topo is None: topo = graph_nodes(root)
     on_path: set[UOp] = set()
     for n in topo:  # children first, so a node is on a path if it is a target or a source is
         if n in targets or any(s in on_path for s in n.src): on_path.add(n)

@@ -110,6 +110,7 @@ MERGE_RANGES = ContextVar("MERGE_RANGES", 1)   # 0: keep every loop of a kernel 
 VIZ = ContextVar("VIZ", 0)
 CHECK_OOB = ContextVar("CHECK_OOB", 0)  # debug aid: realize tensor indices, raise IndexError for out-of-range ones
 PROFILE = ContextVar("PROFILE", 0)  # write the timeline as Chrome trace-event JSON (fusegrad/viz)
+FUSE_OPTIM = ContextVar("FUSE_OPTIM", 0)  # the optimizers' `fused=` default: one flat update over all parameters
 CAPTURE_PROCESS_REPLAY = ContextVar("CAPTURE_PROCESS_REPLAY", 0)  # record every compiled kernel (fusegrad/replay)
 
 
@@ -661,3 +662,8 @@ class ShapeError(RuntimeError, ValueError):
     except ValueError: pass
     ```
     """
+
+
+class JoinShapeError(ShapeError, AssertionError):
+    """Tensors to `cat` or `stack` whose shapes don't fit together: a ShapeError (RuntimeError, torch's type, and
+    ValueError) that is also an AssertionError, the type tinygrad's shape check raises."""

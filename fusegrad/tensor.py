@@ -630,9 +630,10 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
 
     # ----- autograd -----
     def backward(self, gradient: "Tensor | None" = None) -> "Tensor":
-        """Fill `.grad` of every live float tensor this one depends on whose requires_grad is True (as in torch).
-
-        Gradients accumulate into an existing `.grad`. Use requires_grad=True on tensors made by factories like
+        """Fill `.grad` of every live float tensor in this one's graph whose requires_grad is True (as in torch);
+        gradients accumulate into an existing `.grad`. One in the graph that no gradient reaches (it only feeds a
+        comparison, say) gets zeros, as in tinygrad. Tensors with the flag unset (None) get none (tinygrad fills them
+        too: docs/porting.md says why fusegrad doesn't). Use requires_grad=True on tensors made by factories like
         `Tensor.zeros` so each gets its own gradient (identical constants otherwise share one graph node)."""
         if gradient is None:
             if self.numel() != 1:
@@ -642,14 +643,21 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
             raise RuntimeError(f"gradient shape {gradient.shape} doesn't match tensor shape {self.shape}")
         self._check_has_graph()
         root = _with_history(self.uop)
-        targets = {t: lazy_of.get(t.uop, t.uop) for t in list(_all_tensors)
-                   if t.requires_grad and dtypes.is_float(t.dtype) and t is not gradient}
+        topo = autograd.graph_nodes(root)
+        in_graph = set(topo)
+        targets: dict[Tensor, UOp] = {}
+        for t in list(_all_tensors):
+            if t.requires_grad and dtypes.is_float(t.dtype) and t is not gradient:
+                targets[t] = lazy_of.get(t.uop, t.uop)
         grads = autograd.compute_gradient(root, gradient.uop, set(targets.values()) | {t.uop for t in targets} |
-                                          {leaf_of[t.uop] for t in targets if t.uop in leaf_of})
+                                          {leaf_of[t.uop] for t in targets if t.uop in leaf_of}, topo)
         for t, u in targets.items():
-            found = [grads[x] for x in dict.fromkeys((u, t.uop, leaf_of.get(t.uop, u))) if x in grads]
-            if not found: continue
-            g = Tensor._wrap(found[0] if len(found) == 1 else build.alu(Ops.ADD, *found))
+            nodes = dict.fromkeys((u, t.uop, leaf_of.get(t.uop, u)))
+            found = [grads[x] for x in nodes if x in grads]
+            if not found:
+                if not any(x in in_graph for x in nodes): continue   # not in this graph: .grad stays as it was
+                g = t.zeros_like()                                   # in the graph, but no gradient reaches it
+            else: g = Tensor._wrap(found[0] if len(found) == 1 else build.alu(Ops.ADD, *found))
             if g.dtype != t.dtype: g = g.cast(t.dtype)
             t.grad = g if t.grad is None else (t.grad + g)
         return self
@@ -687,6 +695,11 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
 
 
 
+def wrap_node(u: UOp, *parents: Tensor) -> Tensor:
+    """A new Tensor for node `u` computed from `parents` (its autograd flags follow theirs, as for any op)."""
+    return Tensor._wrap(u, *parents)
+
+
 def _unpickle_tensor(data: bytes, dtype: DType, shape: tuple[int, ...], device: str, requires_grad: bool | None,
                      is_param: bool) -> Tensor:
     """Rebuild a pickled Tensor (see Tensor.__reduce__); the byte count is checked against dtype and shape."""
@@ -696,4 +709,4 @@ def _unpickle_tensor(data: bytes, dtype: DType, shape: tuple[int, ...], device: 
     return t
 
 
-__all__ = ["Tensor", "make_tuple"]
+__all__ = ["Tensor", "make_tuple", "wrap_node"]

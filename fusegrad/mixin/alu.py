@@ -130,13 +130,16 @@ class ALUMixin:
         return a._alu(Ops.ADD, b)
 
     def sub(self: "Tensor", x: "Tensor | ConstType", reverse: bool = False) -> "Tensor":
-        if dtypes.is_bool(self.dtype) or isinstance(x, bool) or (isinstance(x, ALUMixin) and dtypes.is_bool(x.dtype)):
-            raise RuntimeError("Subtraction, the `-` operator, with a bool tensor is not supported (as in torch); "
-                               "to invert a mask use `~` or logical_not(), or cast to an int dtype first")
+        """`self - x`. A bool operand counts as an int 0/1 and is promoted first, as in tinygrad and NumPy
+        (`1.0 - mask` is float32); PyTorch raises for any bool operand. Only when both sides are bool (so the
+        result would be bool) it raises, as NumPy and PyTorch do (tinygrad computes `a | ~b` there)."""
         if dtypes.is_float(self.dtype) and (p := self._pair_nodes(x, reverse)) is not None:
             a, b = p
             return type(self)._wrap(build.alu(Ops.ADD, a, UOp(Ops.NEG, b.dtype, (b,))), self, x)
         a, b = self._broadcasted(x, reverse)
+        if dtypes.is_bool(a.dtype):
+            raise RuntimeError("Subtraction, the `-` operator, of two bools is not supported (as in torch and NumPy); "
+                               "to invert a mask use `~` or logical_not(), or cast to an int dtype first")
         return a._alu(Ops.ADD, b.neg())
 
     def mul(self: "Tensor", x: "Tensor | ConstType", reverse: bool = False) -> "Tensor":

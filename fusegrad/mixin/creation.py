@@ -141,6 +141,12 @@ class CreationMixin:
             return iota + start if not (isinstance(start, int) and start == 0) else iota
         dt = to_dtype(dtype) if dtype is not None else dtypes.from_py([start, stop, step])
         n = max(math.ceil((stop - start) / step), 0)
+        if n and all(isinstance(v, int) for v in (start, stop, step)) and dtypes.is_int(dt):
+            lo, hi = sorted((start, start + (n - 1) * step))
+            if dtype is None and dt == dtypes.default_int and not (dt.min <= lo and hi <= dt.max):
+                dt = dtypes.int64   # values past int32 (torch's default int64 holds them; wrapping would be silent)
+            if not (dt.min <= lo and hi <= dt.max):
+                raise OverflowError(f"arange({start}, {stop}, {step}) has values outside the range of {dt}")
         dev = canonical_device(device)
         iota = UOp(Ops.IOTA, dt, (UOp(Ops.DEVICE, arg=dev),), n)
         return cls(iota) * step + start if (step, start) != (1, 0) else cls(iota)

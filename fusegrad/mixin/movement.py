@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from fusegrad import storage
 from fusegrad.dtype import dtypes
 from fusegrad.engine.capture import note_assign
-from fusegrad.helpers import ShapeError, argfix, prod
+from fusegrad.helpers import JoinShapeError, ShapeError, argfix, prod
 
 if TYPE_CHECKING:
     from fusegrad.tensor import Tensor
@@ -76,7 +76,8 @@ class MovementMixin:
         ax = self._axis(dim)
         for t in ts:
             if t.ndim != self.ndim or any(a != b for i, (a, b) in enumerate(zip(t.shape, self.shape)) if i != ax):
-                raise RuntimeError(f"Sizes of tensors must match except in dimension {ax}: got {self.shape} and {t.shape}")
+                raise JoinShapeError(f"Sizes of tensors must match except in dimension {ax}: got {self.shape} and "
+                                     f"{t.shape}")
         from fusegrad.dtype import least_upper_dtype
         dt = least_upper_dtype(*[t.dtype for t in ts])
         from fusegrad.ir.shape import sadd, ssub
@@ -101,7 +102,7 @@ class MovementMixin:
         """
         ts = _tensor_list(self, args, "stack")
         if any(t.shape != ts[0].shape for t in ts):
-            raise RuntimeError(f"stack expects each tensor to be equal size, got {[t.shape for t in ts]}")
+            raise JoinShapeError(f"stack expects each tensor to be equal size, got {[t.shape for t in ts]}")
         ax = ts[0]._axis(dim, ts[0].ndim + 1)
         return ts[0].unsqueeze(ax).cat(*[t.unsqueeze(ax) for t in ts[1:]], dim=ax)
 
@@ -127,8 +128,13 @@ class MovementMixin:
         return self.split(-(-n // chunks), dim)
 
     def repeat(self: "Tensor", repeats: Any, *args: int) -> "Tensor":
-        reps = argfix(repeats, *args)
-        if len(reps) < self.ndim: raise RuntimeError("number of repeat dims can't be smaller than the tensor's dims")
+        """Tile the tensor `repeats[i]` times along axis i. Fewer repeats than axes repeat the last axes (the others
+        once), as tinygrad and `np.tile` do (PyTorch raises); more add leading axes. A negative repeat raises."""
+        from fusegrad.ir.ops import UOp
+        reps = tuple(argfix(repeats, *args))
+        if any(not isinstance(r, UOp) and (not hasattr(r, "__index__") or r < 0) for r in reps):
+            raise ShapeError(f"repeats must be non-negative ints, got {reps}")
+        reps = (1,) * (self.ndim - len(reps)) + tuple(r if isinstance(r, UOp) else int(r) for r in reps)
         x = self.reshape((1,) * (len(reps) - self.ndim) + self.shape)
         shape = x.shape
         x = x.reshape(tuple(v for s in shape for v in (1, s)))
@@ -404,7 +410,13 @@ class MovementMixin:
 
     def __setitem__(self: "Tensor", indices: Any, v: Any) -> None:
         """In-place assignment through an index, like torch. Basic indices (ints, slices of any step, None, ...) write
-        through the view they select; tensor or list indices scatter into the selected positions."""
+        through the view they select; tensor or list indices scatter into the selected positions.
+
+        A Tensor value must have self's dtype, as in tinygrad (`RuntimeError` otherwise; PyTorch casts silently); a
+        Python number, a list or a 0-d tensor made from a bare Python number is converted to self's dtype."""
+        if isinstance(v, _T()) and v.dtype != self.dtype and not v._weak:
+            raise RuntimeError(f"setitem dtype mismatch: self.dtype={self.dtype} != v.dtype={v.dtype} (cast the value "
+                               "first)")
         if _is_basic(indices): self[indices].assign(v)
         else: self._setitem_advanced(indices, v)
 
@@ -600,8 +612,8 @@ class MovementMixin:
         """
         Tensor = _T()
         if not dtypes.is_int(self.dtype): raise RuntimeError(f"one_hot expects an integer tensor, got {self.dtype}")
-        if not isinstance(num_classes, int) or num_classes < -1:
-            raise ValueError(f"num_classes must be a non-negative int (or -1), got {num_classes!r}")
+        if not isinstance(num_classes, int) or num_classes < -1:   # ValueError (tinygrad) and RuntimeError (torch)
+            raise ShapeError(f"num_classes must be a non-negative int (or -1), got {num_classes!r}")
         if num_classes == -1 and self.numel() == 0:
             raise RuntimeError("one_hot: can't infer num_classes of an empty tensor")
         if num_classes == -1: num_classes = int(self.max().item()) + 1

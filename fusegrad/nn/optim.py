@@ -3,6 +3,12 @@
 `step()` realizes the new parameters and the optimizer state together, so one training step is one schedule. The
 learning rate lives in a Tensor (`opt.lr`), so changing it (`opt.lr.assign(Tensor([0.01]))`) reuses the compiled kernels.
 
+`fused=True` (or `Context(FUSE_OPTIM=1)` / $FUSE_OPTIM when the optimizer is made; tinygrad's fused optimizer) keeps
+each state as one flat tensor over all parameters and updates them as one concatenated vector, so each state is one
+update instead of one per parameter. It applies to the elementwise updates (SGD, Adam, AdamW); LAMB's and LARS's trust
+ratios and Muon's orthogonalization are per parameter, so those stay unfused (tinygrad computes them over the
+concatenation, which changes the values). The values are the same as unfused.
+
 >>> from fusegrad import Tensor, nn
 >>> w = Tensor([1.0, -2.0], requires_grad=True)
 >>> opt = nn.optim.SGD([w], lr=0.5)
@@ -17,18 +23,16 @@ from __future__ import annotations
 import math
 
 from fusegrad.dtype import DType, dtypes, least_upper_dtype, to_dtype
-from fusegrad.helpers import TRAINING, dedup, getenv
+from fusegrad.helpers import FUSE_OPTIM, TRAINING, dedup, getenv
 from fusegrad.ir.ops import Ops
 from fusegrad.tensor import Tensor
-
-FUSE_OPTIM = getenv("FUSE_OPTIM", 0)
 
 
 class Optimizer:
     """Base class. `params` are the tensors it updates (requires_grad not False; each is marked `is_param`), `buffers`
     the others passed in (e.g. BatchNorm running statistics), realized alongside so their lazy updates don't pile up."""
 
-    def __init__(self, params: list[Tensor], lr: float, device: str | None = None, fused: bool = FUSE_OPTIM):
+    def __init__(self, params: list[Tensor], lr: float, device: str | None = None, fused: bool | None = None):
         params = list(params)
         if not params: raise ValueError("optimizer got an empty parameter list")
         for t in params:
@@ -38,7 +42,8 @@ class Optimizer:
         self.buffers: list[Tensor] = dedup([t for t in params if t.requires_grad is False])
         if not self.params: raise ValueError("optimizer got no trainable parameters (every tensor has requires_grad=False)")
         self.device = device if device is not None else self.params[0].device
-        self.fused = fused  # accepted for API compatibility; updates are always built per parameter
+        self.fused = bool(FUSE_OPTIM) if fused is None else bool(fused)
+        self._flat = False    # set by a subclass whose update is elementwise, when fused
         self.state_dtype = to_dtype(getenv("OPTIM_DTYPE", "float32"))
         lr_dtype = least_upper_dtype(self.state_dtype, dtypes.float32)
         self.lr = _state(Tensor([lr], dtype=lr_dtype, device=self.device))
@@ -78,8 +83,35 @@ class Optimizer:
             out.append((i, t, t.grad.detach().cast(self.state_dtype)))
         return out
 
+    def _updates(self) -> list[tuple[int, Tensor, Tensor, "_Writer"]]:
+        """(state index, value w, grad g, writer) per update: one per param with a gradient, or, fused, one for all
+        params concatenated (flat), where params without a gradient keep their value and their state."""
+        items = self._with_grads()
+        if not self._flat:
+            return [(i, t.detach().cast(self.state_dtype), g, _Writer([t], None)) for i, t, g in items]
+        if not items: return []
+        have = {i for i, _, _ in items}
+        grads = {i: g for i, _, g in items}
+        w = Tensor.cat(*[t.detach().cast(self.state_dtype).flatten() for t in self.params])
+        g = Tensor.cat(*[(grads[i] if i in have else t.zeros_like().cast(self.state_dtype)).flatten()
+                         for i, t in enumerate(self.params)])
+        keep = None if len(have) == len(self.params) else Tensor.cat(*[
+            Tensor.full((t.numel(),), i in have, dtype=dtypes.bool, device=self.device)
+            for i, t in enumerate(self.params)])
+        return [(0, w, g, _Writer(self.params, keep))]
+
+    def _set(self, state: Tensor, new: Tensor, writer: "_Writer") -> None:
+        """state.assign(new); fused, the entries of params without a gradient keep their value."""
+        state.assign(new if writer.keep is None else writer.keep.where(new, state))
+
     def _zeros_like_params(self) -> list[Tensor]:
-        """Zeroed state for every parameter, realized in one schedule: one compiler run for all the shapes."""
+        """Zeroed state for every parameter, realized in one schedule: one compiler run for all the shapes; fused, one
+        flat tensor for all of them."""
+        if self._flat:
+            n = sum(t.numel() for t in self.params)
+            flat = Tensor.zeros(n, dtype=self.state_dtype, device=self.device).contiguous().realize()
+            flat.requires_grad = False
+            return [flat]
         states = [_zeros_like(t, self.state_dtype) for t in self.params]
         if states: Tensor.realize(*states)
         for t in states: t.requires_grad = False
@@ -103,6 +135,25 @@ def _state(t: Tensor) -> Tensor:
 def _write(t: Tensor, new: Tensor) -> None:
     """Replace a parameter's value (cast back to its dtype)."""
     t.assign(new.cast(t.dtype))
+
+
+class _Writer:
+    """Writes an update's new value back: to its one parameter, or (fused) split over every parameter, where `keep`
+    (a flat bool mask, None when all params had a gradient) leaves params without a gradient unchanged."""
+    def __init__(self, params: list[Tensor], keep: Tensor | None): self.params, self.keep = params, keep
+
+    def __call__(self, new: Tensor) -> None:
+        if len(self.params) == 1 and self.keep is None and new.shape == self.params[0].shape:
+            _write(self.params[0], new)
+            return
+        off = 0
+        for t in self.params:
+            n = t.numel()
+            part = new[off:off + n]
+            if self.keep is not None:
+                part = self.keep[off:off + n].where(part, t.detach().flatten().cast(part.dtype))
+            _write(t, part.reshape(t.shape))
+            off += n
 
 
 class OptimizerGroup(Optimizer):
@@ -139,7 +190,7 @@ class LARS(Optimizer):
     def __init__(self, params: list[Tensor], lr: float = 0.001, momentum: float = 0.9, weight_decay: float = 1e-4,
                  ns_steps: int = 0, ns_coefficients: tuple[float, ...] | None = None, nesterov: bool = False,
                  classic: bool = True, pre_wd: bool = True, tcoef: float = 0.001, device: str | None = None,
-                 fused: bool = FUSE_OPTIM):
+                 fused: bool | None = None):
         super().__init__(params, lr, device, fused)
         if momentum < 0 or weight_decay < 0: raise ValueError(f"momentum ({momentum}) and weight_decay ({weight_decay}) "
                                                              "must be non-negative")
@@ -148,6 +199,7 @@ class LARS(Optimizer):
             momentum, weight_decay, nesterov, classic, pre_wd, tcoef
         self.ns_steps, self.ns_coefficients = ns_steps, ns_coefficients
         if ns_steps and ns_coefficients is None: raise ValueError("ns_steps needs ns_coefficients")
+        self._flat = self.fused and not tcoef and not ns_steps   # elementwise: SGD
         self.b = self._zeros_like_params() if momentum else []
 
     def _trust_ratio(self, w: Tensor, g: Tensor) -> Tensor | float:
@@ -159,22 +211,21 @@ class LARS(Optimizer):
     def _apply_updates(self) -> list[Tensor]:
         lr = self.lr.reshape(()).cast(self.state_dtype)
         changed = []
-        for i, t, g in self._with_grads():
-            w = t.detach().cast(self.state_dtype)
+        for i, w, g, write in self._updates():
             trust = self._trust_ratio(w, g)
             if self.pre_wd and self.wd: g = g + self.wd * w
             g = g * trust
             if self.classic: g = g * lr
             if self.momentum:
                 b = self.b[i]
-                b.assign(self.momentum * b + g)
+                self._set(b, self.momentum * b + g, write)
                 changed.append(b)
                 g = g + self.momentum * b if self.nesterov else b
             if self.ns_steps:
                 assert self.ns_coefficients is not None
                 g = _orthogonalize(g, self.ns_steps, self.ns_coefficients)
             if not self.pre_wd and self.wd: g = g + (self.wd * lr * w if self.classic else self.wd * w)
-            _write(t, w - (g if self.classic else lr * g))
+            write(w - (g if self.classic else lr * g))
         return changed
 
 
@@ -197,7 +248,7 @@ def _orthogonalize(g: Tensor, steps: int, coefficients: tuple[float, ...], eps: 
 
 
 def SGD(params: list[Tensor], lr: float = 0.001, momentum: float = 0.0, weight_decay: float = 0.0, nesterov: bool = False,
-        classic: bool = False, device: str | None = None, fused: bool = FUSE_OPTIM) -> LARS:
+        classic: bool = False, device: str | None = None, fused: bool | None = None) -> LARS:
     """Stochastic gradient descent with optional momentum, Nesterov momentum and L2 weight decay (as torch.optim.SGD).
 
     >>> SGD([Tensor([1.0], requires_grad=True)], lr=0.1, momentum=0.9).momentum
@@ -217,7 +268,7 @@ class Muon(Optimizer):
 
     def __init__(self, params: list[Tensor], lr: float = 0.001, momentum: float = 0.95, weight_decay: float = 0.1,
                  ns_steps: int = 5, ns_coefficients: tuple[float, ...] = (3.4445, -4.775, 2.0315), nesterov: bool = True,
-                 device: str | None = None, fused: bool = FUSE_OPTIM):
+                 device: str | None = None, fused: bool | None = None):
         super().__init__(params, lr, device, fused)
         if not 0 <= momentum < 1: raise ValueError(f"Muon momentum must be in [0, 1), got {momentum}")
         self.momentum, self.wd, self.ns_steps, self.ns_coefficients, self.nesterov = \
@@ -249,13 +300,14 @@ class LAMB(Optimizer):
     """
 
     def __init__(self, params: list[Tensor], lr: float = 0.001, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-6,
-                 weight_decay: float = 0.0, adam: bool = False, device: str | None = None, fused: bool = FUSE_OPTIM):
+                 weight_decay: float = 0.0, adam: bool = False, device: str | None = None, fused: bool | None = None):
         super().__init__(params, lr, device, fused)
         if not (0 <= b1 < 1 and 0 <= b2 < 1): raise ValueError(f"betas must be in [0, 1), got {(b1, b2)}")
         self.b1, self.b2, self.eps, self.wd, self.adam = b1, b2, eps, weight_decay, adam
         # b1^t and b2^t live in tensors so the bias correction never bakes a new constant into the kernels
         self.b1_t = _state(Tensor([1.0], dtype=dtypes.float32, device=self.device))
         self.b2_t = _state(Tensor([1.0], dtype=dtypes.float32, device=self.device))
+        self._flat = self.fused and adam   # elementwise: Adam, AdamW
         self.m = self._zeros_like_params()
         self.v = self._zeros_like_params()
 
@@ -265,28 +317,28 @@ class LAMB(Optimizer):
         lr = self.lr.reshape(()).cast(self.state_dtype)
         c1, c2 = (1 - self.b1_t.reshape(())).cast(self.state_dtype), (1 - self.b2_t.reshape(())).cast(self.state_dtype)
         changed = [self.b1_t, self.b2_t]
-        for i, t, g in self._with_grads():
-            w, m, v = t.detach().cast(self.state_dtype), self.m[i], self.v[i]
-            m.assign(self.b1 * m + (1 - self.b1) * g)
-            v.assign(self.b2 * v + (1 - self.b2) * g.square())
+        for i, w, g, write in self._updates():
+            m, v = self.m[i], self.v[i]
+            self._set(m, self.b1 * m + (1 - self.b1) * g, write)
+            self._set(v, self.b2 * v + (1 - self.b2) * g.square(), write)
             changed += [m, v]
             u = (m / c1) / ((v / c2).sqrt() + self.eps)
             if self.wd: u = u + self.wd * w
             if not self.adam:
                 wn, un = w.square().sum().sqrt(), u.square().sum().sqrt()
                 u = u * ((wn > 0) & (un > 0)).where(wn / un, 1.0)
-            _write(t, w - lr * u)
+            write(w - lr * u)
         return changed
 
 
 def AdamW(params: list[Tensor], lr: float = 0.001, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
-          weight_decay: float = 0.01, device: str | None = None, fused: bool = FUSE_OPTIM) -> LAMB:
+          weight_decay: float = 0.01, device: str | None = None, fused: bool | None = None) -> LAMB:
     """Adam with decoupled weight decay (as torch.optim.AdamW)."""
     return LAMB(params, lr, b1, b2, eps, weight_decay, adam=True, device=device, fused=fused)
 
 
 def Adam(params: list[Tensor], lr: float = 0.001, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
-         device: str | None = None, fused: bool = FUSE_OPTIM) -> LAMB:
+         device: str | None = None, fused: bool | None = None) -> LAMB:
     """Adam (as torch.optim.Adam with weight_decay=0)."""
     return LAMB(params, lr, b1, b2, eps, 0.0, adam=True, device=device, fused=fused)
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from fusegrad import Device, Tensor, dtypes
-from fusegrad.dtype import least_upper_dtype, to_dtype
+from fusegrad.dtype import least_upper_dtype, to_dtype, to_np_dtype
 
 from .helpers import DEVICES, check_op
 
@@ -397,9 +397,17 @@ def test_weak_0d_python_number_tensor(dt, op, fn, nfn, sv):
     """`x OP Tensor(python number)` has torch's `x OP torch.tensor(python number)` dtype and values, for every dtype
     of x (torch's int64 default int is fusegrad's int32 where the number decides the dtype)."""
     v = np.array([0, 1, 2, 3], np.float32)
-    if op == "rsub" and (dt == "bool" or sv is True):   # torch refuses bool subtraction; so does fusegrad
+    if op == "rsub" and (dt == "bool" or sv is True):   # torch refuses any bool subtraction
         with pytest.raises(RuntimeError, match="Subtraction"): fn(torch.tensor(v).to(getattr(torch, dt)), torch.tensor(sv))
-        with pytest.raises(RuntimeError, match="Subtraction"): fn(Tensor(v).cast(dt), Tensor(sv))
+        if dt == "bool" and sv is True:   # bool - bool: NumPy refuses it too, and so does fusegrad
+            with pytest.raises(RuntimeError, match="Subtraction"): fn(Tensor(v).cast(dt), Tensor(sv))
+            return
+        # one bool side: it counts as an int 0/1, as in tinygrad and NumPy; the dtype is addition's
+        out, like = fn(Tensor(v).cast(dt), Tensor(sv)), Tensor(sv) + Tensor(v).cast(dt)
+        assert out.dtype == like.dtype
+        want = float(sv) - v.astype(dt).astype(np.float64) if dt != "bfloat16" else float(sv) - v
+        if dtypes.is_int(out.dtype): want = want.astype(np.int64).astype(to_np_dtype(out.dtype)).astype(np.float64)
+        np.testing.assert_allclose(out.numpy().astype(np.float64), want, rtol=1e-2 if dt == "bfloat16" else 1e-6)
         return
     out = fn(Tensor(v).cast(dt), Tensor(sv))
     want_vals, want_dt = _weak_reference(dt, v, sv, fn, nfn)

@@ -11,7 +11,7 @@ from fusegrad import Context, Tensor, dtypes
 from fusegrad.dtype import can_lossless_cast, to_dtype
 
 NAMES = {
-    "": "Tensor TinyJit UOp Variable dtypes GlobalCounters Context getenv Device nn",
+    "": "Tensor TinyJit UOp Variable dtypes GlobalCounters Context getenv Device nn function",
     "tensor": "Tensor cast dtypes Device Variable",
     "dtype": "dtypes DType DTypeLike ConstType PyConst PtrDType least_upper_dtype least_upper_float sum_acc_dtype "
              "to_dtype DTYPES_DICT INVERSE_DTYPES_DICT _from_np_dtype _to_np_dtype truncate can_lossless_cast "
