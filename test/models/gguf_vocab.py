@@ -43,11 +43,27 @@ def corpus() -> list[str]:
     return text + texts(2000, seed=7) + CODE * 20 + EMOJI * 5
 
 
-def spm_gguf(path: pathlib.Path, vocab_size: int = 1500, add_bos: bool | None = True, add_eos: bool = False,
-             user_defined: tuple[str, ...] = ("<think>",), arch: str = "llama") -> pathlib.Path:
-    """A 'llama' (SentencePiece) tokenizer like LLaMA's: <unk>, <s>, </s>, the 256 <0xNN> byte tokens, then pieces
-    with descending scores (spaces as U+2581), a control token <|eot|>, and `user_defined` tokens."""
+def spm_gguf(path: pathlib.Path, add_bos: bool | None = True, add_eos: bool = False) -> pathlib.Path:
+    """A GGUF file holding only add_spm_tokenizer's tokenizer."""
+    return write_only(path, lambda w: add_spm_tokenizer(w, add_bos=add_bos, add_eos=add_eos))
+
+
+def write_only(path: pathlib.Path, add) -> pathlib.Path:
     import gguf
+    w = gguf.GGUFWriter(str(path), "llama")
+    add(w)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def add_spm_tokenizer(w, vocab_size: int = 1500, add_bos: bool | None = True, add_eos: bool = False,
+                      user_defined: tuple[str, ...] = ("<think>",)) -> int:
+    """Put a 'llama' (SentencePiece) tokenizer like LLaMA's in GGUFWriter `w`: <unk>, <s>, </s>, the 256 <0xNN> byte
+    tokens, then pieces with descending scores (spaces as U+2581), a control token <|eot|>, and `user_defined`
+    tokens. Returns the number of tokens."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     tok = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=True)
@@ -67,7 +83,6 @@ def spm_gguf(path: pathlib.Path, vocab_size: int = 1500, add_bos: bool | None = 
         tokens.append(t)
         types.append(ty)
         scores.append(0.0)
-    w = gguf.GGUFWriter(str(path), arch)
     w.add_tokenizer_model("llama")
     w.add_token_list(tokens)
     w.add_token_scores(scores)
@@ -77,17 +92,18 @@ def spm_gguf(path: pathlib.Path, vocab_size: int = 1500, add_bos: bool | None = 
     w.add_unk_token_id(0)
     if add_bos is not None: w.add_add_bos_token(add_bos)
     w.add_add_eos_token(add_eos)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return len(tokens)
 
 
-def bpe_gguf(path: pathlib.Path, pre: str, vocab_size: int = 1500, arch: str = "llama") -> pathlib.Path:
-    """A 'gpt2' (byte-level BPE) tokenizer with merges, split by the pattern `pre` names, with control tokens
-    <|endoftext|> (BOS and EOS), <|im_start|>, <|im_end|> and a user-defined <tool>."""
-    import gguf
+def bpe_gguf(path: pathlib.Path, pre: str) -> pathlib.Path:
+    """A GGUF file holding only add_bpe_tokenizer's tokenizer."""
+    return write_only(path, lambda w: add_bpe_tokenizer(w, pre))
+
+
+def add_bpe_tokenizer(w, pre: str, vocab_size: int = 1500) -> int:
+    """Put a 'gpt2' (byte-level BPE) tokenizer with merges in GGUFWriter `w`, split by the pattern `pre` names, with
+    control tokens <|endoftext|> (BOS and EOS), <|im_start|>, <|im_end|> and a user-defined <tool>, and a chat
+    template. Returns the number of tokens."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -100,7 +116,6 @@ def bpe_gguf(path: pathlib.Path, pre: str, vocab_size: int = 1500, arch: str = "
     tokens = [t for t, _ in sorted(model["vocab"].items(), key=lambda kv: kv[1])] + ["<tool>"]
     merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
     types = [3 if t in ("<|endoftext|>", "<|im_start|>", "<|im_end|>") else 1 for t in tokens[:-1]] + [4]
-    w = gguf.GGUFWriter(str(path), arch)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(pre)
     w.add_token_list(tokens)
@@ -111,8 +126,4 @@ def bpe_gguf(path: pathlib.Path, pre: str, vocab_size: int = 1500, arch: str = "
     w.add_add_bos_token(False)
     w.add_chat_template("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
                         "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return len(tokens)
