@@ -72,11 +72,18 @@ def main(argv: list[str] | None = None) -> int:
         return fail(str(e))
     print(dec.flush())
     if args.show_ids: print(f"ids: {out}")
-    decode_s = sum(times[1:])
-    print(f"--- load {load_s:.2f} s; prefill {len(prompt)} tokens in {times[0]:.2f} s "
-          f"({len(prompt) / times[0]:.1f} tok/s, with the first token); decode {len(times) - 1} tokens in "
-          f"{decode_s:.2f} s ({(len(times) - 1) / decode_s if decode_s else float('nan'):.1f} tok/s)", file=sys.stderr)
+    print(speed_line(load_s, len(prompt), times), file=sys.stderr)
     return 0
+
+
+def speed_line(load_s: float, n_prompt: int, times: list[float]) -> str:
+    """Load time, prefill speed (the first token comes out of it) and decode speed; the first two decode steps
+    compile and capture (TinyJit), so the steady speed counts the steps after them."""
+    decode, steady = times[1:], times[3:]
+    rate = lambda n, s: f"{n / s:.1f} tok/s" if s else "n/a"   # noqa: E731
+    line = (f"--- load {load_s:.2f} s; prefill {n_prompt} tokens in {times[0]:.2f} s ({rate(n_prompt, times[0])}); "
+            f"decode {len(decode)} tokens in {sum(decode):.2f} s ({rate(len(decode), sum(decode))})")
+    return line + (f", {rate(len(steady), sum(steady))} after the first two steps" if steady else "")
 
 
 def fail(msg: str) -> int:
