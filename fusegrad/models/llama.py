@@ -14,6 +14,7 @@ import numpy as np
 from fusegrad import nn
 from fusegrad.ir.ops import UOp
 from fusegrad.models.decoding import Generator, KVCache, causal_mask
+from fusegrad.models.quantized import QUANTIZED_TYPES, QuantizedLinear, block_planes
 from fusegrad.models.weights import (
     Namespace,
     Renamed,
@@ -188,14 +189,28 @@ class Llama:
         return model
 
     @classmethod
-    def from_gguf(cls, path: str | pathlib.Path, max_context: int | None = None) -> Llama:
-        """Load a llama.cpp GGUF file (architecture 'llama'; any tensor type fusegrad's gguf_load reads)."""
+    def from_gguf(cls, path: str | pathlib.Path, max_context: int | None = None, quantized: bool = False) -> Llama:
+        """Load a llama.cpp GGUF file (architecture 'llama'; any tensor type fusegrad's gguf_load reads). With
+        `quantized` (experimental: slower than float32 today), the layers' projections stored in Q4_0, Q4_1 or Q8_0
+        stay in their blocks (QuantizedLinear, dequantized inside the matmul kernel); everything else, and everything
+        without it, is dequantized to float32 when loaded."""
         meta, tensors = gguf_load(path)
         if meta.get("general.architecture") != "llama":
             raise WeightsMismatch(f"{path}: general.architecture is {meta.get('general.architecture')!r}, not 'llama'")
         cfg = config_from_gguf(meta, tensors, str(path))
         model = cls(cfg, max_context)
-        load_weights(model, path, _what(cfg), sd=GGUFNames(tensors, cfg))
+        names = GGUFNames(tensors, cfg)
+        if quantized:
+            for i, layer in enumerate(model.model.layers):
+                for hf, gg in _GGUF_LAYER.items():
+                    gtype = getattr(tensors, "ggml_types", {}).get(f"blk.{i}.{gg}")
+                    if not hf.endswith("_proj.weight") or gtype not in QUANTIZED_TYPES: continue
+                    part, attr = hf[:-len(".weight")].split(".")
+                    old = getattr(getattr(layer, part), attr)
+                    new = QuantizedLinear(old.weight.shape[1], old.weight.shape[0], gtype)
+                    setattr(getattr(layer, part), attr, new)
+                    names.keep_quantized(f"model.layers.{i}.{hf}", gtype)
+        load_weights(model, path, _what(cfg), sd=names)
         return model
 
 
@@ -237,15 +252,52 @@ class GGUFNames(Mapping):
         for i in range(cfg.num_hidden_layers):
             for hf, gg in _GGUF_LAYER.items(): self.names[f"model.layers.{i}.{hf}"] = f"blk.{i}.{gg}"
         self.names.update({k: k for k in tensors if k not in set(self.names.values())})   # unknown extras
+        self.planes: dict[str, tuple[str, int, str]] = {}   # "...q_proj.qs" -> (gguf name, ggml type, plane)
+        self._cache: dict[str, dict[str, np.ndarray]] = {}
+        self._served: dict[str, set[str]] = {}
+
+    def keep_quantized(self, hf_weight: str, gtype: int) -> None:
+        """Serve `hf_weight` (e.g. model.layers.0.self_attn.q_proj.weight) as QuantizedLinear's block planes."""
+        gg = self.names.pop(hf_weight)
+        prefix = hf_weight[:-len("weight")]
+        for plane in ("d", "qs") + (("m",) if gtype == 3 else ()):
+            self.names[prefix + plane] = gg
+            self.planes[prefix + plane] = (gg, gtype, plane)
 
     def __iter__(self) -> Any: return iter(self.names)
     def __len__(self) -> int: return len(self.names)
-    def shape_of(self, k: str) -> tuple[int, ...]: return tuple(self.tensors.shape_of(self.names[k]))
+
+    def shape_of(self, k: str) -> tuple[int, ...]:
+        if k in self.planes: return tuple(self._planes(k)[self.planes[k][2]].shape)
+        return tuple(self.tensors.shape_of(self.names[k]))
+
+    def _heads(self, k: str) -> int | None:
+        if ".q_proj." in k: return self.cfg.num_attention_heads
+        if ".k_proj." in k: return self.cfg.kv_heads
+        return None
+
+    def _planes(self, k: str) -> dict[str, np.ndarray]:
+        gg, gtype, _ = self.planes[k]
+        if gg not in self._cache:
+            rows, cols = self.tensors.shape_of(gg)
+            planes = block_planes(self.tensors.raw_bytes[gg](), gtype, rows, cols)
+            if (heads := self._heads(k)) is not None:   # llama.cpp's interleaved rotary rows back to HF's order
+                perm = np.arange(rows).reshape(heads, rows // heads // 2, 2).transpose(0, 2, 1).reshape(-1)
+                planes = {n: p[perm] for n, p in planes.items()}
+            self._cache[gg] = planes
+        return self._cache[gg]
 
     def __getitem__(self, k: str) -> Tensor:
+        if k in self.planes:
+            gg, _, name = self.planes[k]
+            planes = self._planes(k)
+            out = Tensor(planes[name])
+            served = self._served.setdefault(gg, set())
+            served.add(name)
+            if len(served) == len(planes): del self._cache[gg], self._served[gg]   # all handed out: drop the copies
+            return out
         t = self.tensors[self.names[k]].float()
-        if k.endswith(("q_proj.weight", "k_proj.weight")):
-            heads = self.cfg.num_attention_heads if k.endswith("q_proj.weight") else self.cfg.kv_heads
+        if (heads := self._heads(k)) is not None:
             rows, cols = t.shape
             t = t.reshape(heads, rows // heads // 2, 2, cols).transpose(1, 2).reshape(rows, cols)
         return t

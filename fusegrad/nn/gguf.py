@@ -102,7 +102,7 @@ def _q4_k(b: Tensor) -> Tensor:
     n = b.shape[0]
     sc, mn = _k_scale_min(b[:, 4:16])
     qs = b[:, 16:144].cast(dtypes.int32).reshape(n, 4, 1, 32)
-    q = (qs & 0xF).cat(qs >> 4, dim=2).reshape(n, 8, 32)                                  # sub-block 2j: low, 2j+1: high
+    q = (qs & 0xF).cat(qs >> 4, dim=2).reshape(n, 8, 32)                                  # sub-block 2j low, 2j+1 high
     y = (_f16(b, 0) * sc).unsqueeze(-1) * q.float() - (_f16(b, 2) * mn).unsqueeze(-1)
     return y.reshape(n, 256)
 
@@ -203,7 +203,8 @@ class _Cursor:
 def gguf_load(fn: Tensor | str | pathlib.Path, mmap: bool = True) -> tuple[dict[str, Any], LazyStateDict]:
     """Read a .gguf file: (metadata key -> value, tensor name -> Tensor). Tensors are read and dequantized on first use;
     shapes are in PyTorch order (GGUF's dims reversed). mmap=False reads the whole file into memory now (see
-    safe_load)."""
+    safe_load). The returned dict also has `ggml_types` (name -> ggml type id) and `raw_bytes` (name -> a function
+    giving the tensor's bytes as stored, for layers that keep the blocks quantized)."""
     src = Source(fn, mmap=mmap)
     if len(src) < 4 or bytes(src.buf[:4]) != b"GGUF": raise src.error("not a GGUF file (missing the 'GGUF' magic)")
     if len(src) < 8: raise src.error("truncated GGUF header")
@@ -239,7 +240,14 @@ def gguf_load(fn: Tensor | str | pathlib.Path, mmap: bool = True) -> tuple[dict[
         shape = tuple(reversed(dims))
         check_shape(src, name, shape)
         entries[name] = (shape, functools.partial(_read_tensor, src, name, gtype, shape, start, end))
-    return kv, LazyStateDict(src.name, entries, kv)
+    sd = LazyStateDict(src.name, entries, kv)
+    # what stays-quantized layers read instead of the dequantized tensor: each tensor's ggml type, and its raw bytes
+    # (a view of the memory-mapped file) on demand
+    sd.ggml_types = {name: gtype for name, _, gtype, _ in infos}
+    sd.raw_bytes = {name: functools.partial(src.read, data_start + off,
+                                            data_start + off + prod(dims) // GGML_TYPES[gt][1] * GGML_TYPES[gt][2],
+                                            f"tensor {name!r}") for name, dims, gt, off in infos}
+    return kv, sd
 
 
 def _read_tensor(src: Source, name: str, gtype: int, shape: tuple[int, ...], start: int, end: int) -> Tensor:
