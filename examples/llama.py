@@ -3,7 +3,7 @@
 and decode speeds.
 
     python examples/llama.py MODEL.gguf "PROMPT" [--max-new N] [--temperature T] [--top-k K] [--top-p P]
-                             [--repetition-penalty R] [--seed S] [--chat] [--threads N] [--show-ids]
+                             [--repetition-penalty R] [--seed S] [--chat] [--threads N] [--show-ids] [--float]
 
 The tokenizer comes from the file's own metadata (fusegrad.models.gguf_tokenizer); --chat wraps the prompt in the
 file's chat template (needs jinja2). Temperature 0 (the default) is greedy. JIT=0 runs the decode steps eagerly.
@@ -31,6 +31,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--chat", action="store_true", help="apply the file's chat template to the prompt")
     ap.add_argument("--threads", type=int, default=None, help="CPU threads (default: every core this process has)")
     ap.add_argument("--show-ids", action="store_true", help="also print the generated token ids")
+    ap.add_argument("--float", action="store_true",
+                    help="dequantize every weight to float32 when loading (default: Q4_0/Q4_1/Q8_0 stay quantized)")
     return ap.parse_args(argv)
 
 
@@ -54,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         text = tok.apply_chat_template([{"role": "user", "content": args.prompt}]) if args.chat else args.prompt
         prompt = tok.encode(text)
         if args.max_new < 1: return fail(f"--max-new must be >= 1, got {args.max_new}")
-        model = Llama.from_gguf(args.model, max_context=len(prompt) + args.max_new)
+        model = Llama.from_gguf(args.model, max_context=len(prompt) + args.max_new, quantized=not args.float)
         load_s = time.perf_counter() - t0
     except (ValueError, ImportError, FormatError, WeightsMismatch) as e:
         return fail(str(e))

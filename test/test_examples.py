@@ -172,12 +172,13 @@ class FakeWriter:
     def __getattr__(self, name): return lambda *a, **k: None
 
 
-@pytest.mark.parametrize("jit", [1, 0])
-def test_llama_example_greedy_equals_transformers(tiny_llama_gguf, jit):
+@pytest.mark.parametrize("jit, weights", [(1, "quantized"), (0, "quantized"), (1, "float")])
+def test_llama_example_greedy_equals_transformers(tiny_llama_gguf, jit, weights):
     from fusegrad.models.gguf_tokenizer import GGUFTokenizer
     tok = GGUFTokenizer.from_gguf(tiny_llama_gguf)
     prompt = "the quick brown fox 🦊 jumps"
-    r = run_llama(str(tiny_llama_gguf), prompt, "--max-new", "10", "--show-ids", "--threads", "2", jit=jit)
+    extra = ["--float"] if weights == "float" else []
+    r = run_llama(str(tiny_llama_gguf), prompt, "--max-new", "10", "--show-ids", "--threads", "2", *extra, jit=jit)
     ours = shown_ids(r)
     want = transformers_greedy(tiny_llama_gguf, tok.encode(prompt), 10)
     assert_same_greedy(ours, want, {tok.eos_id})

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import pathlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -27,6 +27,9 @@ from fusegrad.models.weights import (
 )
 from fusegrad.nn.state import gguf_load
 from fusegrad.tensor import Tensor
+
+
+LinearFactory = Callable[[int, int, str], Any]   # (in_features, out_features, "self_attn.q_proj") -> a linear module
 
 
 @dataclass(frozen=True)
@@ -91,18 +94,19 @@ class _Rope:
 class LlamaLayer:
     """x + attn(input_layernorm(x)), then + mlp(post_attention_layernorm(x)); attention keeps a KV cache."""
 
-    def __init__(self, cfg: LlamaConfig, max_context: int):
+    def __init__(self, cfg: LlamaConfig, max_context: int, linear: LinearFactory | None = None):
         C, H, KV, D = cfg.hidden_size, cfg.num_attention_heads, cfg.kv_heads, cfg.dim_per_head
+        lin = linear or (lambda i, o, name: nn.Linear(i, o, bias=False))
         if H % KV: raise ValueError(f"{H} attention heads can't be shared by {KV} key/value heads")
         self.H, self.KV, self.D = H, KV, D
         self.self_attn = Namespace()
         a = self.self_attn
-        a.q_proj, a.k_proj = nn.Linear(C, H * D, bias=False), nn.Linear(C, KV * D, bias=False)
-        a.v_proj, a.o_proj = nn.Linear(C, KV * D, bias=False), nn.Linear(H * D, C, bias=False)
+        a.q_proj, a.k_proj = lin(C, H * D, "self_attn.q_proj"), lin(C, KV * D, "self_attn.k_proj")
+        a.v_proj, a.o_proj = lin(C, KV * D, "self_attn.v_proj"), lin(H * D, C, "self_attn.o_proj")
         self.mlp = Namespace()
         I = cfg.intermediate_size
-        self.mlp.gate_proj, self.mlp.up_proj = nn.Linear(C, I, bias=False), nn.Linear(C, I, bias=False)
-        self.mlp.down_proj = nn.Linear(I, C, bias=False)
+        self.mlp.gate_proj, self.mlp.up_proj = lin(C, I, "mlp.gate_proj"), lin(C, I, "mlp.up_proj")
+        self.mlp.down_proj = lin(I, C, "mlp.down_proj")
         self.input_layernorm = nn.RMSNorm(C, eps=cfg.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(C, eps=cfg.rms_norm_eps)
         self._cache = KVCache(max_context)
@@ -137,12 +141,15 @@ class Llama:
     (1, 11)
     """
 
-    def __init__(self, cfg: LlamaConfig, max_context: int | None = None):
+    def __init__(self, cfg: LlamaConfig, max_context: int | None = None,
+                 linear: Callable[[int], LinearFactory] | None = None):
         self.config = cfg
         self.max_context = min(max_context or cfg.max_position_embeddings, cfg.max_position_embeddings)
         self.model = Namespace()
         self.model.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.model.layers = [LlamaLayer(cfg, self.max_context) for _ in range(cfg.num_hidden_layers)]
+        # linear(i) makes layer i's projections (in_features, out_features, name) -> module; default nn.Linear
+        self.model.layers = [LlamaLayer(cfg, self.max_context, linear(i) if linear else None)
+                             for i in range(cfg.num_hidden_layers)]
         self.model.norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         if not cfg.tie_word_embeddings: self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self._rope = _Rope(*rope_tables(cfg.dim_per_head, self.max_context, cfg.rope_theta))
@@ -189,27 +196,27 @@ class Llama:
         return model
 
     @classmethod
-    def from_gguf(cls, path: str | pathlib.Path, max_context: int | None = None, quantized: bool = False) -> Llama:
+    def from_gguf(cls, path: str | pathlib.Path, max_context: int | None = None, quantized: bool = True) -> Llama:
         """Load a llama.cpp GGUF file (architecture 'llama'; any tensor type fusegrad's gguf_load reads). With
-        `quantized` (experimental: slower than float32 today), the layers' projections stored in Q4_0, Q4_1 or Q8_0
-        stay in their blocks (QuantizedLinear, dequantized inside the matmul kernel); everything else, and everything
-        without it, is dequantized to float32 when loaded."""
+        `quantized` (the default), the layers' projections stored in Q4_0, Q4_1 or Q8_0 stay in their blocks
+        (QuantizedLinear, dequantized inside the matmul kernel); everything else (embeddings, norms, other types), and
+        everything with quantized=False, is dequantized to float32 when loaded."""
         meta, tensors = gguf_load(path)
         if meta.get("general.architecture") != "llama":
             raise WeightsMismatch(f"{path}: general.architecture is {meta.get('general.architecture')!r}, not 'llama'")
         cfg = config_from_gguf(meta, tensors, str(path))
-        model = cls(cfg, max_context)
         names = GGUFNames(tensors, cfg)
-        if quantized:
-            for i, layer in enumerate(model.model.layers):
-                for hf, gg in _GGUF_LAYER.items():
-                    gtype = getattr(tensors, "ggml_types", {}).get(f"blk.{i}.{gg}")
-                    if not hf.endswith("_proj.weight") or gtype not in QUANTIZED_TYPES: continue
-                    part, attr = hf[:-len(".weight")].split(".")
-                    old = getattr(getattr(layer, part), attr)
-                    new = QuantizedLinear(old.weight.shape[1], old.weight.shape[0], gtype)
-                    setattr(getattr(layer, part), attr, new)
-                    names.keep_quantized(f"model.layers.{i}.{hf}", gtype)
+        types = getattr(tensors, "ggml_types", {}) if quantized else {}
+        gguf_name = {hf[:-len(".weight")]: gg for hf, gg in _GGUF_LAYER.items() if hf.endswith("_proj.weight")}
+
+        def linear(i: int) -> LinearFactory:
+            def make(n_in: int, n_out: int, name: str) -> Any:
+                gtype = types.get(f"blk.{i}.{gguf_name[name]}")
+                if gtype not in QUANTIZED_TYPES: return nn.Linear(n_in, n_out, bias=False)
+                names.keep_quantized(f"model.layers.{i}.{name}.weight", gtype)
+                return QuantizedLinear(n_in, n_out, gtype)
+            return make
+        model = cls(cfg, max_context, linear=linear)
         load_weights(model, path, _what(cfg), sd=names)
         return model
 

@@ -1,7 +1,7 @@
 """Linear layers whose weights stay in ggml's block-quantized form (Q4_0, Q4_1, Q8_0) in memory: the packed values and
 the per-block scales are kept, and every call dequantizes them inside the matmul kernel. The reduction runs over the
-block structure (blocks x halves x values, not one flat axis), so the 4-bit unpacking is a constant shift per loop
-and the whole product is one fused kernel that reads about a quarter of the float32 bytes.
+block structure (blocks x values, a 4-bit block's low and high nibbles as two terms of one sum), so the unpacking is a
+constant mask or shift and the whole product is one fused kernel that reads about a quarter of the float32 bytes.
 
 Consumes the raw blocks of a GGUF tensor (nn/gguf.py's `GGUFFile.blocks`); produces a module `QuantizedLinear` with
 the same call as nn.Linear (no bias)."""
@@ -54,26 +54,31 @@ class QuantizedLinear:
         self.qs = Tensor.zeros(out_features, nb, 32 if ggml_type == 8 else 16,
                                dtype=dtypes.int8 if ggml_type == 8 else dtypes.uint8).contiguous()
 
-    def weight_blocks(self) -> Tensor:
-        """The dequantized weight as (out, nb, halves, values): the shape the product reduces over."""
+    def _values(self) -> list[Tensor]:
+        """The dequantized weight as (out, nb, values) pieces: Q8_0's 32 values, or a 4-bit block's low-nibble and
+        high-nibble halves (kept apart, so no kernel has to pick a nibble per element)."""
         O, nb = self.d.shape
-        d = self.d.reshape(O, nb, 1, 1)
-        if self.ggml_type == 8: return d * self.qs.reshape(O, nb, 1, 32).float()
-        q4 = self.qs.reshape(O, nb, 1, 16)
-        q = (q4 & 15).cat(q4 >> 4, dim=2).float()                                       # (O, nb, 2, 16)
-        return d * (q - 8) if self.ggml_type == 2 else d * q + self.m.reshape(O, nb, 1, 1)
+        d = self.d.reshape(O, nb, 1)
+        if self.ggml_type == 8: return [d * self.qs.float()]
+        halves = [(self.qs & 15).float(), (self.qs >> 4).float()]
+        if self.ggml_type == 2: return [d * (q - 8) for q in halves]
+        m = self.m.reshape(O, nb, 1)
+        return [d * q + m for q in halves]
 
     def dequantize(self) -> Tensor:
         """W (out_features, in_features) in float32."""
-        return self.weight_blocks().reshape(self.out_features, self.in_features)
+        parts = self._values()
+        O, nb, per = parts[0].shape
+        return parts[0].unsqueeze(2).cat(*(p.unsqueeze(2) for p in parts[1:]), dim=2).reshape(O, nb * len(parts) * per)
 
     def __call__(self, x: Tensor) -> Tensor:
-        w = self.weight_blocks()
-        _, nb, halves, per = w.shape
-        xs = x.reshape(*x.shape[:-1], 1, nb, halves, per)
+        parts = self._values()
+        _, nb, per = parts[0].shape
+        xs = x.reshape(*x.shape[:-1], 1, nb, len(parts), per)                  # (..., 1, nb, halves, values)
+        prod = sum((xs[..., h, :] * w for h, w in enumerate(parts[1:], 1)), xs[..., 0, :] * parts[0])
         # contiguous: a kernel of its own, so a consumer that writes a bigger buffer (the KV cache update) doesn't
         # recompute the product for every element it writes
-        return (xs * w).sum((-3, -2, -1)).contiguous()
+        return prod.sum((-2, -1)).contiguous()
 
 
 __all__ = ["QUANTIZED_TYPES", "QuantizedLinear", "block_planes"]

@@ -50,7 +50,7 @@ def test_llama_quantized_equals_float_path_and_transformers(tmp_path, quant):
     ref.load_state_dict({k: torch.tensor(v) for k, v in held.items()})
     ours = Llama.from_gguf(tmp_path / "q.gguf", quantized=True)
     assert type(ours.model.layers[0].self_attn.q_proj).__name__ == "QuantizedLinear"
-    flt = Llama.from_gguf(tmp_path / "q.gguf")
+    flt = Llama.from_gguf(tmp_path / "q.gguf", quantized=False)
     for p in PROMPTS[:2]:
         np.testing.assert_allclose(ours.forward(Tensor([p]), 0).numpy(), flt.forward(Tensor([p]), 0).numpy(),
                                    rtol=1e-4, atol=1e-4)
