@@ -142,7 +142,7 @@ class Llama:
     """
 
     def __init__(self, cfg: LlamaConfig, max_context: int | None = None,
-                 linear: Callable[[int], LinearFactory] | None = None):
+                 linear: Callable[[int], LinearFactory] | None = None, head: Any | None = None):
         self.config = cfg
         self.max_context = min(max_context or cfg.max_position_embeddings, cfg.max_position_embeddings)
         self.model = Namespace()
@@ -151,7 +151,9 @@ class Llama:
         self.model.layers = [LlamaLayer(cfg, self.max_context, linear(i) if linear else None)
                              for i in range(cfg.num_hidden_layers)]
         self.model.norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
-        if not cfg.tie_word_embeddings: self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        # `head`: a module for the output projection (a QuantizedLinear over the tied embedding's blocks, say)
+        if head is not None: self.lm_head = head
+        elif not cfg.tie_word_embeddings: self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self._rope = _Rope(*rope_tables(cfg.dim_per_head, self.max_context, cfg.rope_theta))
         self._generator: Generator | None = None
 
@@ -167,8 +169,8 @@ class Llama:
         x = self.model.embed_tokens(tokens)                                  # (B, T, C)
         for layer in self.model.layers: x = layer(x, cos, sin, start_pos, mask)
         x = self.model.norm(x[:, -1, :])                                     # (B, C)
-        head = self.model.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
-        return x @ head.T                                                    # (B, V)
+        if "lm_head" in vars(self): return self.lm_head(x)                   # (B, V)
+        return x @ self.model.embed_tokens.weight.T
 
     def generate(self, prompt: list[int], max_new: int, temperature: float = 0.0, jit: bool = True) -> list[int]:
         """New token ids after `prompt` (greedy when temperature is 0). Raises ValueError when the prompt (or the prompt
@@ -198,9 +200,10 @@ class Llama:
     @classmethod
     def from_gguf(cls, path: str | pathlib.Path, max_context: int | None = None, quantized: bool = True) -> Llama:
         """Load a llama.cpp GGUF file (architecture 'llama'; any tensor type fusegrad's gguf_load reads). With
-        `quantized` (the default), the layers' projections stored in Q4_0, Q4_1 or Q8_0 stay in their blocks
-        (QuantizedLinear, dequantized inside the matmul kernel); everything else (embeddings, norms, other types), and
-        everything with quantized=False, is dequantized to float32 when loaded."""
+        `quantized` (the default), the layers' projections and the output head (the tied embedding's blocks when
+        there is no output.weight) stored in Q4_0, Q4_1 or Q8_0 stay in their blocks (QuantizedLinear, dequantized
+        inside the matmul kernel); everything else (the embedding lookup, norms, other types), and everything with
+        quantized=False, is dequantized to float32 when loaded."""
         meta, tensors = gguf_load(path)
         if meta.get("general.architecture") != "llama":
             raise WeightsMismatch(f"{path}: general.architecture is {meta.get('general.architecture')!r}, not 'llama'")
@@ -216,7 +219,12 @@ class Llama:
                 names.keep_quantized(f"model.layers.{i}.{name}.weight", gtype)
                 return QuantizedLinear(n_in, n_out, gtype)
             return make
-        model = cls(cfg, max_context, linear=linear)
+        head_gg = "output.weight" if "output.weight" in tensors else "token_embd.weight"
+        head = None
+        if types.get(head_gg) in QUANTIZED_TYPES:
+            names.keep_quantized("lm_head.weight", types[head_gg], gg=head_gg)
+            head = QuantizedLinear(cfg.hidden_size, cfg.vocab_size, types[head_gg])
+        model = cls(cfg, max_context, linear=linear, head=head)
         load_weights(model, path, _what(cfg), sd=names)
         return model
 
@@ -263,9 +271,11 @@ class GGUFNames(Mapping):
         self._cache: dict[str, dict[str, np.ndarray]] = {}
         self._served: dict[str, set[str]] = {}
 
-    def keep_quantized(self, hf_weight: str, gtype: int) -> None:
-        """Serve `hf_weight` (e.g. model.layers.0.self_attn.q_proj.weight) as QuantizedLinear's block planes."""
-        gg = self.names.pop(hf_weight)
+    def keep_quantized(self, hf_weight: str, gtype: int, gg: str | None = None) -> None:
+        """Serve `hf_weight` (e.g. model.layers.0.self_attn.q_proj.weight) as QuantizedLinear's block planes, read
+        from GGUF tensor `gg` (by default the one the name maps to)."""
+        gg = self.names.pop(hf_weight, None) or gg
+        assert gg is not None, hf_weight
         prefix = hf_weight[:-len("weight")]
         for plane in ("d", "qs") + (("m",) if gtype == 3 else ()):
             self.names[prefix + plane] = gg

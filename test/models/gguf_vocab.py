@@ -6,10 +6,7 @@ from __future__ import annotations
 import pathlib
 import random
 
-try:
-    from .sentences import sentences
-except ImportError:
-    from sentences import sentences
+from .sentences import sentences
 
 CODE = ["def f(x):\n    return x ** 2  # square\n", "for (int i = 0; i < n; ++i) { a[i] += b[i] * 3.5f; }\n",
         "    if x == 10:\n\t\tprint('ten')\n", "SELECT id, name FROM users WHERE age >= 21 ORDER BY 2 DESC;",
