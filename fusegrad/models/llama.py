@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import pathlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -14,6 +14,7 @@ import numpy as np
 from fusegrad import nn
 from fusegrad.ir.ops import UOp
 from fusegrad.models.decoding import Generator, KVCache, causal_mask
+from fusegrad.models.quantized import QUANTIZED_TYPES, QuantizedLinear, block_planes
 from fusegrad.models.weights import (
     Namespace,
     Renamed,
@@ -26,6 +27,9 @@ from fusegrad.models.weights import (
 )
 from fusegrad.nn.state import gguf_load
 from fusegrad.tensor import Tensor
+
+
+LinearFactory = Callable[[int, int, str], Any]   # (in_features, out_features, "self_attn.q_proj") -> a linear module
 
 
 @dataclass(frozen=True)
@@ -90,18 +94,19 @@ class _Rope:
 class LlamaLayer:
     """x + attn(input_layernorm(x)), then + mlp(post_attention_layernorm(x)); attention keeps a KV cache."""
 
-    def __init__(self, cfg: LlamaConfig, max_context: int):
+    def __init__(self, cfg: LlamaConfig, max_context: int, linear: LinearFactory | None = None):
         C, H, KV, D = cfg.hidden_size, cfg.num_attention_heads, cfg.kv_heads, cfg.dim_per_head
+        lin = linear or (lambda i, o, name: nn.Linear(i, o, bias=False))
         if H % KV: raise ValueError(f"{H} attention heads can't be shared by {KV} key/value heads")
         self.H, self.KV, self.D = H, KV, D
         self.self_attn = Namespace()
         a = self.self_attn
-        a.q_proj, a.k_proj = nn.Linear(C, H * D, bias=False), nn.Linear(C, KV * D, bias=False)
-        a.v_proj, a.o_proj = nn.Linear(C, KV * D, bias=False), nn.Linear(H * D, C, bias=False)
+        a.q_proj, a.k_proj = lin(C, H * D, "self_attn.q_proj"), lin(C, KV * D, "self_attn.k_proj")
+        a.v_proj, a.o_proj = lin(C, KV * D, "self_attn.v_proj"), lin(H * D, C, "self_attn.o_proj")
         self.mlp = Namespace()
         I = cfg.intermediate_size
-        self.mlp.gate_proj, self.mlp.up_proj = nn.Linear(C, I, bias=False), nn.Linear(C, I, bias=False)
-        self.mlp.down_proj = nn.Linear(I, C, bias=False)
+        self.mlp.gate_proj, self.mlp.up_proj = lin(C, I, "mlp.gate_proj"), lin(C, I, "mlp.up_proj")
+        self.mlp.down_proj = lin(I, C, "mlp.down_proj")
         self.input_layernorm = nn.RMSNorm(C, eps=cfg.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(C, eps=cfg.rms_norm_eps)
         self._cache = KVCache(max_context)
@@ -136,14 +141,19 @@ class Llama:
     (1, 11)
     """
 
-    def __init__(self, cfg: LlamaConfig, max_context: int | None = None):
+    def __init__(self, cfg: LlamaConfig, max_context: int | None = None,
+                 linear: Callable[[int], LinearFactory] | None = None, head: Any | None = None):
         self.config = cfg
         self.max_context = min(max_context or cfg.max_position_embeddings, cfg.max_position_embeddings)
         self.model = Namespace()
         self.model.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.model.layers = [LlamaLayer(cfg, self.max_context) for _ in range(cfg.num_hidden_layers)]
+        # linear(i) makes layer i's projections (in_features, out_features, name) -> module; default nn.Linear
+        self.model.layers = [LlamaLayer(cfg, self.max_context, linear(i) if linear else None)
+                             for i in range(cfg.num_hidden_layers)]
         self.model.norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
-        if not cfg.tie_word_embeddings: self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        # `head`: a module for the output projection (a QuantizedLinear over the tied embedding's blocks, say)
+        if head is not None: self.lm_head = head
+        elif not cfg.tie_word_embeddings: self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self._rope = _Rope(*rope_tables(cfg.dim_per_head, self.max_context, cfg.rope_theta))
         self._generator: Generator | None = None
 
@@ -159,8 +169,8 @@ class Llama:
         x = self.model.embed_tokens(tokens)                                  # (B, T, C)
         for layer in self.model.layers: x = layer(x, cos, sin, start_pos, mask)
         x = self.model.norm(x[:, -1, :])                                     # (B, C)
-        head = self.model.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
-        return x @ head.T                                                    # (B, V)
+        if "lm_head" in vars(self): return self.lm_head(x)                   # (B, V)
+        return x @ self.model.embed_tokens.weight.T
 
     def generate(self, prompt: list[int], max_new: int, temperature: float = 0.0, jit: bool = True) -> list[int]:
         """New token ids after `prompt` (greedy when temperature is 0). Raises ValueError when the prompt (or the prompt
@@ -188,14 +198,34 @@ class Llama:
         return model
 
     @classmethod
-    def from_gguf(cls, path: str | pathlib.Path, max_context: int | None = None) -> Llama:
-        """Load a llama.cpp GGUF file (architecture 'llama'; any tensor type fusegrad's gguf_load reads)."""
+    def from_gguf(cls, path: str | pathlib.Path, max_context: int | None = None, quantized: bool = True) -> Llama:
+        """Load a llama.cpp GGUF file (architecture 'llama'; any tensor type fusegrad's gguf_load reads). With
+        `quantized` (the default), the layers' projections and the output head (the tied embedding's blocks when
+        there is no output.weight) stored in Q4_0, Q4_1 or Q8_0 stay in their blocks (QuantizedLinear, dequantized
+        inside the matmul kernel); everything else (the embedding lookup, norms, other types), and everything with
+        quantized=False, is dequantized to float32 when loaded."""
         meta, tensors = gguf_load(path)
         if meta.get("general.architecture") != "llama":
             raise WeightsMismatch(f"{path}: general.architecture is {meta.get('general.architecture')!r}, not 'llama'")
         cfg = config_from_gguf(meta, tensors, str(path))
-        model = cls(cfg, max_context)
-        load_weights(model, path, _what(cfg), sd=GGUFNames(tensors, cfg))
+        names = GGUFNames(tensors, cfg)
+        types = getattr(tensors, "ggml_types", {}) if quantized else {}
+        gguf_name = {hf[:-len(".weight")]: gg for hf, gg in _GGUF_LAYER.items() if hf.endswith("_proj.weight")}
+
+        def linear(i: int) -> LinearFactory:
+            def make(n_in: int, n_out: int, name: str) -> Any:
+                gtype = types.get(f"blk.{i}.{gguf_name[name]}")
+                if gtype not in QUANTIZED_TYPES: return nn.Linear(n_in, n_out, bias=False)
+                names.keep_quantized(f"model.layers.{i}.{name}.weight", gtype)
+                return QuantizedLinear(n_in, n_out, gtype)
+            return make
+        head_gg = "output.weight" if "output.weight" in tensors else "token_embd.weight"
+        head = None
+        if types.get(head_gg) in QUANTIZED_TYPES:
+            names.keep_quantized("lm_head.weight", types[head_gg], gg=head_gg)
+            head = QuantizedLinear(cfg.hidden_size, cfg.vocab_size, types[head_gg])
+        model = cls(cfg, max_context, linear=linear, head=head)
+        load_weights(model, path, _what(cfg), sd=names)
         return model
 
 
@@ -237,15 +267,54 @@ class GGUFNames(Mapping):
         for i in range(cfg.num_hidden_layers):
             for hf, gg in _GGUF_LAYER.items(): self.names[f"model.layers.{i}.{hf}"] = f"blk.{i}.{gg}"
         self.names.update({k: k for k in tensors if k not in set(self.names.values())})   # unknown extras
+        self.planes: dict[str, tuple[str, int, str]] = {}   # "...q_proj.qs" -> (gguf name, ggml type, plane)
+        self._cache: dict[str, dict[str, np.ndarray]] = {}
+        self._served: dict[str, set[str]] = {}
+
+    def keep_quantized(self, hf_weight: str, gtype: int, gg: str | None = None) -> None:
+        """Serve `hf_weight` (e.g. model.layers.0.self_attn.q_proj.weight) as QuantizedLinear's block planes, read
+        from GGUF tensor `gg` (by default the one the name maps to)."""
+        gg = self.names.pop(hf_weight, None) or gg
+        assert gg is not None, hf_weight
+        prefix = hf_weight[:-len("weight")]
+        for plane in ("d", "qs") + (("m",) if gtype == 3 else ()):
+            self.names[prefix + plane] = gg
+            self.planes[prefix + plane] = (gg, gtype, plane)
 
     def __iter__(self) -> Any: return iter(self.names)
     def __len__(self) -> int: return len(self.names)
-    def shape_of(self, k: str) -> tuple[int, ...]: return tuple(self.tensors.shape_of(self.names[k]))
+
+    def shape_of(self, k: str) -> tuple[int, ...]:
+        if k in self.planes: return tuple(self._planes(k)[self.planes[k][2]].shape)
+        return tuple(self.tensors.shape_of(self.names[k]))
+
+    def _heads(self, k: str) -> int | None:
+        if ".q_proj." in k: return self.cfg.num_attention_heads
+        if ".k_proj." in k: return self.cfg.kv_heads
+        return None
+
+    def _planes(self, k: str) -> dict[str, np.ndarray]:
+        gg, gtype, _ = self.planes[k]
+        if gg not in self._cache:
+            rows, cols = self.tensors.shape_of(gg)
+            planes = block_planes(self.tensors.raw_bytes[gg](), gtype, rows, cols)
+            if (heads := self._heads(k)) is not None:   # llama.cpp's interleaved rotary rows back to HF's order
+                perm = np.arange(rows).reshape(heads, rows // heads // 2, 2).transpose(0, 2, 1).reshape(-1)
+                planes = {n: p[perm] for n, p in planes.items()}
+            self._cache[gg] = planes
+        return self._cache[gg]
 
     def __getitem__(self, k: str) -> Tensor:
+        if k in self.planes:
+            gg, _, name = self.planes[k]
+            planes = self._planes(k)
+            out = Tensor(planes[name])
+            served = self._served.setdefault(gg, set())
+            served.add(name)
+            if len(served) == len(planes): del self._cache[gg], self._served[gg]   # all handed out: drop the copies
+            return out
         t = self.tensors[self.names[k]].float()
-        if k.endswith(("q_proj.weight", "k_proj.weight")):
-            heads = self.cfg.num_attention_heads if k.endswith("q_proj.weight") else self.cfg.kv_heads
+        if (heads := self._heads(k)) is not None:
             rows, cols = t.shape
             t = t.reshape(heads, rows // heads // 2, 2, cols).transpose(1, 2).reshape(rows, cols)
         return t

@@ -21,11 +21,12 @@ from fusegrad.tensor import Tensor
 # ggml type id -> (name, elements per block, bytes per block)
 GGML_TYPES: dict[int, tuple[str, int, int]] = {
     0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 6: ("Q5_0", 32, 22),
-    7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 12: ("Q4_K", 256, 144), 14: ("Q6_K", 256, 210), 24: ("I8", 1, 1),
+    7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 10: ("Q2_K", 256, 84), 11: ("Q3_K", 256, 110), 12: ("Q4_K", 256, 144),
+    13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210), 24: ("I8", 1, 1),
     25: ("I16", 1, 2), 26: ("I32", 1, 4), 27: ("I64", 1, 8), 28: ("F64", 1, 8), 30: ("BF16", 1, 2)}
 _PLAIN: dict[int, DType] = {0: dtypes.float32, 1: dtypes.float16, 24: dtypes.int8, 25: dtypes.int16, 26: dtypes.int32,
                             27: dtypes.int64, 28: dtypes.float64, 30: dtypes.bfloat16}
-_KNOWN_UNSUPPORTED = {9: "Q8_1", 10: "Q2_K", 11: "Q3_K", 13: "Q5_K", 15: "Q8_K", 16: "IQ2_XXS", 17: "IQ2_XS",
+_KNOWN_UNSUPPORTED = {9: "Q8_1", 15: "Q8_K", 16: "IQ2_XXS", 17: "IQ2_XS",
                       18: "IQ3_XXS", 19: "IQ1_S", 20: "IQ4_NL", 21: "IQ3_S", 22: "IQ2_S", 23: "IQ4_XS", 29: "IQ1_M",
                       34: "TQ1_0", 35: "TQ2_0", 39: "MXFP4"}
 
@@ -60,16 +61,59 @@ def _q5_1(b: Tensor) -> Tensor:
     return _f16(b, 0) * (_nibbles(b[:, 8:24]) | (_bits(b[:, 4:8]) << 4)).float() + _f16(b, 2)
 
 
+def _shifted(q: Tensor, shifts: range) -> Tensor:
+    """(n, g, 1, k) ints -> (n, g, len(shifts), k): each shifted right by every one of `shifts`."""
+    return q >> Tensor(list(shifts), device=q.device).reshape(1, 1, len(shifts), 1)
+
+
+def _k_scale_min(s: Tensor) -> tuple[Tensor, Tensor]:
+    """The 8 six-bit scales and 8 six-bit mins packed in 12 bytes (Q4_K, Q5_K): (n, 8) each, float32."""
+    s = s.cast(dtypes.int32)
+    sc = (s[:, 0:4] & 63).cat((s[:, 8:12] & 0xF) | ((s[:, 0:4] >> 6) << 4), dim=1)
+    mn = (s[:, 4:8] & 63).cat((s[:, 8:12] >> 4) | ((s[:, 4:8] >> 6) << 4), dim=1)
+    return sc.float(), mn.float()
+
+
+def _q2_k(b: Tensor) -> Tensor:
+    """256 2-bit values in 16 sub-blocks of 16, each with a 4-bit scale and 4-bit min; d and dmin float16 last."""
+    n = b.shape[0]
+    sc = b[:, 0:16].cast(dtypes.int32)
+    dl = (_f16(b, 80) * (sc & 0xF).float()).reshape(n, 16, 1)
+    ml = (_f16(b, 82) * (sc >> 4).float()).reshape(n, 16, 1)
+    q = (_shifted(b[:, 16:80].cast(dtypes.int32).reshape(n, 2, 1, 32), range(0, 8, 2)) & 3).reshape(n, 16, 16)
+    return (dl * q.float() - ml).reshape(n, 256)
+
+
+def _q3_k(b: Tensor) -> Tensor:
+    """256 3-bit values: low 2 bits in qs[64], the high bit inverted in hmask[32], 16 six-bit scales (offset 32)."""
+    n = b.shape[0]
+    s = b[:, 96:108].cast(dtypes.int32)
+    low = _shifted(s[:, 0:8].reshape(n, 1, 1, 8), range(0, 8, 4)).reshape(n, 16)
+    high = _shifted(s[:, 8:12].reshape(n, 1, 1, 4), range(0, 8, 2)).reshape(n, 16)
+    scales = ((low & 0xF) | ((high & 3) << 4)) - 32
+    dl = (_f16(b, 108) * scales.float()).reshape(n, 16, 1)
+    ql = (_shifted(b[:, 32:96].cast(dtypes.int32).reshape(n, 2, 1, 32), range(0, 8, 2)) & 3).reshape(n, 16, 16)
+    qh = (_shifted(b[:, 0:32].cast(dtypes.int32).reshape(n, 1, 1, 32), range(8)) & 1).reshape(n, 16, 16)
+    return (dl * (ql - ((qh ^ 1) << 2)).float()).reshape(n, 256)
+
+
 def _q4_k(b: Tensor) -> Tensor:
     """256 values in 8 sub-blocks of 32, each with a 6-bit scale and min packed into 12 bytes."""
     n = b.shape[0]
-    d, dmin = _f16(b, 0), _f16(b, 2)
-    s = b[:, 4:16].cast(dtypes.int32)
-    sc = (s[:, 0:4] & 63).cat((s[:, 8:12] & 0xF) | ((s[:, 0:4] >> 6) << 4), dim=1)       # (n, 8)
-    mn = (s[:, 4:8] & 63).cat((s[:, 8:12] >> 4) | ((s[:, 4:8] >> 6) << 4), dim=1)        # (n, 8)
+    sc, mn = _k_scale_min(b[:, 4:16])
     qs = b[:, 16:144].cast(dtypes.int32).reshape(n, 4, 1, 32)
-    q = (qs & 0xF).cat(qs >> 4, dim=2).reshape(n, 8, 32)                                  # sub-block 2j: low, 2j+1: high
-    y = (d * sc.float()).unsqueeze(-1) * q.float() - (dmin * mn.float()).unsqueeze(-1)
+    q = (qs & 0xF).cat(qs >> 4, dim=2).reshape(n, 8, 32)                                  # sub-block 2j low, 2j+1 high
+    y = (_f16(b, 0) * sc).unsqueeze(-1) * q.float() - (_f16(b, 2) * mn).unsqueeze(-1)
+    return y.reshape(n, 256)
+
+
+def _q5_k(b: Tensor) -> Tensor:
+    """Q4_K's layout with a fifth bit per value in qh[32] (bit j of byte i: value i of sub-block j)."""
+    n = b.shape[0]
+    sc, mn = _k_scale_min(b[:, 4:16])
+    ql = (_shifted(b[:, 48:176].cast(dtypes.int32).reshape(n, 4, 1, 32), range(0, 8, 4)) & 0xF).reshape(n, 8, 32)
+    qh = (_shifted(b[:, 16:48].cast(dtypes.int32).reshape(n, 1, 1, 32), range(8)) & 1).reshape(n, 8, 32)
+    y = (_f16(b, 0) * sc).unsqueeze(-1) * (ql | (qh << 4)).float() - (_f16(b, 2) * mn).unsqueeze(-1)
     return y.reshape(n, 256)
 
 
@@ -88,7 +132,8 @@ def _q6_k(b: Tensor) -> Tensor:
     return (_f16(b, 208).reshape(n, 1, 1) * scales * q).reshape(n, 256)
 
 
-_DEQUANT: dict[int, Callable[[Tensor], Tensor]] = {2: _q4_0, 3: _q4_1, 6: _q5_0, 7: _q5_1, 8: _q8_0, 12: _q4_k, 14: _q6_k}
+_DEQUANT: dict[int, Callable[[Tensor], Tensor]] = {2: _q4_0, 3: _q4_1, 6: _q5_0, 7: _q5_1, 8: _q8_0, 10: _q2_k,
+                                                   11: _q3_k, 12: _q4_k, 13: _q5_k, 14: _q6_k}
 
 
 def ggml_data_to_tensor(t: Tensor, n: int, ggml_type: int) -> Tensor:
@@ -158,7 +203,8 @@ class _Cursor:
 def gguf_load(fn: Tensor | str | pathlib.Path, mmap: bool = True) -> tuple[dict[str, Any], LazyStateDict]:
     """Read a .gguf file: (metadata key -> value, tensor name -> Tensor). Tensors are read and dequantized on first use;
     shapes are in PyTorch order (GGUF's dims reversed). mmap=False reads the whole file into memory now (see
-    safe_load)."""
+    safe_load). The returned dict also has `ggml_types` (name -> ggml type id) and `raw_bytes` (name -> a function
+    giving the tensor's bytes as stored, for layers that keep the blocks quantized)."""
     src = Source(fn, mmap=mmap)
     if len(src) < 4 or bytes(src.buf[:4]) != b"GGUF": raise src.error("not a GGUF file (missing the 'GGUF' magic)")
     if len(src) < 8: raise src.error("truncated GGUF header")
@@ -194,7 +240,14 @@ def gguf_load(fn: Tensor | str | pathlib.Path, mmap: bool = True) -> tuple[dict[
         shape = tuple(reversed(dims))
         check_shape(src, name, shape)
         entries[name] = (shape, functools.partial(_read_tensor, src, name, gtype, shape, start, end))
-    return kv, LazyStateDict(src.name, entries, kv)
+    sd = LazyStateDict(src.name, entries, kv)
+    # what stays-quantized layers read instead of the dequantized tensor: each tensor's ggml type, and its raw bytes
+    # (a view of the memory-mapped file) on demand
+    sd.ggml_types = {name: gtype for name, _, gtype, _ in infos}
+    sd.raw_bytes = {name: functools.partial(src.read, data_start + off,
+                                            data_start + off + prod(dims) // GGML_TYPES[gt][1] * GGML_TYPES[gt][2],
+                                            f"tensor {name!r}") for name, dims, gt, off in infos}
+    return kv, sd
 
 
 def _read_tensor(src: Source, name: str, gtype: int, shape: tuple[int, ...], start: int, end: int) -> Tensor:

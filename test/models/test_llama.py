@@ -5,6 +5,8 @@ clear errors for wrong weights and over-long prompts."""
 from __future__ import annotations
 
 import pathlib
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -86,9 +88,10 @@ GGUF_LAYER = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "sel
               "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
 
 
-def write_gguf(path: pathlib.Path, model, quant: str | None = None, arch: str = "llama") -> dict[str, np.ndarray]:
-    """Write `model`'s weights as llama.cpp names them; quant="Q8_0" quantizes the 2-D weights. Returns the HF state
-    dict the file holds (dequantized), for the reference."""
+def write_gguf(path: pathlib.Path, model, quant: str | None = None, arch: str = "llama",
+               extra: Callable[[Any], Any] | None = None) -> dict[str, np.ndarray]:
+    """Write `model`'s weights as llama.cpp names them; quant="Q8_0" quantizes the 2-D weights; extra(writer) adds
+    more metadata (a tokenizer). Returns the HF state dict the file holds (dequantized), for the reference."""
     gguf = pytest.importorskip("gguf", reason="GGUF files are written with the gguf package")
     cfg = model.config
     sd = {k: v.numpy().astype(np.float32) for k, v in model.state_dict().items()}
@@ -121,6 +124,7 @@ def write_gguf(path: pathlib.Path, model, quant: str | None = None, arch: str = 
             rows, cols = arr.shape
             arr = arr.reshape(heads, rows // heads // 2, 2, cols).swapaxes(1, 2).reshape(rows, cols)
         held[hf] = arr
+    if extra is not None: extra(w)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

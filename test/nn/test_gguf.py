@@ -246,7 +246,7 @@ def test_ggml_data_to_tensor_direct():
     raw = quant_q8_0(x)
     out = ggml_data_to_tensor(Tensor(raw), 64, 8)
     np.testing.assert_allclose(out.numpy(), reference(8, raw), rtol=1e-6)
-    with pytest.raises(ValueError, match="Q2_K is not supported"): ggml_data_to_tensor(Tensor(raw), 64, 10)
+    with pytest.raises(ValueError, match="IQ2_XXS is not supported"): ggml_data_to_tensor(Tensor(raw), 64, 16)
 
 
 def test_tensors_load_lazily(tmp_path):
@@ -272,9 +272,51 @@ def test_malformed(tmp_path, case):
         "bad_vtype": header + gguf_string("k") + struct.pack("<I", 77) + b"\0" * 8,
         "truncated_data": g[:-10],
         "unsupported_type": None, "partial_block": None, "bad_alignment": None}
-    if case == "unsupported_type": write_gguf(fn, [], [("w", (256,), 10, b"\0" * 84)])
+    if case == "unsupported_type": write_gguf(fn, [], [("w", (256,), 16, b"\0" * 66)])   # IQ2_XXS
     elif case == "partial_block": write_gguf(fn, [], [("w", (40,), 8, b"\0" * 68)])
     elif case == "bad_alignment": write_gguf(fn, [("general.alignment", 5, -4)], [])
     else: fn.write_bytes(blobs[case])
     with pytest.raises(FormatError, match=str(fn).replace(".", r"\.")):
         gguf_load(fn)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# every block type bit-exact against the gguf package's NumPy dequantization, on files the gguf package writes
+
+F16_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0], "Q2_K": [80, 82], "Q3_K": [108],
+              "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
+
+
+@pytest.mark.parametrize("name", list(F16_FIELDS))
+def test_dequantization_bit_exact_vs_gguf_package(tmp_path, name):
+    """Random blocks (finite float16 scales, every other byte random: all bit patterns of the packed values) and,
+    for the types the gguf package can quantize, real values quantized by it; written with GGUFWriter, read with
+    gguf_load, compared bit for bit with gguf.quants.dequantize."""
+    gguf = pytest.importorskip("gguf", reason="the reference is the gguf package")
+    qt = gguf.GGMLQuantizationType[name]
+    block, nbytes = gguf.GGML_QUANT_SIZES[qt]
+    rng = np.random.default_rng(int(qt))
+    raw = rng.integers(0, 256, size=(24, nbytes), dtype=np.uint8)
+    for at in F16_FIELDS[name]:
+        raw[:, at:at + 2] = (rng.standard_normal((24, 1)) * 0.05).astype(np.float16).view(np.uint8)
+    arrays = {"random": raw.reshape(3, 8 * nbytes)}
+    try:
+        x = (rng.standard_normal((3, 8 * block)) * rng.uniform(0.01, 10, (3, 1))).astype(np.float32)
+        arrays["quantized"] = gguf.quants.quantize(x, qt)
+    except NotImplementedError: pass                      # gguf-py has no quantizer for the K types
+    fn = tmp_path / f"{name}.gguf"
+    w = gguf.GGUFWriter(str(fn), "llama")
+    for k, a in arrays.items(): w.add_tensor(k, a, raw_shape=a.shape, raw_dtype=qt)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    _, tensors = gguf_load(fn)
+    for k, a in arrays.items():
+        want = gguf.quants.dequantize(a, qt).astype(np.float32)
+        got = tensors[k].numpy()
+        assert got.shape == want.shape == (3, 8 * block), (got.shape, want.shape)
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), \
+            f"{name} {k}: {np.count_nonzero(got != want)} values differ, max {np.abs(got - want).max()}"
+    if name in ("Q2_K", "Q3_K", "Q5_K") or "quantized" not in arrays: return
+    assert np.abs(tensors["quantized"].numpy() - x).max() <= 0.1 * np.abs(x).max()
