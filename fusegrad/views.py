@@ -277,18 +277,20 @@ def sole_holder(t: "Tensor") -> None:
 
 # ----- writing into part of a DISK tensor (a file: runtime/ops_disk.py) -----
 
-def _realize_disk_readers(buf: Any) -> None:
-    """Before a file is written, the live lazy tensors that read it (through any path to it: storage.file_key) are
-    computed, so they keep the bytes they were built with, as a lazy tensor built before any other write does. Views
-    of the file itself (DISK tensors) are left: they are the file."""
-    from fusegrad.tensor import Tensor
-    mem = storage.memory_of(buf)
-    readers = []
+def realize_readers(mems: set[int]) -> None:
+    """Realize the live lazy tensors that read memory in `mems` (storage.memory_of: what a TinyJit replay or a write
+    into a file is about to overwrite, where no schedule orders the reads first), so they keep the value they were built
+    with, as a realize's write leaves them (_preserve_old_values). Views of that memory are left alone: they see the
+    write. One pass over the live tensors: the common realized ones cost one test."""
+    from fusegrad.tensor import Tensor, _is_realized
+    if not mems: return
+    lazy = []
     for t in storage.live_tensors:
         u = t.uop
-        if u.base.op is Ops.BUFFER or u.op is Ops.MULTI: continue   # computed already, or a view of the file
-        if any(storage.memory_of(b) == mem for b in storage.buffers_read(u)): readers.append(t)
-    if readers: Tensor.realize(*readers)
+        if u.op is Ops.BUFFER or (u.op is Ops.RESHAPE and u.src[0].op is Ops.BUFFER): continue
+        if _is_realized(u) or (t._view is not None and _view_chain(u, t._view[1]) is not None): continue
+        if any(storage.memory_of(b) in mems for b in storage.buffers_read(u)): lazy.append(t)
+    if lazy: Tensor.realize(*lazy)
 
 
 def disk_assign(target: "Tensor", x: Any) -> "Tensor":
@@ -307,7 +309,7 @@ def disk_assign(target: "Tensor", x: Any) -> "Tensor":
     src = x.cast(target.dtype)
     if is_disk(src.device): src = src.to(Device.DEFAULT)
     data = src.contiguous()._buffer().as_bytes()
-    _realize_disk_readers(buf)
+    realize_readers({storage.memory_of(buf)})   # lazy reads of the file keep their bytes
     region = region_of(buf)
     region.device.write(region.offset + offset, memoryview(data))
     storage.written(buf)

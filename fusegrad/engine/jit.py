@@ -35,7 +35,7 @@ from fusegrad.ir.shape import all_static
 from fusegrad.schedule import ScheduleItem
 from fusegrad.storage import buffer_uop, buffer_view, buffers
 from fusegrad.tensor import Tensor, _is_contiguous_buffer, _is_realized
-from fusegrad.views import _assign_owner, _view_chain
+from fusegrad.views import _assign_owner, realize_readers
 
 ReturnType = TypeVar("ReturnType")
 
@@ -338,7 +338,7 @@ class TinyJit(Generic[ReturnType]):
         in_bufs = self._prepare_inputs(tensors)
         # lazy tensors built before this call that read memory the replay writes keep the value they were built with
         # (as the eager call's realize keeps it: views.py _preserve_old_values)
-        _realize_readers(self.captured.written_memory(in_bufs))
+        realize_readers(self.captured.written_memory(in_bufs))
         if self.verified < (self.verify if self.verify is not None else JIT_VERIFY.value):
             self.verified += 1
             return self._verified_replay(args, kwargs, tensors, in_bufs, var_vals)
@@ -411,20 +411,6 @@ def _realize_pending() -> None:
     if not _assign_owner: return
     pending = [t for r in list(_assign_owner.values()) if (t := r()) is not None and t.uop.op is Ops.ASSIGN]
     if pending: Tensor.realize(*pending)
-
-
-def _realize_readers(mems: set[int]) -> None:
-    """Realize the live lazy tensors that read memory in `mems` (what a replay is about to overwrite), so they keep the
-    value they were built with, as an eager call's write leaves them (views.py _preserve_old_values). Views of that
-    memory are left alone: they see the write, as they do eagerly."""
-    if not mems: return
-    lazy = []
-    for t in storage.live_tensors:   # once per replay over every live tensor: the common realized ones cost one test
-        u = t.uop
-        if u.op is Ops.BUFFER or (u.op is Ops.RESHAPE and u.src[0].op is Ops.BUFFER): continue
-        if _is_realized(u) or (t._view is not None and _view_chain(u, t._view[1]) is not None): continue
-        if any(storage.memory_of(b) in mems for b in storage.buffers_read(u)): lazy.append(t)
-    if lazy: Tensor.realize(*lazy)
 
 
 def _rebind(shape: tuple[Any, ...], var_vals: dict[Any, int]) -> tuple[Any, ...]:
