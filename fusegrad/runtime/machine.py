@@ -144,11 +144,20 @@ def describe_target(macros: dict[str, str], march: str, caches: dict[int, int]) 
                    features=tuple(f for f in _SHOWN if x86 or arm if has(f"__{f}__") or has(f"__{f}")))
 
 
-def _override(m: Machine) -> Machine:
-    """Env overrides (CPU_VECTOR_BYTES, ...): each a non-negative integer; vector bytes 0 or a power of two >= 8."""
+def override_values() -> dict[str, str]:
+    """The override env vars as set now, by field ('' where unset)."""
+    return {"vector_bytes": os.getenv("CPU_VECTOR_BYTES", ""), "vector_registers": os.getenv("CPU_VECTOR_REGISTERS", ""),
+            "fma_pipes": os.getenv("CPU_FMA_PIPES", ""), "l1_bytes": os.getenv("CPU_L1_BYTES", ""),
+            "l2_bytes": os.getenv("CPU_L2_BYTES", ""), "l3_bytes": os.getenv("CPU_L3_BYTES", "")}
+
+
+def _override(m: Machine, values: dict[str, str] | None = None) -> Machine:
+    """Env overrides (CPU_VECTOR_BYTES, ...): each a non-negative integer; vector bytes 0 or a power of two >= 8,
+    vector registers at least 4."""
     kw = {}
-    for field, var in _OVERRIDES.items():
-        if (v := os.getenv(var, "").strip()) == "": continue
+    for field, v in (values if values is not None else override_values()).items():
+        if (v := v.strip()) == "": continue
+        var = _OVERRIDES[field]
         try: n = int(v, 0)
         except ValueError: raise ValueError(f"{var}={v!r} is not an integer") from None
         if n < 0 or (field == "vector_bytes" and n and (n < 8 or n & (n - 1))) or \
@@ -184,13 +193,13 @@ def host_machine() -> Machine:
 def _machine(cc: str, march: str, overrides: tuple[tuple[str, str], ...]) -> Machine:
     macros = target_macros(cc, march)
     check_host(macros, march, host_flags())
-    return _override(describe_target(macros, march, _cache_sizes()))
+    return _override(describe_target(macros, march, _cache_sizes()), dict(overrides))
 
 
 def machine(cc: str, march: str | None = None) -> Machine:
     """The description of the CPU target of C compiler `cc` at `march` (default CPU_MARCH), with the env overrides.
     Read once per process for each (compiler, march, overrides)."""
-    return _machine(cc, march or cpu_march(), tuple((v, os.getenv(v, "")) for v in _OVERRIDES.values()))
+    return _machine(cc, march or cpu_march(), tuple(override_values().items()))
 
 
 if __name__ == "__main__":
