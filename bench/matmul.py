@@ -200,7 +200,7 @@ def main() -> None:
     p.add_argument("--markdown", nargs="?", const="-", metavar="FILE",
                    help="print the table as markdown, or write it to FILE")
     p.add_argument("--blas-threads", type=int, default=None, metavar="T",
-                   help="threads for NumPy's BLAS (default: the library's own choice); torch uses 2 (1 with --cpu-time)")
+                   help="threads for NumPy's BLAS (default: the library's own choice); torch: 2 (1 with --cpu-time)")
     p.add_argument("--cpu-time", action="store_true",
                    help="one thread for every library (CPU_THREADS=1, 1 BLAS thread, torch 1) and time the calling "
                         "thread's CPU time instead of wall time: numbers that hold on a busy shared machine")

@@ -256,10 +256,10 @@ def hand_coded_opts(ast: UOp, renderer: Renderer | None = None) -> list[Opt]:
     # the vectorized range in place of an equal second axis that gets the same amount and whose loads it moves lie far
     # apart: the vectors loaded along it are then adjacent (a 32-float panel row: one or two cache lines, not two
     # panels 128 KiB apart; 2048 matmul +5-10%)
-    if len(picked) == 2 and vec_rng in glob and vec_rng not in picked and reuse_score(vec_rng) == reuse_score(picked[1]) \
-            and register_tile([sizes[picked[0]], sizes[vec_rng]], regs) == tile and \
-            all((st := _stride(a.src[1], picked[1])) is not None and abs(st) >= 64 * width
-                for a in loads if _stride(a.src[1], picked[1]) != 0):
+    if len(picked) == 2 and vec_rng in glob and vec_rng not in picked and \
+            reuse_score(vec_rng) == reuse_score(picked[1]) and \
+            register_tile([sizes[picked[0]], sizes[vec_rng]], regs) == tile and \
+            all((st := _stride(a.src[1], picked[1])) == 0 or (st is not None and abs(st) >= 64 * width) for a in loads):
         picked[1] = vec_rng
     for r, k in zip(picked, tile):
         if k > 1:

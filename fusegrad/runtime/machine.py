@@ -146,8 +146,8 @@ def describe_target(macros: dict[str, str], march: str, caches: dict[int, int]) 
 
 def override_values() -> dict[str, str]:
     """The override env vars as set now, by field ('' where unset)."""
-    return {"vector_bytes": os.getenv("CPU_VECTOR_BYTES", ""), "vector_registers": os.getenv("CPU_VECTOR_REGISTERS", ""),
-            "fma_pipes": os.getenv("CPU_FMA_PIPES", ""), "l1_bytes": os.getenv("CPU_L1_BYTES", ""),
+    return {"vector_bytes": os.getenv("CPU_VECTOR_BYTES", ""),
+            "vector_registers": os.getenv("CPU_VECTOR_REGISTERS", ""), "fma_pipes": os.getenv("CPU_FMA_PIPES", ""), "l1_bytes": os.getenv("CPU_L1_BYTES", ""),
             "l2_bytes": os.getenv("CPU_L2_BYTES", ""), "l3_bytes": os.getenv("CPU_L3_BYTES", "")}
 
 
