@@ -139,3 +139,17 @@ def test_tile_registers_predicts_avx2_spills(opts, spills, monkeypatch):
     spec = to_program(matmul_ast(96, 256, 256), ren, [Opt("VECTORIZE", 1, 8)] + opts)
     assert bool(stack_vector_accesses(hot_loop(comp.assembly(spec.src), spec.name))) == spills
     assert (tile_registers([o.amount for o in opts]) >= 16) == spills
+
+
+@pytest.mark.parametrize("march,fits", [("x86-64-v3", False), ("x86-64-v4", True)])
+def test_beam_rejects_tiles_that_do_not_fit(march, fits, monkeypatch):
+    """BEAM's candidates stay within the machine's registers: the 8 x 2 tile (16 accumulators) is dropped before
+    compiling on AVX2 and kept on AVX-512; the heuristic's own tile always fits."""
+    from fusegrad.codegen.opt import apply_opts
+    from fusegrad.codegen.search import fits_registers
+    _, ren = target(march, monkeypatch)
+    ast = matmul_ast(64, 256, 256)
+    w = ren.machine.lanes(dtypes.float32)
+    assert fits_registers(apply_opts(ast, ren, [Opt("VECTORIZE", 1, w), Opt("UPCAST", 0, 8), Opt("UPCAST", 1, 2)]),
+                          ren) == fits
+    assert fits_registers(apply_opts(ast, ren), ren)
