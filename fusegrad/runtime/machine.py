@@ -17,6 +17,7 @@ import subprocess
 from dataclasses import dataclass
 
 from fusegrad.dtype import DType
+from fusegrad.helpers import CACHELEVEL, cache_dir, hash_bytes
 
 # target macro -> the /proc/cpuinfo flag the host needs for code built with it (x86)
 _HOST_FLAGS = {"__AVX512F__": "avx512f", "__AVX512BW__": "avx512bw", "__AVX512DQ__": "avx512dq",
@@ -82,9 +83,25 @@ def cpu_march() -> str:
     return march
 
 
+def _parse_macros(text: str) -> dict[str, str]:
+    out = {}
+    for line in text.splitlines():
+        parts = line.split(maxsplit=2)
+        if len(parts) >= 2 and parts[0] == "#define": out[parts[1]] = parts[2] if len(parts) > 2 else ""
+    return out
+
+
 @functools.cache
-def target_macros(cc: str, march: str) -> dict[str, str]:
-    """The predefined macros of `cc -march=<march>` (its target's features), e.g. {'__AVX2__': '1', ...}."""
+def target_macros(cc: str, march: str, identity: str = "") -> dict[str, str]:
+    """The predefined macros of `cc -march=<march>` (its target's features), e.g. {'__AVX2__': '1', ...}. With an
+    `identity` (the compiler's version and the CPU's model and flags) the answer is kept in the cache directory, so a
+    process start doesn't pay the 10-50 ms compiler run again."""
+    path = os.path.join(cache_dir(), "machine", hash_bytes(cc, "\0", march, "\0", identity)[:32]) \
+        if identity and CACHELEVEL >= 1 else None
+    if path is not None:
+        try:
+            with open(path) as f: return _parse_macros(f.read())
+        except OSError: pass
     try:
         p = subprocess.run([*cc.split(), f"-march={march}", "-dM", "-E", "-x", "c", "-"], input="", text=True,
                            capture_output=True, timeout=60)
@@ -92,11 +109,14 @@ def target_macros(cc: str, march: str) -> dict[str, str]:
         raise RuntimeError(f"could not run the C compiler {cc!r} to read the features of -march={march}: {e}") from None
     if p.returncode != 0:
         raise RuntimeError(f"the C compiler {cc!r} rejects -march={march} (CPU_MARCH): {p.stderr.strip()[:500]}")
-    out = {}
-    for line in p.stdout.splitlines():
-        parts = line.split(maxsplit=2)
-        if len(parts) >= 2 and parts[0] == "#define": out[parts[1]] = parts[2] if len(parts) > 2 else ""
-    return out
+    if path is not None and "#define" in p.stdout:
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            tmp = f"{path}.{os.getpid()}.tmp"
+            with open(tmp, "w") as f: f.write(p.stdout)
+            os.replace(tmp, path)   # atomic: a reader sees the whole file or none
+        except OSError: pass
+    return _parse_macros(p.stdout)
 
 
 def _cache_sizes() -> dict[int, int]:
@@ -190,16 +210,17 @@ def host_machine() -> Machine:
 
 
 @functools.cache
-def _machine(cc: str, march: str, overrides: tuple[tuple[str, str], ...]) -> Machine:
-    macros = target_macros(cc, march)
+def _machine(cc: str, march: str, overrides: tuple[tuple[str, str], ...], identity: str) -> Machine:
+    macros = target_macros(cc, march, identity)
     check_host(macros, march, host_flags())
     return _override(describe_target(macros, march, _cache_sizes()), dict(overrides))
 
 
-def machine(cc: str, march: str | None = None) -> Machine:
+def machine(cc: str, march: str | None = None, identity: str = "") -> Machine:
     """The description of the CPU target of C compiler `cc` at `march` (default CPU_MARCH), with the env overrides.
-    Read once per process for each (compiler, march, overrides)."""
-    return _machine(cc, march or cpu_march(), tuple(override_values().items()))
+    Read once per process for each (compiler, march, overrides); with `identity` (see target_macros) from the disk
+    cache after the first process."""
+    return _machine(cc, march or cpu_march(), tuple(override_values().items()), identity)
 
 
 if __name__ == "__main__":

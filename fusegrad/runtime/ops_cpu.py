@@ -100,7 +100,7 @@ class CPUCompiler(Compiler):
     def __init__(self, march: str | None = None) -> None:
         self.cc = find_compiler()
         assert self.cc is not None
-        self.machine: Machine = machine(self.cc, march or cpu_march())
+        self.machine: Machine = machine(self.cc, march or cpu_march(), _compiler_identity(self.cc) + _cpu_identity())
         self.flags = [*self.flags[:1], f"-march={self.machine.march}", *self.flags[1:]]
         ident = hashlib.sha256((_compiler_identity(self.cc) + _cpu_identity() + " ".join(self.flags)).encode())
         # "b1": entries may be BATCH_REF pointers, which an older fusegrad would try to load as shared objects

@@ -99,3 +99,21 @@ def test_cpu_device_builds_for_cpu_march():
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
     if p.returncode != 0 and "which this CPU lacks" in p.stderr: pytest.skip("this CPU has no AVX2")
     assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr[-2000:]
+
+
+@pytest.mark.skipif(CC is None, reason="needs a C compiler")
+def test_target_macros_are_cached_on_disk(tmp_path, monkeypatch):
+    """With an identity (compiler version, CPU), the compiler's macros are kept in the cache directory: a later
+    process reads them without running the compiler; another identity runs it again."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    M.target_macros.cache_clear()
+    first = M.target_macros(CC, "native", "id-1")
+    assert first and len(list((tmp_path / "fusegrad" / "machine").iterdir())) == 1
+    M.target_macros.cache_clear()
+    ran = []
+    real_run = subprocess.run
+    monkeypatch.setattr(M.subprocess, "run", lambda *a, **k: ran.append(a) or real_run(*a, **k))
+    assert M.target_macros(CC, "native", "id-1") == first and ran == []
+    M.target_macros(CC, "native", "id-2")
+    assert len(ran) == 1
+    M.target_macros.cache_clear()
