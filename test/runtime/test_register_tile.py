@@ -12,7 +12,8 @@ import pytest
 
 from fusegrad import Tensor
 from fusegrad.codegen import to_program
-from fusegrad.codegen.opt import Opt, register_tile, tile_registers
+from fusegrad.codegen.opt import Opt, apply_opts, register_tile, tile_registers
+from fusegrad.codegen.search import fits_registers
 from fusegrad.device import Buffer
 from fusegrad.dtype import dtypes
 from fusegrad.renderer.cstyle import ClangRenderer
@@ -145,8 +146,6 @@ def test_tile_registers_predicts_avx2_spills(opts, spills, monkeypatch):
 def test_beam_rejects_tiles_that_do_not_fit(march, fits, monkeypatch):
     """BEAM's candidates stay within the machine's registers: the 8 x 2 tile (16 accumulators) is dropped before
     compiling on AVX2 and kept on AVX-512; the heuristic's own tile always fits."""
-    from fusegrad.codegen.opt import apply_opts
-    from fusegrad.codegen.search import fits_registers
     _, ren = target(march, monkeypatch)
     ast = matmul_ast(64, 256, 256)
     w = ren.machine.lanes(dtypes.float32)
