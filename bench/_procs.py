@@ -15,6 +15,20 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's fusegrad
+from fusegrad.runtime.machine import machine  # noqa: E402
+from fusegrad.runtime.ops_cpu import find_compiler  # noqa: E402
+
+
+def machine_line() -> str:
+    """What the workers' CPU kernels are built for (CPU_MARCH; runtime/machine.py), the BLAS core type NumPy was told
+    to use (OPENBLAS_CORETYPE, when set), and the load average now: the first line of a result table."""
+    cc = find_compiler(raise_error=False)
+    isa = machine(cc).describe() if cc is not None else "no C compiler"
+    blas = f"; NumPy's OpenBLAS with OPENBLAS_CORETYPE={os.environ['OPENBLAS_CORETYPE']}" \
+        if os.environ.get("OPENBLAS_CORETYPE") else ""
+    return f"fusegrad CPU target: {isa}{blas}; load average {os.getloadavg()[0]:.2f}"
+
 
 def spawn(argv: list[str], env: dict[str, str] | None = None, timeout: float = 3600) -> Any:
     """Run `python *argv` in a new process and return the JSON value on the last line of its stdout."""

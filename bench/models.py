@@ -6,6 +6,7 @@
     python bench/models.py --blocks 5 --runs 7    # more samples
     python bench/models.py --no-first             # skip the first-call (cold / warm kernel cache) rows
     python bench/models.py --markdown out.md      # also write the table as markdown
+    CPU_MARCH=x86-64-v3 python bench/models.py    # fusegrad's kernels built for AVX2 (the first line names the target)
 
 Models (bench/_models.py): EfficientNet-Lite0 at batch 1 and 8 (224x224; batch 1 also with float16 weights and
 activations in both libraries: eff-b1-half), and a MiniLM-like BERT encoder (6 layers, 384 hidden, 12 heads, 1536 FFN)
@@ -139,6 +140,7 @@ def main() -> None:
             with tempfile.TemporaryDirectory() as d:
                 first[case, "cold"] = spawn(case, "first", 1, {"XDG_CACHE_HOME": d})[0]
                 first[case, "warm"] = spawn(case, "first", 1, {"XDG_CACHE_HOME": d})[0]
+    print(_procs.machine_line())
     rows = [["case", "library", "median ms", "/ torch"]]
     for case in cases:
         ref = statistics.median(times[case, "torch"])
@@ -152,7 +154,7 @@ def main() -> None:
     for r in rows: print("  ".join(c.ljust(w[i]) for i, c in enumerate(r)))
     if a.markdown:
         with open(a.markdown, "w") as f:
-            f.write("| " + " | ".join(rows[0]) + " |\n|" + "---|" * 4 + "\n")
+            f.write(_procs.machine_line() + "\n\n| " + " | ".join(rows[0]) + " |\n|" + "---|" * 4 + "\n")
             for r in rows[1:]: f.write("| " + " | ".join(r) + " |\n")
 
 

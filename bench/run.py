@@ -8,6 +8,7 @@
     python bench/run.py --only beam         # how long BEAM=2 takes on two kernels, and what it finds
     python bench/run.py --markdown out.md   # also write the table as markdown
     python bench/run.py --plot              # also draw the time ratios as a bar chart (bench/results.png)
+    CPU_MARCH=x86-64-v3 python bench/run.py # fusegrad's kernels built for AVX2 (OPENBLAS_CORETYPE=Haswell: NumPy's)
 
 Every case builds the same computation in each library on the same seeded random inputs. Each (case, library) is
 measured in a fresh worker process of that library alone (bench/_procs.py): a library's threads keep spinning after
@@ -447,7 +448,8 @@ def rows_of(case: Case, times: dict[str, list[float]]) -> list[list[str]]:
 HEADER = ["case", "library", "median ms", "rate", "time / " + "ref"]
 
 
-def print_table(rows: list[list[str]], markdown_path: str | None) -> None:
+def print_table(rows: list[list[str]], markdown_path: str | None, machine: str = "") -> None:
+    """The table on stdout, and as markdown (after a line naming the machine) when markdown_path is given."""
     widths = [max(len(r[i]) for r in rows + [HEADER]) for i in range(len(HEADER))]
     print("  ".join(h.ljust(w) for h, w in zip(HEADER, widths)))
     print("  ".join("-" * w for w in widths))
@@ -457,7 +459,7 @@ def print_table(rows: list[list[str]], markdown_path: str | None) -> None:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)))
         last = r[0]
     if markdown_path:
-        md = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+        md = ([machine, ""] if machine else []) + ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
         md += ["| " + " | ".join(r) + " |" for r in rows]
         with open(markdown_path, "w") as f: f.write("\n".join(md) + "\n")
         print(f"\nwrote {markdown_path}")
@@ -522,10 +524,11 @@ def main() -> None:
     if want("first"): rows += first_step(bs)
     if want("BEAM") or want("beam"): rows += _procs.spawn([os.path.abspath(__file__), "--worker", "beam", "fusegrad"])
     versions = {lib: importlib.metadata.version(lib) for lib in have if lib != "fusegrad"}
-    print(f"\n{len(rows)} rows, {time.perf_counter() - st:.0f} s, {blocks} blocks x {runs} calls per library, load "
+    print("\n" + _procs.machine_line())
+    print(f"{len(rows)} rows, {time.perf_counter() - st:.0f} s, {blocks} blocks x {runs} calls per library, load "
           f"average {load:.2f} at the start and {os.getloadavg()[0]:.2f} at the end, python {sys.version.split()[0]}, "
           + ", ".join(f"{k} {v}" for k, v in versions.items()) + f", {os.cpu_count()} cpus\n")
-    print_table(rows, args.markdown)
+    print_table(rows, args.markdown, _procs.machine_line())
     if args.plot and (saved := plot_ratios(rows, args.plot)) is not None:
         print(f"\nbar chart saved to {os.path.abspath(saved)}")
 

@@ -91,6 +91,15 @@ def compiler_line() -> tuple[str, bool]:
     return f"{cc}: {version}", True
 
 
+def machine_line() -> str:
+    """What the CPU device's kernels are built for (runtime/machine.py): ISA, vector width and registers, caches."""
+    from fusegrad.runtime.machine import machine
+    from fusegrad.runtime.ops_cpu import find_compiler
+    if (cc := find_compiler(raise_error=False)) is None: return "none (no C compiler)"
+    try: return machine(cc).describe()
+    except (RuntimeError, ValueError) as e: return f"unusable: {e}"
+
+
 @dataclass
 class Part:
     what: str
@@ -239,7 +248,7 @@ def report(timeout: float) -> int:
         tag = "default" if name == default else ""
         print(f"  {name:7s} {'works' if c.works else 'FAILS':6s} {tag:8s} {c.detail}")
     cc, _ = compiler_line()
-    print(f"\nC compiler (the CPU device)\n  {cc}")
+    print(f"\nC compiler (the CPU device)\n  {cc}\n  target: {machine_line()}")
     print("\noptional backends")
     for b in backends():
         missing = [p for p in b.parts if p.found is None]

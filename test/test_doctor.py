@@ -27,6 +27,7 @@ def test_doctor_on_this_machine():
     assert re.search(r"^  CPU +works +default ", out, re.MULTILINE), out
     assert re.search(r"^  PYTHON +works ", out, re.MULTILINE), out
     assert f"python     {sys.version.split()[0]}" in out and "fusegrad   " in out
+    assert re.search(r"^  target: \S+ \(-march=\S+\): .*vector registers", out, re.MULTILINE), out   # machine.py
     for section in ("C compiler", "optional backends", "caches  ", "environment variables"):
         assert section in out, f"no {section!r} section:\n{out}"
     for backend in ("OpenCL (CL)", "Vulkan/WebGPU (WEBGPU)", "CUDA (CUDA)", "LLVM (LLVM)"): assert backend in out

@@ -168,6 +168,40 @@ def elementwise_opts(nodes: list[UOp], renderer: Renderer | None) -> list[Opt]:
     return [pick] if pick is not None else []
 
 
+MAX_ACCUMULATORS = 16   # a register tile holds at most this many accumulators (vectors, or scalars without SIMD)
+
+
+def vector_registers(renderer: Renderer | None) -> int:
+    """The vector registers a register tile may use: the machine description's (runtime/machine.py); 32 for a target
+    without one (the interpreter, GPUs: any tile of MAX_ACCUMULATORS fits)."""
+    return renderer.machine.vector_registers if renderer is not None and renderer.machine is not None else 32
+
+
+def tile_registers(tile: list[int]) -> int:
+    """Vector registers a k1 x k2 register tile keeps live in its reduce loop: k1*k2 accumulators and the k1 + k2
+    operands of a step (GCC loads a step's operands ahead of its FMAs: on AVX2 a 6 x 2 tile, 20, spills where 3 x 4,
+    19, got by on memory operands). A 1-axis tile k is k x 1."""
+    k1, k2 = (list(tile) + [1, 1])[:2]
+    return k1 * k2 + k1 + k2
+
+
+def register_tile(sizes: list[int], registers: int) -> list[int]:
+    """The UPCAST amounts (at most 8 each) of up to two output ranges of these sizes (the first the better to share):
+    the first gets the largest divisor <= 8, the second what is left of MAX_ACCUMULATORS. When that tile doesn't leave
+    a register free (tile_registers < registers; AVX2's 16 registers and an 8 x 2 tile: 26), the tile with the most
+    accumulators that does, then the fewest operand loads per step (4 x 2 before 8 x 1). AVX-512's 32 registers hold
+    every tile of up to 16 accumulators."""
+    def divisors(n: int, cap: int) -> list[int]: return [a for a in range(min(cap, 8), 0, -1) if n % a == 0]
+    if not sizes: return []
+    first = divisors(sizes[0], MAX_ACCUMULATORS // 2 if len(sizes) > 1 else MAX_ACCUMULATORS)[0]
+    tile = [first] + ([divisors(sizes[1], MAX_ACCUMULATORS // first)[0]] if len(sizes) > 1 else [])
+    if tile_registers(tile) < registers: return tile
+    cands = [[a] + ([b] if len(sizes) > 1 else []) for a in divisors(sizes[0], 8)
+             for b in (divisors(sizes[1], 8) if len(sizes) > 1 else [1])
+             if a * b <= MAX_ACCUMULATORS and tile_registers([a, b]) < registers]
+    return max(cands, key=lambda t: (prod(t), -sum(t), t[0]), default=[1] * len(sizes))
+
+
 def hand_coded_opts(ast: UOp, renderer: Renderer | None = None) -> list[Opt]:
     """The heuristic, for kernels with a reduce (elementwise kernels are left to the C compiler's vectorizer):
     1. VECTORIZE the range along which most loads/stores are contiguous (an output axis, or the reduce axis when the
@@ -175,7 +209,7 @@ def hand_coded_opts(ast: UOp, renderer: Renderer | None = None) -> list[Opt]:
        store, and the score scales with the vector width (16 lanes across a conv's output channels beat 4 along a
        20-wide row);
     2. UPCAST up to two output ranges along which some input doesn't move (its loads are then shared): a register
-       tile of accumulators, at most 16 vectors (or 16 scalars without SIMD);
+       tile of accumulators that fits the machine's vector registers (`register_tile`), at most 16;
     3. UNROLL short reduce ranges fully (<= 8), and long ones by 4 when nothing was vectorized."""
     opts: list[Opt] = []
     nodes = list(ast.toposort())
@@ -215,17 +249,24 @@ def hand_coded_opts(ast: UOp, renderer: Renderer | None = None) -> list[Opt]:
     def reuse_score(r: UOp) -> int:
         return sum((width if vec_rng is not None and _stride(a.src[1], vec_rng) == 1 else 1)
                    for a in loads if _stride(a.src[1], r) == 0)
-    budget = 16
     def amount(r: UOp, cap: int) -> int: return next((a for a in range(min(cap, 8), 1, -1) if sizes[r] % a == 0), 1)
     # loads saved per step ~ reuse score x the tile size the axis allows: a row of 5 shares less than a block of 8
     picked = sorted((r for r in glob if reuse_score(r) > 0), key=lambda r: -reuse_score(r) * amount(r, 8))[:2]
-    for i, r in enumerate(picked):  # the first axis gets up to 8, the second what's left of the budget
-        cap = min(8, budget // 2) if i + 1 < len(picked) else budget
-        k = amount(r, cap)
+    regs = vector_registers(renderer)
+    tile = register_tile([sizes[r] for r in picked], regs)
+    # the vectorized range in place of an equal second axis that gets the same amount and whose loads it moves lie far
+    # apart: the vectors loaded along it are then adjacent (a 32-float panel row: one or two cache lines, not two
+    # panels 128 KiB apart; 2048 matmul +5-10%)
+    if len(picked) == 2 and vec_rng in glob and vec_rng not in picked and \
+            reuse_score(vec_rng) == reuse_score(picked[1]) and \
+            register_tile([sizes[picked[0]], sizes[vec_rng]], regs) == tile and \
+            all((st := _stride(a.src[1], picked[1])) == 0 or (st is not None and abs(st) >= 64 * width) for a in loads):
+        picked[1] = vec_rng
+    for r, k in zip(picked, tile):
         if k > 1:
             opts.append(Opt("UPCAST", r.arg[0], k))
-            budget //= k
             sizes[r] //= k
+    budget = MAX_ACCUMULATORS // prod(tile)
     # cache blocking: an input that each iteration of the outermost output loop reads in full (b in a @ b) and that
     # doesn't fit in the cache is read in blocks: the outermost loop is TILEd, so a block of its iterations runs
     # against one cache-resident panel of that input (2048 matmul: 3-4x)

@@ -91,9 +91,13 @@ def actions(ast: UOp, renderer: Any) -> list[Opt]:
     return out
 
 
-def _count_accumulators(ast: UOp) -> int:
-    """Accumulator registers: one per REDUCE (a vector accumulator is one register)."""
-    return sum(1 for n in ast.toposort() if n.op is Ops.REDUCE)
+def fits_registers(ast: UOp, renderer: Any) -> bool:
+    """Whether a candidate's accumulators (one per REDUCE, in vector registers) leave at least two of the machine's
+    vector registers for operands (runtime/machine.py: 13 accumulators on AVX2, 29 on AVX-512); at most 32 on a target
+    without a machine description. Past that the reduce loop spills to the stack."""
+    reds = [n for n in ast.toposort() if n.op is Ops.REDUCE]
+    if (m := getattr(renderer, "machine", None)) is None: return len(reds) <= 32
+    return sum(m.registers_for(n.dtype.scalar(), n.dtype.count) for n in reds) + 2 < m.vector_registers
 
 
 # ----- timing -----
@@ -142,7 +146,7 @@ def beam_search(ast: UOp, device: str, amt: int, name: str = "") -> list[Opt]:
         def build(c: tuple[Opt, ...]) -> Any:
             try:
                 applied = apply_opts(base, renderer, list(c))
-                if _count_accumulators(applied) > 32: return None  # registers would spill
+                if not fits_registers(applied, renderer): return None  # registers would spill
                 return timer.compile(list(c))
             except (ValueError, AssertionError, RuntimeError): return None  # an action that doesn't apply here
         for c, prg in zip(cands, pool.map(build, cands)):  # compile in parallel, time one at a time

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 
 from fusegrad.dtype import DType, dtypes
 from fusegrad.ir.ops import Ops, UOp
+from fusegrad.runtime.machine import Machine
 
 
 @dataclass
@@ -42,6 +43,7 @@ class Renderer:
     min_thread_work: int = 1 << 17  # loop iterations below which a kernel runs on one thread
     simd_bytes: int = 0           # width of the target's vector registers; 0: no vector types (no VECTORIZE)
     cache_bytes: int = 0          # per-core cache to block big inputs for (the TILE action); 0: no cache blocking
+    machine: Machine | None = None  # CPU targets: the machine description (runtime/machine.py) the heuristics read
     masked_vector_loads: bool = False  # renders INDEX(buf, base, all, lanes): a vector load gated lane by lane
                                   # (codegen/vectorize.py), so VECTORIZE keeps a padded conv's input loads whole
     vector_math: bool = False     # exp2 and log2 of float32 vectors are whole-vector code (not a call per lane):

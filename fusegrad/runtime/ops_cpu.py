@@ -29,6 +29,7 @@ from fusegrad.helpers import DEBUG, hash_bytes
 from fusegrad.renderer import ProgramSpec
 from fusegrad.renderer.cstyle import ClangRenderer
 from fusegrad.runtime import cpu_pool
+from fusegrad.runtime.machine import Machine, cpu_march, host_machine, machine
 
 CPU_POOL = int(os.getenv("CPU_POOL", "1"))   # 0: split kernels run their chunks through the Python thread pool
 
@@ -68,7 +69,7 @@ def find_compiler(raise_error: bool = True) -> str | None:
 
 @functools.cache
 def _cpu_identity() -> str:
-    """What the binary depends on: machine, CPU model and flags (we compile with -march=native)."""
+    """What the binary depends on: machine, CPU model and flags (the -march of CPU_MARCH is among the compile flags)."""
     info = platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
@@ -91,13 +92,16 @@ class CPUCompiler(Compiler):
     # inf-inf stays NaN); float reduce kernels opt in to FMA through the renderer (see ClangRenderer.reduce_prefix).
     # -fvect-cost-model=cheap: GCC 12's -O2 default ("very cheap") vectorizes no loop whose trip count it can't prove
     # a multiple of the vector width, which is every elementwise loop split across threads (core_start..core_end);
-    # vectorizing them changes no result (no reassociation without -ffast-math) and makes them 2-20x faster
-    flags = ["-O2", "-march=native", "-shared", "-fPIC", "-fno-math-errno", "-fno-strict-aliasing", "-ffp-contract=off",
+    # vectorizing them changes no result (no reassociation without -ffast-math) and makes them 2-20x faster.
+    # -march=$CPU_MARCH (runtime/machine.py) goes in after -O2.
+    flags = ["-O2", "-shared", "-fPIC", "-fno-math-errno", "-fno-strict-aliasing", "-ffp-contract=off",
              "-fvect-cost-model=cheap"]
 
-    def __init__(self) -> None:
+    def __init__(self, march: str | None = None) -> None:
         self.cc = find_compiler()
         assert self.cc is not None
+        self.machine: Machine = machine(self.cc, march or cpu_march(), _compiler_identity(self.cc) + _cpu_identity())
+        self.flags = [*self.flags[:1], f"-march={self.machine.march}", *self.flags[1:]]
         ident = hashlib.sha256((_compiler_identity(self.cc) + _cpu_identity() + " ".join(self.flags)).encode())
         # "b1": entries may be BATCH_REF pointers, which an older fusegrad would try to load as shared objects
         self.table = f"cpu_b1_{ident.hexdigest()[:16]}"
@@ -127,6 +131,15 @@ class CPUCompiler(Compiler):
             except OSError:
                 raise CompileError(f"C compiler {self.cc!r} exited 0 but wrote no output for kernel {kernels}; its "
                                    f"stderr:\n{stderr or '(empty)'}") from None
+
+    def assembly(self, src: str) -> str:
+        """The assembly the compiler makes of `src` with the kernels' flags (-S): to read what a kernel became (a
+        register tile that spills, say)."""
+        flags = [f for f in self.flags if f not in ("-shared", "-fPIC")]
+        p = subprocess.run([*self.cc.split(), *flags, "-S", "-x", "c", "-", "-o", "-"], input=src, text=True,
+                           capture_output=True, timeout=float(os.getenv("COMPILE_TIMEOUT", "600")))
+        if p.returncode != 0: raise CompileError(f"C compile failed ({self.cc}):\n{p.stderr}")
+        return p.stdout
 
     def _lookup(self, src: str) -> bytes | None:
         """The cached binary of a source, or None. A reference into a batch object counts only while that object is
@@ -197,22 +210,9 @@ def _batch_lib(bkey: str) -> ctypes.CDLL:
 
 
 def simd_bytes() -> int:
-    """The vector register width -march=native gives the compiler: 64 with AVX-512, 32 with AVX2, else 16 (SSE/NEON)."""
-    try: flags = open("/proc/cpuinfo").read()
-    except OSError: return 16
-    return 64 if " avx512f" in flags else 32 if " avx2" in flags else 16
-
-
-def l2_bytes() -> int:
-    """The per-core L2 cache size from sysfs (1 MiB when it can't be read): the budget for cache blocking (TILE)."""
-    try:
-        for idx in sorted(os.listdir("/sys/devices/system/cpu/cpu0/cache")):
-            d = f"/sys/devices/system/cpu/cpu0/cache/{idx}"
-            if open(f"{d}/level").read().strip() == "2":
-                size = open(f"{d}/size").read().strip()
-                return int(size[:-1]) * {"K": 1 << 10, "M": 1 << 20}[size[-1]] if size[-1] in "KM" else int(size)
-    except (OSError, ValueError): pass
-    return 1 << 20
+    """This host's vector register width (64 with AVX-512, 32 with AVX2, else 16), for the LLVM device, which builds
+    for the host CPU whatever CPU_MARCH says."""
+    return host_machine().vector_bytes or 16
 
 
 def cpu_threads() -> int:
@@ -369,11 +369,13 @@ class CPUAllocator(Allocator):
 
 class CPUDevice(Compiled):
     def __init__(self, device: str):
-        renderer = ClangRenderer()
+        renderer, compiler = ClangRenderer(), CPUCompiler()
         renderer.threads = cpu_threads()
-        renderer.simd_bytes = simd_bytes()
-        renderer.cache_bytes = l2_bytes()
-        super().__init__(device, CPUAllocator(), renderer, CPUCompiler(), CPUProgram)
+        # what the kernels are built for (runtime/machine.py): codegen's heuristics read it
+        renderer.machine = compiler.machine
+        renderer.simd_bytes = compiler.machine.vector_bytes
+        renderer.cache_bytes = compiler.machine.l2_bytes
+        super().__init__(device, CPUAllocator(), renderer, compiler, CPUProgram)
         # the worker pool's library compiles (or loads from the disk cache) while the first graph is scheduled and
         # rendered, instead of in front of the first split kernel
         if renderer.threads > 1 and CPU_POOL: threading.Thread(target=cpu_pool.pool_run, daemon=True).start()

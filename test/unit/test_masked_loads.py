@@ -73,10 +73,14 @@ def test_every_range_vectorizes_a_padded_depthwise_conv(monkeypatch, stride):
 @pytest.mark.skipif(not CPU, reason="checks the CPU renderer's source")
 def test_padded_and_strided_depthwise_convs_use_masked_vector_loads():
     """Along a padded 112-wide row the heuristic vectorizes with masked loads (vmload1), and with stride 2 it reads
-    pairs of vectors (vload2 / vmload2) instead of gathering lane by lane."""
+    pairs of vectors (vload2 / vmload2) instead of gathering lane by lane. The widths are the machine's (16 float32
+    lanes with AVX-512, 8 with AVX2; a 56-wide row takes the widest of 1, 1/2 or 1/4 of that which divides 56)."""
     x = Tensor.empty(1, 32, 112, 112).realize()
     w = Tensor.empty(32, 1, 3, 3).realize()
-    for stride, forms in ((1, ("vmload1_float_x16",)), (2, ("vload2_float_x8", "vmload2_float_x8"))):   # 56 wide
+    lanes = Device["CPU"].renderer.machine.lanes(dtypes.float32)
+    def width(n: int) -> int: return next(w for w in (lanes, lanes // 2, lanes // 4) if w >= 4 and n % w == 0)
+    for stride, forms in ((1, (f"vmload1_float_x{width(112)}",)),
+                          (2, (f"vload2_float_x{width(56)}", f"vmload2_float_x{width(56)}"))):
         ast = x.pad((1, 1, 1, 1)).conv2d(w, groups=32, stride=stride).schedule()[-1].ast
         src = to_program(ast, Device["CPU"].renderer).src
         for f in forms: assert f + "(" in src, (stride, f)

@@ -1,0 +1,154 @@
+"""Register tiles fit the machine (codegen/opt.py `register_tile`, runtime/machine.py): for an AVX2 target
+(x86-64-v3, 16 vector registers) and an AVX-512 one (x86-64-v4, 32), the heuristic's matmul kernel is compiled to
+assembly with the CPU device's own flags, and the innermost loop that does the FMAs must not touch the stack with a
+vector register (a spill or a reload). The old fixed tile (8 x 2 vectors: 16 accumulators) on AVX2 is the positive
+control: the same check finds its spills. The kernels run where the host can, exactly equal to NumPy (integer-valued
+inputs make the sums exact)."""
+import platform
+import re
+
+import numpy as np
+import pytest
+
+from fusegrad import Tensor
+from fusegrad.codegen import to_program
+from fusegrad.codegen.opt import Opt, apply_opts, register_tile, tile_registers
+from fusegrad.codegen.search import fits_registers
+from fusegrad.device import Buffer
+from fusegrad.dtype import dtypes
+from fusegrad.renderer.cstyle import ClangRenderer
+from fusegrad.runtime import machine as machine_mod
+from fusegrad.runtime.ops_cpu import CPUCompiler, CPUProgram, find_compiler
+
+X86 = platform.machine().lower() in ("x86_64", "amd64")
+CC = find_compiler(raise_error=False)
+pytestmark = pytest.mark.skipif(CC is None or not X86, reason="x86-64 levels need an x86 host with a C compiler")
+
+VREG = re.compile(r"%[xyz]mm\d+")
+STACK = re.compile(r"\(%r[sb]p")           # an address off the stack or frame pointer
+LABEL = re.compile(r"^(\.L\w+):")
+JUMP = re.compile(r"^\s+j\w+\s+(\.L\w+)")
+FMA = re.compile(r"^\s+v(fmadd|fnmadd|mulp|addp)\w*\s")
+
+
+def hot_loop(asm: str, fn: str) -> list[str]:
+    """The innermost loop of function `fn` that does vector arithmetic: of the spans from a label to a jump back to it
+    (a loop), the shortest that holds an FMA (or a vector multiply/add)."""
+    lines = asm.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln == f"{fn}:")
+    end = next(i for i in range(start, len(lines)) if lines[i].strip().startswith(".cfi_endproc"))
+    body = lines[start:end]
+    labels: dict[str, int] = {}
+    loops = []
+    for i, ln in enumerate(body):
+        if (m := LABEL.match(ln)): labels[m.group(1)] = i
+        elif (m := JUMP.match(ln)) and m.group(1) in labels: loops.append(body[labels[m.group(1)]:i + 1])
+    hot = [lp for lp in loops if any(FMA.match(ln) for ln in lp)]
+    assert hot, f"no loop with vector arithmetic in {fn}"
+    return min(hot, key=len)
+
+
+def stack_vector_accesses(loop: list[str]) -> list[str]:
+    """Instructions of the loop that move a vector register to or from the stack (spills, reloads, FMAs reading a
+    spilled accumulator)."""
+    return [ln.strip() for ln in loop if VREG.search(ln) and STACK.search(ln)]
+
+
+def runnable(march: str) -> bool:
+    """Whether this host has the instructions code built for `march` uses."""
+    try: machine_mod.check_host(machine_mod.target_macros(CC, march), march, machine_mod.host_flags())
+    except RuntimeError: return False
+    return True
+
+
+def target(march: str, monkeypatch) -> tuple[CPUCompiler, ClangRenderer]:
+    """The CPU device's compiler and renderer as they would be set up for CPU_MARCH=march (on any x86 host: the
+    check that the host can run that code is off, `runnable` asks it)."""
+    monkeypatch.setattr(machine_mod, "host_flags", lambda: None)
+    comp = CPUCompiler(march)
+    ren = ClangRenderer()
+    ren.threads, ren.machine = 2, comp.machine
+    ren.simd_bytes, ren.cache_bytes = comp.machine.vector_bytes, comp.machine.l2_bytes
+    return comp, ren
+
+
+def matmul_ast(m: int, k: int, n: int):
+    a, b = Tensor.empty(m, k).realize(), Tensor.empty(k, n).realize()
+    (si,) = (a @ b).schedule()
+    return si.ast
+
+
+def run(comp: CPUCompiler, spec, arrays: list[np.ndarray], out_shape: tuple[int, ...]) -> np.ndarray:
+    prg = CPUProgram(spec, comp.compile(spec.src))
+    bufs = [Buffer("CPU", int(np.prod(out_shape)), dtypes.float32).ensure_allocated()]
+    for arr in arrays: bufs.append(Buffer("CPU", arr.size, dtypes.float32).ensure_allocated().copyin(memoryview(arr)))
+    args = [b.opaque for b in bufs]
+    if spec.thread_size: prg.fxn(*args, 0, spec.thread_size)
+    else: prg.fxn(*args)
+    out = np.empty(out_shape, np.float32)
+    bufs[0].copyout(memoryview(out).cast("B"))
+    return out
+
+
+@pytest.mark.parametrize("march,registers", [("x86-64-v3", 16), ("x86-64-v4", 32)])
+@pytest.mark.parametrize("m", [64, 96])   # 64 rows: a 4 x 2 tile on AVX2; 96: 6 x 2 (BLIS's 6x16)
+def test_matmul_tile_does_not_spill(march, registers, m, monkeypatch):
+    comp, ren = target(march, monkeypatch)
+    assert comp.machine.vector_registers == registers and f"-march={march}" in comp.flags
+    spec = to_program(matmul_ast(m, 256, 256), ren)
+    spills = stack_vector_accesses(hot_loop(comp.assembly(spec.src), spec.name))
+    assert spills == [], f"{march}: the reduce loop of {spec.name} spills:\n" + "\n".join(spills)
+    rng = np.random.default_rng(m)
+    a, b = (rng.integers(-4, 5, s).astype(np.float32) for s in ((m, 256), (256, 256)))
+    if not runnable(march): pytest.skip(f"this host can't run {march} code (the assembly was checked)")
+    np.testing.assert_array_equal(run(comp, spec, [a, b], (m, 256)), a @ b)
+
+
+def test_the_check_finds_the_spills_of_the_old_avx2_tile(monkeypatch):
+    """8 rows x 2 vectors of 8 (16 accumulators): every ymm register, so GCC keeps accumulators on the stack; the
+    same check must see it (else the test above proves nothing)."""
+    comp, ren = target("x86-64-v3", monkeypatch)
+    ast = matmul_ast(64, 256, 256)
+    spec = to_program(ast, ren, [Opt("VECTORIZE", 1, 8), Opt("UPCAST", 0, 8), Opt("UPCAST", 1, 2)])
+    assert len(stack_vector_accesses(hot_loop(comp.assembly(spec.src), spec.name))) >= 4
+    rng = np.random.default_rng(1)
+    a, b = (rng.integers(-4, 5, s).astype(np.float32) for s in ((64, 256), (256, 256)))
+    if runnable("x86-64-v3"): np.testing.assert_array_equal(run(comp, spec, [a, b], (64, 256)), a @ b)  # still right
+
+
+@pytest.mark.parametrize("sizes,registers,want", [
+    ([64, 32], 32, [8, 2]),    # AVX-512: the tile as it always was
+    ([64, 32], 16, [4, 2]),    # AVX2: 8 x 2 needs 26 registers; 4 x 2 (14) beats 2 x 4 (14) on loads per step
+    ([96, 32], 16, [4, 2]),    # 6 x 2 (BLIS's 6x16) needs 20: GCC hoists the six broadcasts and spills
+    ([96], 16, [6]),           # one axis: 8 accumulators and 8 broadcasts spill
+    ([8, 6], 16, [4, 2]),
+    ([3, 3], 16, [3, 3]),
+])
+def test_register_tile(sizes, registers, want):
+    got = register_tile(sizes, registers)
+    assert got == want and tile_registers(got) < registers
+
+
+@pytest.mark.parametrize("opts,spills", [
+    ([Opt("UPCAST", 0, 8)], True), ([Opt("UPCAST", 0, 6), Opt("UPCAST", 1, 2)], True),
+    ([Opt("UPCAST", 0, 6)], False), ([Opt("UPCAST", 0, 4), Opt("UPCAST", 1, 2)], False),
+    ([Opt("UPCAST", 0, 2), Opt("UPCAST", 1, 4)], False), ([Opt("UPCAST", 0, 3), Opt("UPCAST", 1, 2)], False)])
+def test_tile_registers_predicts_avx2_spills(opts, spills, monkeypatch):
+    """The register model against GCC on AVX2: a tile spills exactly when tile_registers says it doesn't fit
+    (checked on the tiles the heuristic may pick)."""
+    comp, ren = target("x86-64-v3", monkeypatch)
+    spec = to_program(matmul_ast(96, 256, 256), ren, [Opt("VECTORIZE", 1, 8)] + opts)
+    assert bool(stack_vector_accesses(hot_loop(comp.assembly(spec.src), spec.name))) == spills
+    assert (tile_registers([o.amount for o in opts]) >= 16) == spills
+
+
+@pytest.mark.parametrize("march,fits", [("x86-64-v3", False), ("x86-64-v4", True)])
+def test_beam_rejects_tiles_that_do_not_fit(march, fits, monkeypatch):
+    """BEAM's candidates stay within the machine's registers: the 8 x 2 tile (16 accumulators) is dropped before
+    compiling on AVX2 and kept on AVX-512; the heuristic's own tile always fits."""
+    _, ren = target(march, monkeypatch)
+    ast = matmul_ast(64, 256, 256)
+    w = ren.machine.lanes(dtypes.float32)
+    assert fits_registers(apply_opts(ast, ren, [Opt("VECTORIZE", 1, w), Opt("UPCAST", 0, 8), Opt("UPCAST", 1, 2)]),
+                          ren) == fits
+    assert fits_registers(apply_opts(ast, ren), ren)
