@@ -23,7 +23,7 @@ from typing import Any, Callable, Generic, Iterator, TypeVar
 
 from fusegrad import storage
 from fusegrad.device import Buffer
-from fusegrad.helpers import DEBUG, JIT, PROFILE, VIZ
+from fusegrad.helpers import DEBUG, JIT, PROFILE, REFERENCE, VIZ
 from fusegrad.schedule import ScheduleItem
 
 ReturnType = TypeVar("ReturnType")
@@ -294,7 +294,7 @@ class TinyJit(Generic[ReturnType]):
 
     def __call__(self, *args: Any, **kwargs: Any) -> ReturnType:
         assert self.fxn is not None, "TinyJit needs a function"
-        if not JIT: return self.fxn(*args, **kwargs)
+        if not JIT or REFERENCE: return self.fxn(*args, **kwargs)   # (reference mode: no capture either)
         if capturing: raise JitError("nested TinyJit: a jitted function can't call another one while capturing")
         tensors, others = _collect(args, kwargs)
         var_vals = self._check(tensors, others)
