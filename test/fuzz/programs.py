@@ -629,7 +629,7 @@ def main(argv: list[str] | None = None) -> int:
             failures += 1
             sig = found[0][0]
             new = sig not in kinds
-            kinds.setdefault(sig, []).append(seed)
+            for sg in dict.fromkeys(sg for sg, _ in found): kinds.setdefault(sg, []).append(seed)
             print(f"FAIL seed {seed}: " + "; ".join(f"[{s}] {d}" for s, d in found), flush=True)
             if new and not args.no_reduce and keep is None:
                 small = reduce(prog, sig)
@@ -642,7 +642,7 @@ def main(argv: list[str] | None = None) -> int:
                 print("  " + render(small).replace("\n", "\n  "), flush=True)
         if (n + 1) % 50 == 0 or n + 1 == args.n:
             print(f"{n + 1} programs, {failures} failing, {time.time() - st:.0f} s", flush=True)
-    print("distinct failures (first signature per program):")
+    print("distinct findings (programs showing each):")
     for sig, seeds in sorted(kinds.items(), key=lambda kv: -len(kv[1])):
         print(f"  {len(seeds):5d}  {sig}  (seeds {', '.join(map(str, seeds[:8]))}{' ...' if len(seeds) > 8 else ''})")
     return 1 if failures else 0
