@@ -21,7 +21,7 @@ momentum / nesterov / weight decay, Adam, AdamW) and then runs 6-16 steps drawn 
   shard_eval            the model with parameters replicated on ("CPU", "CPU:1") evaluates a batch sharded on axis 0
   check                 every parameter and buffer read now (reads realize; the end always checks)
 
-Tolerances (float32): default vs reference mode, rtol 1e-4 atol 1e-5 (the same kernels, modulo fusion); either vs
+Tolerances (float32): default vs reference mode, rtol 5e-4 atol 5e-5 (the same math; fusion and relayouts may differ); either vs
 PyTorch rtol 2e-3 atol 2e-4 (other kernels and summation orders, compounded over up to 16 optimizer steps; Adam's eps is
 drawn >= 1e-4 so a near-zero gradient can't turn rounding noise into a full-size step). Integer state
 (num_batches_tracked) is compared exactly.
@@ -55,7 +55,7 @@ from fusegrad.nn.state import get_parameters, get_state_dict, load_state_dict, s
 
 DEVS = ("CPU", "CPU:1")
 B, HW, SEQ, NBATCH = 4, 6, 5, 4
-TIGHT, LOOSE = (1e-4, 1e-5), (2e-3, 2e-4)   # (rtol, atol): default vs reference; either vs torch
+TIGHT, LOOSE = (5e-4, 5e-5), (2e-3, 2e-4)   # (rtol, atol): default vs reference; either vs torch
 
 
 @dataclass(frozen=True)
@@ -341,7 +341,7 @@ class FGRun:
         elif k == "accum":
             Tensor.training = True
             try:
-                for j in st[1:]: self.later.append((f"{lab} micro", self.micro_j(*self.xy(j))))
+                for n, j in enumerate(st[1:]): self.later.append((f"{lab} micro{n}", self.micro_j(*self.xy(j))))
                 self.apply_j()
             finally: Tensor.training = False
         elif k == "slice_add":
@@ -470,13 +470,13 @@ class TorchRun:
         elif k == "accum":
             self.model.train()
             with torch.enable_grad():
-                for j in st[1:]:
+                for n, j in enumerate(st[1:]):
                     for p in self.params: p.grad = None
                     x, y = self.xy(j)
                     loss = self.loss(self.model(x), y)
                     loss.backward()
                     for a, p in zip(self.acc, self.params): a.copy_(a + p.grad)
-                    self.later.append((f"{lab} micro", loss.detach().clone()))
+                    self.later.append((f"{lab} micro{n}", loss.detach().clone()))
             for a, p in zip(self.acc, self.params): p.grad = a * 0.5
             self.opt.step()
             for a in self.acc: a.zero_()
@@ -568,6 +568,7 @@ def first_mismatch(x: Result, y: Result, tol: tuple[float, float]) -> str | None
     """The first output that differs (by label), or None. Outputs missing on one side (an error stopped it) are not
     compared: errors are reported separately."""
     ya = {lab: v for lab, v in y.out}
+    assert len(ya) == len(y.out), "output labels must be unique"
     for lab, v in x.out:
         if lab in ya and not _close(v, ya[lab], tol):
             w = ya[lab]
