@@ -23,7 +23,7 @@ def test_programs_are_reproducible():
 
 def test_comparison_catches_a_difference():
     a = Result([("end fc.bias", np.array([1.0, 2.0], np.float32)), ("end n", np.array(3))], None)
-    b = Result([("end fc.bias", np.array([1.0, 2.001], np.float32)), ("end n", np.array(3))], None)
+    b = Result([("end fc.bias", np.array([1.0, 2.01], np.float32)), ("end n", np.array(3))], None)
     c = Result([("end fc.bias", np.array([1.0, 2.0], np.float32)), ("end n", np.array(4))], None)
     assert first_mismatch(a, a, TIGHT) is None
     assert first_mismatch(a, b, TIGHT).startswith("end fc.bias")
