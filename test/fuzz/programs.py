@@ -21,12 +21,12 @@ momentum / nesterov / weight decay, Adam, AdamW) and then runs 6-16 steps drawn 
   shard_eval            the model with parameters replicated on ("CPU", "CPU:1") evaluates a batch sharded on axis 0
   check                 every parameter and buffer read now (reads realize; the end always checks)
 
-Tolerances (float32): default vs reference mode, rtol 5e-4 atol 5e-5 (the same math; fusion and relayouts may differ); either vs
-PyTorch rtol 2e-3 atol 2e-4 (other kernels and summation orders, compounded over up to 16 optimizer steps; Adam's eps is
-drawn >= 1e-4 so a near-zero gradient can't turn rounding noise into a full-size step). Integer state
-(num_batches_tracked) is compared exactly.
+Tolerances (float32): default vs reference mode, rtol 5e-4 atol 5e-5 (the same math; fusion and relayouts may
+differ); either vs PyTorch rtol 2e-3 atol 2e-4 (other kernels and summation orders, compounded over up to 16 optimizer
+steps; Adam's eps is drawn >= 1e-4 so a near-zero gradient can't turn rounding noise into a full-size step). Integer
+state (num_batches_tracked) is compared exactly.
 
-Run it long: `python test/fuzz/programs.py --n 2000 --seed 0` (progress per 50 programs; each failure is reduced to a
+Run it long: `PYTHONPATH=. python test/fuzz/programs.py --n 2000 --seed 0` (progress per 50 programs; each failure is reduced to a
 minimal program, printed with the command that replays it: `--seed S --keep 0,3,5`). test/fuzz/test_programs.py runs a
 few fixed seeds in CI. docs/debugging.md ("The program fuzzer") describes it.
 """
@@ -198,7 +198,7 @@ def render(prog: Program) -> str:
         "train": "loss = train_j(x[{1}], y[{1}])          # Tensor.training = True",
         "train_eager": "loss = train_step(x[{1}], y[{1}])      # not jitted",
         "eval": "out = eval_j(x[{1}])                     # Tensor.training = False",
-        "accum": "micro_j(x[{1}], y[{1}]); micro_j(x[{2}], y[{2}]); apply_j()   # grads summed into buffers with assign",
+        "accum": "micro_j(x[{1}], y[{1}]); micro_j(x[{2}], y[{2}]); apply_j()   # grads summed with assign",
         "slice_add": "{1}[{2}:{3}] += {4}",
         "scale": "{1}.assign({1} * {2})",
         "view_make": "v{1} = {2}[{3}:{4}]",
