@@ -26,9 +26,10 @@ differ); either vs PyTorch rtol 2e-3 atol 2e-4 (other kernels and summation orde
 steps; Adam's eps is drawn >= 1e-4 so a near-zero gradient can't turn rounding noise into a full-size step). Integer
 state (num_batches_tracked) is compared exactly.
 
-Run it long: `PYTHONPATH=. python test/fuzz/programs.py --n 2000 --seed 0` (progress per 50 programs; each failure is reduced to a
-minimal program, printed with the command that replays it: `--seed S --keep 0,3,5`). test/fuzz/test_programs.py runs a
-few fixed seeds in CI. docs/debugging.md ("The program fuzzer") describes it.
+Run it long: `PYTHONPATH=. python test/fuzz/programs.py --n 2000 --seed 0` (progress per 50 programs; the first
+program with each new finding is reduced to a minimal program, printed with the command that replays it:
+`--seed S --keep 0,3,5`). test/fuzz/test_programs.py runs a few fixed seeds in CI. docs/debugging.md ("REFERENCE=1:
+reference mode, and the program fuzzer") describes it.
 """
 from __future__ import annotations
 
