@@ -104,6 +104,9 @@ DEV = ContextVar("DEV", "")
 SPEC = ContextVar("SPEC", 0)
 CACHELEVEL = ContextVar("CACHELEVEL", 2)
 CACHE_MAX_MB = ContextVar("CACHE_MAX_MB", 1024)  # the compile cache's size cap (diskcache.py): LRU eviction past it
+# 1: reference mode, every cache that could serve a stale value off (TinyJit runs the function each call; no schedule,
+# result or relayout cache): the slow, trustworthy baseline the program fuzzer compares with (docs/debugging.md)
+REFERENCE = ContextVar("REFERENCE", 0)
 SCHEDULE_CACHE = ContextVar("SCHEDULE_CACHE", 1)  # 0: schedule every graph from scratch (schedule/cache.py)
 SPLIT_REDUCE = ContextVar("SPLIT_REDUCE", 32768)  # shortest reduce split into two kernels (schedule/split.py); 0: off
 MERGE_RANGES = ContextVar("MERGE_RANGES", 1)   # 0: keep every loop of a kernel as its shape gives it (codegen/merge.py)

@@ -18,6 +18,7 @@ import weakref
 from typing import Any
 
 from fusegrad.device import Buffer
+from fusegrad.helpers import REFERENCE
 from fusegrad.ir import build
 from fusegrad.ir.ops import GroupOp, Ops, UOp
 from fusegrad.ir.shape import all_static, sprod
@@ -228,6 +229,7 @@ def cache_result(key: UOp, value: UOp, written_now: set[int] | None, reads: list
         if key.op is Ops.ASSIGN: executed.add(key)    # own memory is written
         mems = set()
     else:
+        if REFERENCE: return   # reference mode: no computed value is served again (writes and snapshots are records)
         if reads is None: reads = buffers_read(key)
         mems = {memory_of(b) for b in reads}
         if written_now and mems & written_now: return
@@ -325,6 +327,7 @@ def relayout_source(u: UOp, structural: bool = False) -> tuple[UOp, tuple] | Non
 
 def relayout_get(u: UOp) -> UOp | None:
     """The buffer view holding a relayout computed before from the same, unwritten, buffer."""
+    if REFERENCE: return None   # reference mode: every relayout is computed again
     if (src := relayout_source(u)) is None or (d := _relayouts.get(src[0])) is None: return None
     if (hit := d.get(src[1])) is None: return None
     # void once the source or the copy itself (a tensor holding it, written in place) was written

@@ -28,7 +28,7 @@ from fusegrad import storage
 from fusegrad.device import Buffer
 from fusegrad.engine.capture import JitError, capturing, not_capturing, note_assign, note_relayout  # noqa: F401
 from fusegrad.engine.realize import get_runner
-from fusegrad.helpers import DEBUG, JIT, JIT_VERIFY, PROFILE, VIZ, GlobalCounters
+from fusegrad.helpers import DEBUG, JIT, JIT_VERIFY, PROFILE, REFERENCE, VIZ, GlobalCounters
 from fusegrad.ir.ops import Ops, UOp
 from fusegrad.ir.pattern import substitute
 from fusegrad.ir.shape import all_static
@@ -282,7 +282,7 @@ class TinyJit(Generic[ReturnType]):
 
     def __call__(self, *args: Any, **kwargs: Any) -> ReturnType:
         assert self.fxn is not None, "TinyJit needs a function"
-        if not JIT: return self.fxn(*args, **kwargs)
+        if not JIT or REFERENCE: return self.fxn(*args, **kwargs)   # (reference mode: no capture either)
         if capturing: raise JitError("nested TinyJit: a jitted function can't call another one while capturing")
         tensors, others = _collect(args, kwargs)
         var_vals = self._check(tensors, others)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fusegrad.device import Buffer
-from fusegrad.helpers import DEBUG, SCHEDULE_CACHE, SPEC
+from fusegrad.helpers import DEBUG, REFERENCE, SCHEDULE_CACHE, SPEC
 from fusegrad.ir.ops import Ops, UOp
 from fusegrad.ir.pattern import substitute_memo
 from fusegrad.schedule.cache import ASSIGNED, SAME, Slot, Template, fill_slots, flags_key, leaf_index, new_slot, \
@@ -97,17 +97,18 @@ def _schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
     nz = normalize(UOp(Ops.SINK, src=tuple(targets)), cached_value, executed, CACHED_VALUE_FILTER)
     leaves, var_vals = nz.leaves, nz.var_vals
     key = (nz.key, flags_key())
-    tpl = schedule_cache.get(key) if SCHEDULE_CACHE else None
+    use_cache = SCHEDULE_CACHE and not REFERENCE
+    tpl = schedule_cache.get(key) if use_cache else None
     hit = tpl is not None
     if tpl is None:
         tpl = _plan(nz.graph())
-        if SCHEDULE_CACHE: schedule_cache.put(key, tpl)
+        if use_cache: schedule_cache.put(key, tpl)
     bufs = fill_slots(tpl.slots, leaves)
     items = [ScheduleItem(ast, [bufs[i] for i in slots], list(ops), inplace, var_vals)
              for ast, slots, ops, inplace in tpl.items]
     if DEBUG >= 1 and items:
         print(f"scheduled {len(items)} items in {(time.perf_counter() - st) * 1e3:.2f} ms "
-              f"(schedule cache {'hit' if hit else 'miss' if SCHEDULE_CACHE else 'off'})")
+              f"(schedule cache {'hit' if hit else 'miss' if use_cache else 'off'})")
     if DEBUG >= 3:
         for i, it in enumerate(items):
             print(f"schedule item {i}: {'copy' if it.is_copy else 'kernel'} <- tensor ops {', '.join(it.tensor_ops)}")
