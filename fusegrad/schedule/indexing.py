@@ -35,6 +35,9 @@ INDEX_MAX = 2**31 - 1
 # kernel of them all would take a C compiler minutes, and the pieces of a uniform chain are one kernel compiled once.
 # Far above what a model's fused kernels hold (a transformer block's fused backward: a few hundred).
 MAX_KERNEL_OPS = 4096
+# The most buffers one kernel reads: a kernel is a C function of one argument per buffer (ctypes takes at most
+# 1,024; CUDA 4 KB of them). A kernel reaching it is cut at the innermost computing node being walked.
+MAX_KERNEL_INPUTS = 128
 Index = tuple[UOp, ...]
 
 
@@ -241,10 +244,21 @@ class Indexer:
                 if not stack: return val
                 continue
             nxt = self._enter(*req)
-            if nxt.__class__ is UOp: val = nxt   # type: ignore[assignment]
+            if nxt.__class__ is UOp:
+                val = nxt   # type: ignore[assignment]
+                if len(self.params) == MAX_KERNEL_INPUTS and not self.violations: self._cut_inputs(stack)
             else:
                 stack.append(nxt)
                 val = None
+
+    def _cut_inputs(self, stack: list) -> None:
+        """The kernel reads MAX_KERNEL_INPUTS buffers (a cat of 1,000 tensors): the innermost computing node being
+        walked gets a buffer of its own, so this kernel and that one each read fewer."""
+        for _, (x, _, _) in reversed(stack):
+            if x is self.root: return
+            if x.op not in GroupOp.Movement and x.op not in (Ops.DETACH, Ops.CONTIGUOUS, Ops.REDUCE_AXIS):
+                self.violations.add(x)
+                return
 
     def _enter(self, x: UOp, idx: Index, valid: UOp) -> "UOp | tuple":
         """x's value at idx when it needs no source's value (memoized, a load, a constant); otherwise (a generator
