@@ -31,19 +31,26 @@ else:
             return val
 
 
+_nested = 0   # how many _cached_from_src computations are running (each one a source that lacked its value)
+
+
 class _cached_from_src(_cached_property):
     """A cached property computed from the same property of the node's sources (shape, device, bounds, key). On a
-    node whose sources don't have it yet, the nodes below that lack it get it first, children before parents, in
-    one iterative walk: a graph made in one go (a rewrite of a 100,000-node chain) never recurses source by source
-    into Python's recursion limit. A node built by the frontend finds its sources' values already there."""
+    node whose sources don't have it yet (a graph built in one go by a rewrite or `substitute`), the computation
+    recurses source by source. Past 64 levels, the nodes below that lack the value get theirs in one iterative walk
+    instead, children before parents, so no depth of graph reaches Python's recursion limit. A node built by the
+    frontend finds its sources' values there (or one or two levels down: a fresh constant) and pays for a counter."""
     def __get__(self, obj, cls=None):
+        global _nested
         if obj is None: return self
         name, fn = self.name, self.fn
-        for s in obj.src:
-            if name not in s.__dict__:
-                for n in s.toposort(gate=lambda n: name not in n.__dict__):
-                    if name not in n.__dict__: n.__dict__[name] = fn(n)
-        val = obj.__dict__[name] = fn(obj)
+        if _nested > 64:
+            for n in obj.toposort(gate=lambda n: name not in n.__dict__):
+                if name not in n.__dict__: n.__dict__[name] = fn(n)
+            return obj.__dict__[name]
+        _nested += 1
+        try: val = obj.__dict__[name] = fn(obj)
+        finally: _nested -= 1
         return val
 
 
