@@ -21,6 +21,7 @@ from fusegrad.device import Buffer
 from fusegrad.helpers import REFERENCE
 from fusegrad.ir import build
 from fusegrad.ir.ops import GroupOp, Ops, UOp
+from fusegrad.ir.pattern import substitute
 from fusegrad.ir.shape import all_static, sprod
 from fusegrad.runtime import ops_disk
 
@@ -276,8 +277,16 @@ def still_valid(reads: Reads) -> bool:
 def record_history(new: UOp, old: UOp, reads: list[Buffer] | None = None) -> None:
     """`new` (a realized result) was computed by the lazy graph `old`: backward() differentiates through it. (`reads`:
     `buffers_read(old)` when the caller has it already.)"""
+    versions = {memory_of(b): version(b) for b in (buffers_read(old) if reads is None else reads)}
+    if (buf := buffers.get(new.base)) is not None and (own := memory_of(buf)) in versions and \
+       (prev := lazy_of.get(new)) is not None:
+        # a write that read the memory it wrote (`cache[i] = k`, realized, and again): `new` inside `old` stands for
+        # the contents before this write, which the previous history computed. (Left in place, the history would
+        # contain its own key; without a previous history the old contents stay a leaf, see tensor._with_history.)
+        old = substitute(old, {new: prev})
+        versions.update((m, v) for m, v in _history_versions.get(new, ()) if m != own)
     lazy_of[new] = old
-    _history_versions[new] = read_versions(buffers_read(old) if reads is None else reads)
+    _history_versions[new] = tuple(versions.items())
 
 
 def check_history(new: UOp) -> None:

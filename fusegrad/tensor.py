@@ -35,14 +35,29 @@ from fusegrad.views import _VIEW_OPS, _ViewRefs, _assign_owner, _mark_view, _pre
 
 
 def _with_history(u: UOp) -> UOp:
-    """`u` with realized nodes replaced by the lazy graphs that computed them, so gradients reach the leaves."""
+    """`u` with realized nodes replaced by the lazy graphs that computed them, so gradients reach the leaves. A history
+    may read other realized nodes with histories of their own: each is expanded once, by an iterative walk over the
+    histories. A node met again inside its own expansion (the history of a write that read the memory it wrote, where
+    `storage.record_history` found no earlier history) stays a leaf there: the memory's contents before that write."""
     from fusegrad.ir.pattern import substitute
-    for _ in range(10000):
-        mapping = {n: lazy_of[n] for n in u.toposort() if n in lazy_of}
-        if not mapping: return u
-        for n in mapping: storage.check_history(n)
-        u = substitute(u, mapping)
-    raise RuntimeError("autograd history too deep")
+    keys = [n for n in u.toposort() if n in lazy_of]
+    if not keys: return u
+    done: dict[UOp, UOp] = {}            # history key -> its history with the histories it reads expanded
+    active: set[UOp] = set()
+    stack: list[tuple[UOp, list[UOp] | None]] = [(k, None) for k in reversed(keys)]
+    while stack:
+        n, inner = stack.pop()
+        if n in done: continue
+        if inner is None:                # first visit: expand the histories this one reads, then come back
+            storage.check_history(n)
+            active.add(n)
+            inner = [m for m in lazy_of[n].toposort() if m in lazy_of and m is not n and m not in active]
+            stack.append((n, inner))
+            stack.extend((m, None) for m in reversed(inner) if m not in done)
+            continue
+        active.discard(n)
+        done[n] = substitute(lazy_of[n], {m: done[m] for m in inner if m in done})
+    return substitute(u, {k: done[k] for k in keys})
 
 
 Variable = UOp.variable  # `from fusegrad.tensor import Variable` as in tinygrad

@@ -31,6 +31,29 @@ else:
             return val
 
 
+_nested = 0   # how many _cached_from_src computations are running (each one a source that lacked its value)
+
+
+class _cached_from_src(_cached_property):
+    """A cached property computed from the same property of the node's sources (shape, device, bounds, key). On a
+    node whose sources don't have it yet (a graph built in one go by a rewrite or `substitute`), the computation
+    recurses source by source. Past 64 levels, the nodes below that lack the value get theirs in one iterative walk
+    instead, children before parents, so no depth of graph reaches Python's recursion limit. A node built by the
+    frontend finds its sources' values there (or one or two levels down: a fresh constant) and pays for a counter."""
+    def __get__(self, obj, cls=None):
+        global _nested
+        if obj is None: return self
+        name, fn = self.name, self.fn
+        if _nested > 64:
+            for n in obj.toposort(gate=lambda n: name not in n.__dict__):
+                if name not in n.__dict__: n.__dict__[name] = fn(n)
+            return obj.__dict__[name]
+        _nested += 1
+        try: val = obj.__dict__[name] = fn(obj)
+        finally: _nested -= 1
+        return val
+
+
 class Ops(enum.Enum):
     # --- tensor graph (never reach a kernel) ---
     SINK = enum.auto()          # groups roots: src = roots
@@ -217,7 +240,7 @@ class UOp(metaclass=UOpMetaClass):
                     if s not in out: stack.append((s, False))
         return out
 
-    @_cached_property
+    @_cached_from_src
     def key(self) -> bytes:
         """A structural hash stable across processes (for disk caches and process replay)."""
         import hashlib
@@ -229,7 +252,7 @@ class UOp(metaclass=UOpMetaClass):
         return pretty(self)
 
     # ----- tensor-level properties -----
-    @_cached_property
+    @_cached_from_src
     def shape(self) -> tuple[int, ...] | None: return infer_shape(self)
 
     @property
@@ -238,7 +261,7 @@ class UOp(metaclass=UOpMetaClass):
         assert self.shape is not None
         return sprod(self.shape)
 
-    @_cached_property
+    @_cached_from_src
     def device(self) -> str | tuple[str, ...] | None:
         """The device name; a tuple of names for a tensor on several devices (MULTI, or a constant made for them)."""
         if self.op is Ops.DEVICE: return self.arg
@@ -381,7 +404,7 @@ class UOp(metaclass=UOpMetaClass):
     def logical_and(self, x: "UOp") -> "UOp": return self.alu(Ops.AND, x)
 
     # ----- symbolic bounds (integers and bools) -----
-    @_cached_property
+    @_cached_from_src
     def vmin_vmax(self) -> tuple[ConstType, ConstType]:
         from fusegrad.ir.symbolic import bounds
         return bounds(self)

@@ -482,7 +482,9 @@ class MovementMixin:
         storage.claim(self)
         _assign_owner[self.uop] = weakref.ref(self)
         note_assign(self)
-        self._derived = x._derived
+        # a leaf that requires grad stays a leaf, its gradient taken at its new value (torch's `with no_grad(): w -= ...`;
+        # an optimizer step written without detach must not make the next backward() differentiate through it)
+        self._derived = x._derived and not (self.requires_grad and not self._derived)
         _refresh_views(self)
         return self
 

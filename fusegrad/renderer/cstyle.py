@@ -220,6 +220,7 @@ class CStyleLanguage(Renderer):
         body: list[str] = []
         counters: dict[str, int] = {}
         masked_loads: set[tuple[DType, int]] = set()  # (vector type, lane step) of masked loads: their helpers
+        nest: dict[UOp, int] = {}   # an operation inlined into its user's expression -> how deep it nests
 
         def new_name(prefix: str) -> str:
             counters[prefix] = counters.get(prefix, 0) + 1
@@ -297,7 +298,9 @@ class CStyleLanguage(Renderer):
                 if op is Ops.CAST: expr = self.render_cast(dt, a[0], u.src[0].dtype)
                 elif op is Ops.BITCAST: expr = self.render_bitcast(dt, a[0], u.src[0].dtype)
                 else: expr = self.render_alu(op, dt, a, u.src[-1].dtype)
-                if uses.get(u, 0) == 1 and use_depth.get(u) == depth_of[u] and u not in repeated: r[u] = expr
+                n = 1 + max((nest.get(s, 0) for s in u.src), default=0)
+                if uses.get(u, 0) == 1 and use_depth.get(u) == depth_of[u] and u not in repeated and n <= MAX_NEST:
+                    r[u], nest[u] = expr, n
                 else:
                     r[u] = new_name("alu")
                     line(f"{self.render_dtype(dt)} {r[u]} = {_strip(expr)};")
@@ -311,6 +314,12 @@ class CStyleLanguage(Renderer):
             typedefs += self.masked_load_helpers(mdt, step)
         return "\n".join(typedefs + [""]) * bool(typedefs) + self.render_kernel(
             name, args, body, any(u.op is Ops.DEFINE_REG and dtypes.is_float(u.dtype.base) for u in uops))
+
+
+# An operation used once is written into its user's expression; a chain deeper than this gets a variable every
+# MAX_NEST operations, so a fused chain of 100,000 ops is 100,000/MAX_NEST statements rather than one expression
+# nested 100,000 deep (quadratic to build, and more than a C compiler's parser takes)
+MAX_NEST = 64
 
 
 def _strip(s: str) -> str:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import operator
 from dataclasses import dataclass, field
+from typing import Generator
 
 from fusegrad.dtype import dtypes
 from fusegrad.ir.ops import GroupOp, Ops, UOp
@@ -31,6 +32,13 @@ from fusegrad.schedule.reduce_order import order_reduce_loops
 
 TRUE = UOp.const(dtypes.bool, True)
 INDEX_MAX = 2**31 - 1
+# The most ops one kernel fuses. A longer chain (100,000 lazy `x = x + 1`) is cut into kernels of this many ops: one
+# kernel of them all would take a C compiler minutes, and the pieces of a uniform chain are one kernel compiled once.
+# Far above what a model's fused kernels hold (a transformer block's fused backward: a few hundred).
+MAX_KERNEL_OPS = 4096
+# The most buffers one kernel reads: a kernel is a C function of one argument per buffer (ctypes takes at most
+# 1,024; CUDA 4 KB of them). A kernel reaching it is cut at the innermost computing node being walked.
+MAX_KERNEL_INPUTS = 128
 Index = tuple[UOp, ...]
 
 
@@ -199,22 +207,80 @@ class Indexer:
         return best
 
     def index(self, x: UOp, idx: Index, valid: UOp) -> UOp:
+        """x's value at `idx` (masked by `valid`). The walk is iterative: each node that needs its sources' values is
+        a generator that yields (node, idx, valid) requests and gets their values sent back; this loop keeps the
+        frames on a list instead of Python's stack, so a fused chain of 100,000 ops lowers like a short one. Sources
+        are visited in the same order as a recursive walk would, so PARAM slots and RANGE ids are unchanged."""
+        ret = self._enter(x, idx, valid)
+        if ret.__class__ is UOp: return ret   # type: ignore[return-value]
+        stack: list = [ret]
+        val: UOp | None = None
+        while True:
+            gen, key = stack[-1]
+            try: req = gen.send(val)
+            except StopIteration as stop:
+                stack.pop()
+                val = self.memo[key] = stop.value
+                if not stack: return val
+                continue
+            nxt = self._enter(*req)
+            if nxt.__class__ is UOp:
+                val = nxt   # type: ignore[assignment]
+                if len(self.params) == MAX_KERNEL_INPUTS and not self.violations: self._cut_inputs(stack)
+            else:
+                stack.append(nxt)
+                val = None
+
+    def _cut_inputs(self, stack: list) -> None:
+        """The kernel reads MAX_KERNEL_INPUTS buffers (a cat of 1,000 tensors): the innermost computing node being
+        walked gets a buffer of its own, so this kernel and that one each read fewer."""
+        for _, (x, _, _) in reversed(stack):
+            if x is self.root: return
+            if x.op not in GroupOp.Movement and x.op not in (Ops.DETACH, Ops.CONTIGUOUS, Ops.REDUCE_AXIS):
+                self.violations.add(x)
+                return
+
+    def _enter(self, x: UOp, idx: Index, valid: UOp) -> "UOp | tuple":
+        """x's value at idx when it needs no source's value (memoized, a load, a constant); otherwise (a generator
+        computing it, its memo key) for `index` to run."""
         key = (x, idx, valid)
         if (ret := self.memo.get(key)) is not None: return ret
+        op = x.op
         if x not in self.rp or x is self.root:
             self.walked.add(x)
             # pass-through nodes are not counted: realizing a DETACH over a PAD would store the padded tensor (its
             # zeros computed by the producer kernel); the node under the movement ops is the one worth a buffer
-            if x.op not in GroupOp.Movement and x.op not in (Ops.BUFFER, Ops.CONST, Ops.DETACH, Ops.CONTIGUOUS):
+            if op not in GroupOp.Movement and op not in (Ops.BUFFER, Ops.CONST, Ops.DETACH, Ops.CONTIGUOUS):
                 ev = self.evals[x] = self.evals.get(x, 0) + int(self.volume(idx + (valid,)) * self.live.get(valid, 1.0))
                 # recomputed so often in this kernel that it is worth a buffer: report it, don't walk below it again
-                if self.policy is not None and x is not self.root and x.op is not Ops.REDUCE_AXIS and \
-                   self.policy.worth_realizing(x, ev):
+                # or the kernel is already as big as a kernel gets (MAX_KERNEL_OPS): a longer chain is cut here
+                if x is not self.root and op is not Ops.REDUCE_AXIS and (len(self.evals) > MAX_KERNEL_OPS or
+                   self.policy is not None and self.policy.worth_realizing(x, ev)):
                     self.violations.add(x)
                     return UOp.const(x.dtype, 0)
-        ret = self._index(x, idx, valid)
+        if op is Ops.BUFFER: ret = self._load(x, idx[0], valid)
+        elif x in self.rp and x is not self.root:
+            assert x.shape is not None
+            ret = self._load(x, flat_index(idx, x.shape), valid)
+        else:
+            self.ops_seen[op.name if op is not Ops.REDUCE_AXIS else f"REDUCE_AXIS({x.arg[0].name})"] = None
+            if op is Ops.CONST: ret = _kernel_const(x)
+            elif op is Ops.IOTA: ret = idx[0].cast(x.dtype)
+            else: return self._compute(x, idx, valid), key
         self.memo[key] = ret
         return ret
+
+    def _compute(self, x: UOp, idx: Index, valid: UOp) -> Generator:
+        op = x.op
+        if op in GroupOp.ALU or op in (Ops.CAST, Ops.BITCAST):
+            srcs = []
+            for s in x.src: srcs.append((yield s, idx, valid))
+            return UOp(op, x.dtype, tuple(srcs), None)
+        if op in (Ops.DETACH, Ops.CONTIGUOUS): return (yield x.src[0], idx, valid)
+        if op in GroupOp.Movement: return (yield from self._movement(x, idx, valid))
+        if op is Ops.REDUCE_AXIS: return (yield from self._reduce(x, idx, valid))
+        if op is Ops.GATHER: return (yield from self._gather(x, idx, valid))
+        raise RuntimeError(f"can't lower {op} inside a kernel")
 
     def _load(self, node: UOp, flat: UOp, valid: UOp) -> UOp:
         if node is self.alias: self.alias_reads.append((flat, valid))
@@ -222,24 +288,7 @@ class Indexer:
         srcs = (p, flat) if valid is TRUE else (p, flat, valid)
         return UOp(Ops.LOAD, node.dtype, (UOp(Ops.INDEX, node.dtype, srcs),))
 
-    def _index(self, x: UOp, idx: Index, valid: UOp) -> UOp:
-        op = x.op
-        if op is Ops.BUFFER: return self._load(x, idx[0], valid)
-        if x in self.rp and x is not self.root:
-            assert x.shape is not None
-            return self._load(x, flat_index(idx, x.shape), valid)
-        self.ops_seen[op.name if op is not Ops.REDUCE_AXIS else f"REDUCE_AXIS({x.arg[0].name})"] = None
-        if op is Ops.CONST: return _kernel_const(x)
-        if op is Ops.IOTA: return idx[0].cast(x.dtype)
-        if op in (Ops.DETACH, Ops.CONTIGUOUS): return self.index(x.src[0], idx, valid)
-        if op in GroupOp.Movement: return self._movement(x, idx, valid)
-        if op is Ops.REDUCE_AXIS: return self._reduce(x, idx, valid)
-        if op is Ops.GATHER: return self._gather(x, idx, valid)
-        if op in GroupOp.ALU or op in (Ops.CAST, Ops.BITCAST):
-            return UOp(op, x.dtype, tuple(self.index(s, idx, valid) for s in x.src), None)
-        raise RuntimeError(f"can't lower {op} inside a kernel")
-
-    def _movement(self, x: UOp, idx: Index, valid: UOp) -> UOp:
+    def _movement(self, x: UOp, idx: Index, valid: UOp) -> Generator:
         src = x.src[0]
         ss, arg = src.shape, x.arg
         assert ss is not None and x.shape is not None
@@ -267,20 +316,20 @@ class Indexer:
             in_range = TRUE
             for c in conds: in_range = in_range.logical_and(c)
             in_range = simplify(in_range)
-            if in_range is TRUE: return self.index(src, new, valid)
+            if in_range is TRUE: return (yield src, new, valid)
             inner_valid = simplify(valid.logical_and(in_range))
             # masked-off elements are not counted as work (a concatenation pads every piece to the full extent)
             frac = smax(sprod(ss)) / max(smax(sprod(x.shape)), 1)
             self.live.setdefault(inner_valid, self.live.get(valid, 1.0) * frac)
-            inner = self.index(src, new, inner_valid)
+            inner = (yield src, new, inner_valid)
             return UOp(Ops.WHERE, x.dtype, (in_range, inner, UOp.const(x.dtype, 0)))
-        return self.index(src, new, valid)
+        return (yield src, new, valid)
 
-    def _gather(self, x: UOp, idx: Index, valid: UOp) -> UOp:
+    def _gather(self, x: UOp, idx: Index, valid: UOp) -> Generator:
         """x at idx with idx[axis] replaced by the *value* of the index tensor there (a data-dependent load)."""
         src, ind, ax = x.src[0], x.src[1], x.arg
         assert src.shape is not None
-        raw = self.index(ind, idx, valid)
+        raw = (yield ind, idx, valid)
         # range-check at the index's own width: narrowed first, 2**32 + 1 would read element 1
         n = src.shape[ax]
         hi = raw.lt(UOp.const(raw.dtype, n) if isinstance(n, int) else n.cast(raw.dtype) if n.dtype != raw.dtype else n)
@@ -288,10 +337,10 @@ class Indexer:
         v = raw.cast(dtypes.int32) if raw.dtype != dtypes.int32 else raw
         new = list(idx)
         new[ax] = v
-        inner = self.index(src, tuple(new), simplify(valid.logical_and(in_range)))
+        inner = (yield src, tuple(new), simplify(valid.logical_and(in_range)))
         return UOp(Ops.WHERE, x.dtype, (in_range, inner, UOp.const(x.dtype, 0)))
 
-    def _reduce(self, x: UOp, idx: Index, valid: UOp) -> UOp:
+    def _reduce(self, x: UOp, idx: Index, valid: UOp) -> Generator:
         op, axes = x.arg
         src = x.src[0]
         assert src.shape is not None
@@ -313,7 +362,7 @@ class Indexer:
             self.loop_vol[r] = vol
             rngs.append(r)
             new[a] = r
-        inner = self.index(src, tuple(new), valid)
+        inner = (yield src, tuple(new), valid)
         return UOp(Ops.REDUCE, x.dtype, (inner, *rngs), op)
 
 

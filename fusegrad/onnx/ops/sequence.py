@@ -112,6 +112,9 @@ def _loop(ctx, M, cond, *v_init, body):
         for n, v in zip(names[2:], vals):
             scope[n] = v
         outs = list(ctx.runner.run_graph(body, scope, npscope).values())
+        # one realize per iteration (the condition is read anyway): the state stays a buffer, not a lazy graph as
+        # deep as the trip count that every later kernel would fuse and recompute
+        if live := [o for o in outs if isinstance(o, Tensor)]: Tensor.realize(*live)
         keep = bool(outs[0].numpy().reshape(-1)[0]) if isinstance(outs[0], Tensor) else bool(outs[0])
         vals = outs[1 : 1 + n_state]
         for j, s in enumerate(outs[1 + n_state :]):
