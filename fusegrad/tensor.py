@@ -35,13 +35,20 @@ from fusegrad.views import _VIEW_OPS, _ViewRefs, _assign_owner, _mark_view, _pre
 
 
 def _with_history(u: UOp) -> UOp:
+    """`u` with realized nodes replaced by the lazy graphs that computed them (_with_history_memo)."""
+    return _with_history_memo(u)[0]
+
+
+def _with_history_memo(u: UOp) -> tuple[UOp, dict[UOp, UOp]]:
     """`u` with realized nodes replaced by the lazy graphs that computed them, so gradients reach the leaves. A history
     may read other realized nodes with histories of their own: each is expanded once, by an iterative walk over the
     histories. A node met again inside its own expansion (the history of a write that read the memory it wrote, where
-    `storage.record_history` found no earlier history) stays a leaf there: the memory's contents before that write."""
-    from fusegrad.ir.pattern import substitute
+    `storage.record_history` found no earlier history) stays a leaf there: the memory's contents before that write.
+    Also returns what each node of `u` became (a pending write of a leaf, whose target has a history, is rebuilt on
+    it: backward() finds the tensor holding that write there)."""
+    from fusegrad.ir.pattern import substitute, substitute_memo
     keys = [n for n in u.toposort() if n in lazy_of]
-    if not keys: return u
+    if not keys: return u, {}
     done: dict[UOp, UOp] = {}            # history key -> its history with the histories it reads expanded
     active: set[UOp] = set()
     stack: list[tuple[UOp, list[UOp] | None]] = [(k, None) for k in reversed(keys)]
@@ -57,7 +64,8 @@ def _with_history(u: UOp) -> UOp:
             continue
         active.discard(n)
         done[n] = substitute(lazy_of[n], {m: done[m] for m in inner if m in done})
-    return substitute(u, {k: done[k] for k in keys})
+    memo = substitute_memo(u, {k: done[k] for k in keys})
+    return memo[u], memo
 
 
 Variable = UOp.variable  # `from fusegrad.tensor import Variable` as in tinygrad
@@ -657,17 +665,18 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
         if gradient.shape != self.shape:
             raise RuntimeError(f"gradient shape {gradient.shape} doesn't match tensor shape {self.shape}")
         self._check_has_graph()
-        root = _with_history(self.uop)
+        root, rebuilt = _with_history_memo(self.uop)
         topo = autograd.graph_nodes(root)
         in_graph = set(topo)
         targets: dict[Tensor, UOp] = {}
         for t in list(_all_tensors):
             if t.requires_grad and dtypes.is_float(t.dtype) and t is not gradient:
                 targets[t] = lazy_of.get(t.uop, t.uop)
+        also = {rebuilt[t.uop] for t in targets if t.uop in rebuilt}   # (a pending write rebuilt on a history)
         grads = autograd.compute_gradient(root, gradient.uop, set(targets.values()) | {t.uop for t in targets} |
-                                          {leaf_of[t.uop] for t in targets if t.uop in leaf_of}, topo)
+                                          {leaf_of[t.uop] for t in targets if t.uop in leaf_of} | also, topo)
         for t, u in targets.items():
-            nodes = dict.fromkeys((u, t.uop, leaf_of.get(t.uop, u)))
+            nodes = dict.fromkeys((u, t.uop, leaf_of.get(t.uop, u), rebuilt.get(t.uop, u)))
             found = [grads[x] for x in nodes if x in grads]
             if not found:
                 if not any(x in in_graph for x in nodes): continue   # not in this graph: .grad stays as it was

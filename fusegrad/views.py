@@ -89,7 +89,9 @@ def _refresh_views(base: Tensor, realized_now: bool = False) -> None:
             continue
         out = base.uop
         for op in reversed(chain): out = op.replace(src=(out,) + op.src[1:])
-        if realized_now and v._derived and out not in lazy_of: storage.record_history(out, lazy_of.get(v.uop, v.uop))
+        # (a view that is its whole base, w[0:n], is the base's own node: the base's history, not one of its own)
+        if realized_now and v._derived and out not in lazy_of and out is not base.uop:
+            storage.record_history(out, lazy_of.get(v.uop, v.uop))
         v.uop, v._view = out, (base, base.uop)
 
 

@@ -241,3 +241,46 @@ def test_dlpack_export_by_the_owner_does_not_alias_a_tensor_served_its_result():
     arr = np.from_dlpack(y1)
     arr[:] = 0
     assert y2.tolist() == [2.0, 4.0] and y1.tolist() == [0.0, 0.0]
+
+
+def test_view_of_a_whole_parameter_across_optimizer_steps():
+    """A view spanning the whole parameter (w[0:3] is w's own node) recorded a history under w's key, so the second
+    backward hung (then raised 'modified by an in-place operation'); torch trains on."""
+    w = Tensor([1.0, 2.0, 3.0], requires_grad=True)
+    opt = nn.optim.SGD([w], lr=0.1)
+    v = w[0:3]
+    wt = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    opt_t = torch.optim.SGD([wt], lr=0.1)
+    c = [1.0, 2.0, 3.0]
+    with Tensor.train():
+        for _ in range(3):
+            opt.zero_grad(); (w * Tensor(c)).sum().backward(); opt.step()
+            opt_t.zero_grad(); (wt * torch.tensor(c)).sum().backward(); opt_t.step()
+    np.testing.assert_allclose(w.numpy(), wt.detach().numpy(), rtol=1e-6)
+    np.testing.assert_allclose(v.numpy(), wt.detach().numpy(), rtol=1e-6)
+
+
+def test_write_through_a_view_after_a_step_keeps_the_parameter_in_autograd():
+    """`v += 1` (no_grad) through a view of a weight after opt.step() left the weight's node a pending write rebuilt
+    on its history, so the next backward gave its .grad None."""
+    w = Tensor([[1.0, 2.0], [3.0, 4.0]], requires_grad=True)
+    wt = torch.tensor([[1.0, 2.0], [3.0, 4.0]], requires_grad=True)
+    opt, opt_t = nn.optim.SGD([w], lr=0.1), torch.optim.SGD([wt], lr=0.1)
+    x, xt = Tensor([[1.0, 2.0]]), torch.tensor([[1.0, 2.0]])
+    v, vt = w[1:2], wt[1:2]
+    with Tensor.train():
+        (x @ w.T).sum().backward(); opt.step()
+        (xt @ wt.T).sum().backward(); opt_t.step()
+        with _no_grad(): v += 1.0
+        with torch.no_grad(): vt += 1.0
+        opt.zero_grad(); opt_t.zero_grad()
+        (x @ w.T).sum().backward(); (xt @ wt.T).sum().backward()
+    assert w.grad is not None
+    np.testing.assert_allclose(w.grad.numpy(), wt.grad.numpy())
+    np.testing.assert_allclose(w.numpy(), wt.detach().numpy(), rtol=1e-6)
+
+
+class _no_grad:
+    """Tensor.no_grad for a block (what torch.no_grad() is to torch)."""
+    def __enter__(self) -> None: self.prev, Tensor.no_grad = Tensor.no_grad, True
+    def __exit__(self, *a: object) -> None: Tensor.no_grad = self.prev
