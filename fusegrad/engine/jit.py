@@ -16,6 +16,7 @@ State updated in place (assign: optimizer parameters, BatchNorm running stats, t
 from __future__ import annotations
 
 import contextlib
+import gc
 import hashlib
 import functools
 import threading
@@ -290,7 +291,7 @@ class TinyJit(Generic[ReturnType]):
             self.cnt = 1
             return self.fxn(*args, **kwargs)
         if self.cnt == 1:
-            _realize_pending()   # writes still pending from before (the first call's, the caller's): not captured
+            _realize_pending(collect=True)   # writes still pending from before (the first call's, the caller's)
             in_bufs = self._prepare_inputs(tensors)
             copies = {id(t): w for t, w in zip(tensors, self._whole) if w is not t}
             items: list[ScheduleItem] = []
@@ -405,10 +406,13 @@ class TinyJit(Generic[ReturnType]):
         return _map_ret(self.captured.ret_struct, mapping)
 
 
-def _realize_pending() -> None:
+def _realize_pending(collect: bool = False) -> None:
     """Run the in-place writes still pending on any tensor (`w += 1` is lazy), so the kernels that follow read the
-    memory they would read eagerly."""
+    memory they would read eagerly. `collect` (before a capture): garbage is collected first, so the pending write of
+    a tensor nothing reaches any more (kept alive by a reference cycle: one left behind by an earlier realize that
+    raised) is not run here, where its error would be blamed on this function."""
     if not _assign_owner: return
+    if collect: gc.collect()
     pending = [t for r in list(_assign_owner.values()) if (t := r()) is not None and t.uop.op is Ops.ASSIGN]
     if pending: Tensor.realize(*pending)
 
