@@ -227,6 +227,20 @@ def render(prog: Program) -> str:
 # ---------------------------------------------------------------------------------------------------------------------
 # the fusegrad run (default or reference mode)
 
+def model_forward(m: Any, x: Any) -> Any:
+    """The fuzzed model's forward, one definition for both libraries (the Tensor methods it uses are the same)."""
+    if m.s.arch == "conv":
+        h = m.conv(x)
+        if m.s.bn: h = m.bn(h)
+        h = h.relu().mean((2, 3))
+        if m.s.ln: h = m.ln(h)
+    else:
+        h = m.emb(x)
+        if m.s.ln: h = m.ln(h)
+        h = h.relu().mean(1)
+    return m.fc(h)
+
+
 class FGModel:
     def __init__(self, s: Spec):
         self.s = s
@@ -238,16 +252,7 @@ class FGModel:
         self.fc = nn.Linear(s.ch, s.out)
 
     def __call__(self, x: Tensor) -> Tensor:
-        if self.s.arch == "conv":
-            h = self.conv(x)
-            if self.s.bn: h = self.bn(h)
-            h = h.relu().mean((2, 3))
-            if self.s.ln: h = self.ln(h)
-        else:
-            h = self.emb(x)
-            if self.s.ln: h = self.ln(h)
-            h = h.relu().mean(1)
-        return self.fc(h)
+        return model_forward(self, x)
 
 
 def _fg_loss(s: Spec, out: Tensor, y: Tensor) -> Tensor:
@@ -409,16 +414,7 @@ class TModel(torch.nn.Module):
         self.fc = torch.nn.Linear(s.ch, s.out)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.s.arch == "conv":
-            h = self.conv(x)
-            if self.s.bn: h = self.bn(h)
-            h = h.relu().mean((2, 3))
-            if self.s.ln: h = self.ln(h)
-        else:
-            h = self.emb(x)
-            if self.s.ln: h = self.ln(h)
-            h = h.relu().mean(1)
-        return self.fc(h)
+        return model_forward(self, x)
 
 
 class TorchRun:
