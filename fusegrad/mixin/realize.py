@@ -115,10 +115,17 @@ class RealizeMixin:
         snaps = _preserve_old_values(todo, readers)
         uops = dedup([t.uop for t in todo] + snaps)
         # (custom backward rules are stripped by the scheduler: schedule/cache.py)
-        if traced:
-            from fusegrad.viz.recorder import traced_schedule
-            sched, results = traced_schedule(create_schedule, uops)
-        else: sched, results = create_schedule(uops)
+        try:
+            if traced:
+                from fusegrad.viz.recorder import traced_schedule
+                sched, results = traced_schedule(create_schedule, uops)
+            else: sched, results = create_schedule(uops)
+        except Exception:
+            # nothing ran; a pending write that can't be scheduled (it reads a value a later write destroyed) raises
+            # again when its tensor is read, but is no longer run on behalf of other code (TinyJit runs every live
+            # tensor's pending writes before a capture, and would blame this error on an unrelated function)
+            for t in todo: _assign_owner.pop(t.uop, None)
+            raise
         # (the snapshots proper: a reader realized whole is an ordinary result, valid only until what it read is written)
         snap_ids = {id(u) for u in snaps if u.op is Ops.CONTIGUOUS and type(u.arg) is int}
         # the buffers each target's graph reads (for the result cache and autograd history), walked now: after the

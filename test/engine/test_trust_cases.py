@@ -284,3 +284,21 @@ class _no_grad:
     """Tensor.no_grad for a block (what torch.no_grad() is to torch)."""
     def __enter__(self) -> None: self.prev, Tensor.no_grad = Tensor.no_grad, True
     def __exit__(self, *a: object) -> None: Tensor.no_grad = self.prev
+
+
+def test_a_write_that_failed_to_schedule_is_not_run_by_a_later_capture(monkeypatch):
+    """The program fuzzer's finding 7: a realize that raised left its pending write registered, and TinyJit, which
+    runs every live tensor's pending writes before a capture, raised the same error in the next, unrelated programs."""
+    import fusegrad.schedule as sched
+    w = Tensor([1.0, 2.0]).contiguous().realize()
+    w += 1
+    bad, real = w.uop, sched.create_schedule
+    def schedule(uops):   # this one write can't be scheduled (as one reading a value a later write destroyed)
+        if bad in uops: raise RuntimeError("cannot schedule this write")
+        return real(uops)
+    monkeypatch.setattr(sched, "create_schedule", schedule)
+    with pytest.raises(RuntimeError, match="cannot schedule"): w.realize()
+    f = TinyJit(lambda x: (x * 2).realize())
+    x = Tensor([1.0, 3.0]).realize()
+    assert [f(x).tolist() for _ in range(3)][-1] == [2.0, 6.0]
+    with pytest.raises(RuntimeError, match="cannot schedule"): w.tolist()   # reading it still raises
