@@ -13,11 +13,12 @@ from __future__ import annotations
 import functools
 import os
 import platform
+import signal
 import subprocess
 from dataclasses import dataclass
 
 from fusegrad.dtype import DType
-from fusegrad.helpers import CACHELEVEL, cache_dir, hash_bytes
+from fusegrad.helpers import CACHELEVEL, DEBUG, cache_dir, hash_bytes
 
 # target macro -> the /proc/cpuinfo flag the host needs for code built with it (x86)
 _HOST_FLAGS = {"__AVX512F__": "avx512f", "__AVX512BW__": "avx512bw", "__AVX512DQ__": "avx512dq",
@@ -102,13 +103,27 @@ def target_macros(cc: str, march: str, identity: str = "") -> dict[str, str]:
         try:
             with open(path) as f: return _parse_macros(f.read())
         except OSError: pass
+    timeout = min(60.0, float(os.getenv("COMPILE_TIMEOUT", "600")))
+    # own process group: on a timeout the whole compiler is killed, also a child of it that holds the pipes
+    proc = None
     try:
-        p = subprocess.run([*cc.split(), f"-march={march}", "-dM", "-E", "-x", "c", "-"], input="", text=True,
-                           capture_output=True, timeout=60)
-    except (OSError, subprocess.SubprocessError) as e:
+        proc = subprocess.Popen([*cc.split(), f"-march={march}", "-dM", "-E", "-x", "c", "-"], text=True,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                start_new_session=True)
+        stdout, stderr = proc.communicate("", timeout=timeout)
+    except subprocess.TimeoutExpired:
+        assert proc is not None
+        try: os.killpg(proc.pid, signal.SIGKILL)
+        except OSError: pass
+        proc.communicate()
+        # no answer in time: a generic description (the compiler's own errors say the rest when a kernel compiles)
+        if DEBUG >= 1: print(f"the C compiler {cc!r} did not say its -march={march} features within {timeout:g} s")
+        return {}
+    except OSError as e:
         raise RuntimeError(f"could not run the C compiler {cc!r} to read the features of -march={march}: {e}") from None
-    if p.returncode != 0:
-        raise RuntimeError(f"the C compiler {cc!r} rejects -march={march} (CPU_MARCH): {p.stderr.strip()[:500]}")
+    if proc.returncode != 0:
+        raise RuntimeError(f"the C compiler {cc!r} rejects -march={march} (CPU_MARCH): {stderr.strip()[:500]}")
+    p = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     if path is not None and "#define" in p.stdout:
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)

@@ -111,8 +111,8 @@ def test_target_macros_are_cached_on_disk(tmp_path, monkeypatch):
     assert first and len(list((tmp_path / "fusegrad" / "machine").iterdir())) == 1
     M.target_macros.cache_clear()
     ran = []
-    real_run = subprocess.run
-    monkeypatch.setattr(M.subprocess, "run", lambda *a, **k: ran.append(a) or real_run(*a, **k))
+    real_popen = subprocess.Popen
+    monkeypatch.setattr(M.subprocess, "Popen", lambda *a, **k: ran.append(a) or real_popen(*a, **k))
     assert M.target_macros(CC, "native", "id-1") == first and ran == []
     M.target_macros(CC, "native", "id-2")
     assert len(ran) == 1

@@ -78,18 +78,18 @@ def test_symbolic_pass_records_rules_with_file_line(fresh):
     assert out is r0 * 2
     p = next(p for p in build_data()["passes"] if p["name"] == "my symbolic")
     locs = {r["loc"]: r["count"] for r in p["rules"]}
-    assert locs == {rule_line("# x*1 -> x"): 1, rule_line("# x+0 -> x"): 1}, locs
+    assert locs == {rule_line("# x*1 -> x"): 1, rule_line("# x+0 -> x (floats: x+-0.0)"): 1}, locs
     assert p["n_before"] == len(before.toposort()) == 8 and p["n_after"] == len(out.toposort()) == 4
     nodes = p["nodes"]
     assert nodes[p["before"]][0] == "MUL" and nodes[p["after"]][0] == "MUL"
     assert sorted(nodes[i][0] for i in p["removed"]) == ["ADD", "CONST", "CONST", "MUL", "MUL"]
     # the node a rule returned (r0, by x*1 and then x+0), named by the last rule; the new MUL above it was rebuilt
-    assert p["made_by"] == {str(nodes.index(["RANGE", "int", "(0, 'loop')", [0]])): rule_line("# x+0 -> x")}
+    assert p["made_by"] == {str(nodes.index(["RANGE", "int", "(0, 'loop')", [0]])): rule_line("# x+0 -> x (floats: x+-0.0)")}
 
 
 def test_realize_records_contexts_kernels_and_timeline(fresh):
     a = Tensor(np.arange(12, dtype=np.float32).reshape(3, 4))
-    with Context(VIZ=1): out = ((a * 1.0 + 0.0) * 2).sum(1).numpy()
+    with Context(VIZ=1): out = ((a * 1.0 + -0.0) * 2).sum(1).numpy()   # (x + -0.0 folds; x + 0.0 keeps -0.0 -> 0.0)
     np.testing.assert_allclose(out, (np.arange(12, dtype=np.float32).reshape(3, 4) * 2).sum(1))
     data = build_data()
     ctxs = data["index"]["contexts"]
@@ -100,7 +100,7 @@ def test_realize_records_contexts_kernels_and_timeline(fresh):
     assert "void r_3_4(" in k["src"] or k["device"] != "CPU"
     assert "STORE" in k["linear"] and "REDUCE" in {n[0] for n in k["ast"]["nodes"]}
     ks = next(data["passes"][i] for i in ctxs[k["ctx"]]["passes"] if data["passes"][i]["name"] == "kernel symbolic")
-    assert {rule_line("# x*1 -> x"), rule_line("# x+0 -> x")} <= {r["loc"] for r in ks["rules"]}
+    assert {rule_line("# x*1 -> x"), rule_line("# x+0 -> x (floats: x+-0.0)")} <= {r["loc"] for r in ks["rules"]}
     assert ks["n_after"] < ks["n_before"]
     cats = {(e["cat"], e["pid"], e["tid"]) for e in data["timeline"]}
     assert ("schedule", "HOST", "python") in cats and ("kernel", Device.DEFAULT, "kernels") in cats
