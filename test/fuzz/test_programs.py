@@ -3,11 +3,10 @@ PyTorch, and every output, parameter and buffer must agree. Together these seeds
 accum, views, lazy reads, DLPack, DISK, safetensors, shards); 1042 and 5005 are SGD programs without optimizer state
 that each hit one TinyJit staleness bug. The long run: `PYTHONPATH=. python test/fuzz/programs.py --n 2000`.
 
-On the code of 2026-12-06 these fail, each for bugs being fixed elsewhere (issue 28): 100, 334, 150 (Adam/AdamW state of
-parameters with the same shape realized together shares one buffer, so one parameter's moments move another; 334 also
-runs a sharded pending write twice), 1042 (a jitted eval replays a weight relayout captured before the optimizer step),
-5005 (a replayed micro-batch function reads parameters as they were before another jitted function updated them).
-19 and 230 pass."""
+Each of 100, 334, 150, 1042 and 5005 failed before the fixes of issue 28 (Adam/AdamW state of parameters with the
+same shape realized together shared one buffer; 334 also ran a sharded pending write twice; 1042: a jitted eval replayed
+a weight relayout captured before the optimizer step; 5005: a replayed micro-batch function read parameters as they
+were before another jitted function updated them). All seven pass now."""
 import numpy as np
 import pytest
 
