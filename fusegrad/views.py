@@ -168,13 +168,17 @@ def _preserve_old_values(todo: Sequence[Tensor], readers: list[Tensor]) -> list[
     alone (they see the write). Returns the snapshot nodes, to be realized with `todo`; the tensors pointed at them
     are appended to `readers`."""
     from fusegrad.tensor import _all_tensors, _unique_ids
+    # what the scheduler reads instead of computing a node: the result cache, but while TinyJit captures only identities
+    # (storage.derived_off): a snapshot of a derived value cached before the capture would make the capture copy that
+    # old buffer on every replay
+    done = storage.cached_value if storage.derived_off else realized.get
     # no write pending anywhere (every ASSIGN alive has run): nothing to look for in the graphs
     if all(n in realized for n in list(live_assigns)): return []
     # the writes still to run (an ASSIGN computed before is just its buffer now)
     in_todo: dict[UOp, Any] = {}   # every node the graphs being realized compute -> its place in walk order
-    for t in todo: in_todo.update(t.uop.toposort(gate=lambda x: x not in realized and x not in in_todo))
+    for t in todo: in_todo.update(t.uop.toposort(gate=lambda x: done(x) is None and x not in in_todo))
     for i, n in enumerate(in_todo): in_todo[n] = i
-    overwritten = {n.src[0].base for n in in_todo if n.op is Ops.ASSIGN and n not in realized}
+    overwritten = {n.src[0].base for n in in_todo if n.op is Ops.ASSIGN and done(n) is None}
     if not overwritten: return []
     whole: list[UOp] = []   # readers' own nodes, realized whole (below)
     snaps: dict[UOp, UOp] = {}
@@ -189,13 +193,13 @@ def _preserve_old_values(todo: Sequence[Tensor], readers: list[Tensor]) -> list[
         # an overwritten version, a node computed earlier into overwritten memory, or one computed earlier *from* it:
         # the write drops that cached result (storage.written), and a tensor still holding the lazy node (another
         # tensor built the same node: nodes are hash-consed) would compute it again from the new contents
-        r = realized.get(n)
+        r = done(n)
         return n in overwritten or (r is not None and (r.base in overwritten or any(
             storage.memory_of(b) in mems for b in storage.buffers_read(n))))
 
     def reads_old(u: UOp) -> bool:
         # an ASSIGN's own reads are part of the write; below a computed node is only how it was computed
-        stop = lambda x: x.op is Ops.ASSIGN or x in realized   # noqa: E731
+        stop = lambda x: x.op is Ops.ASSIGN or done(x) is not None   # noqa: E731
         for n in u.toposort(gate=lambda x: x not in reach and not stop(x)):
             if n in reach: continue
             reach[n] = is_old(n) or (not stop(n) and any(reach[x] for x in n.src))
@@ -203,7 +207,7 @@ def _preserve_old_values(todo: Sequence[Tensor], readers: list[Tensor]) -> list[
 
     def snapshot(n: UOp) -> UOp:
         if n not in snaps:
-            r = realized.get(n)
+            r = done(n)
             snaps[n] = UOp(Ops.CONTIGUOUS, n.dtype, (r if r is not None else n,), next(_unique_ids))
         return snaps[n]
 
@@ -219,14 +223,14 @@ def _preserve_old_values(todo: Sequence[Tensor], readers: list[Tensor]) -> list[
             mem = storage.target_buffer(own)
             mapping = {n: snapshot(n) for n in val.toposort(gate=lambda x: reach.get(x, False) and not is_old(x))
                        if reach.get(n, False) and is_old(n) and n is not own and storage.target_buffer(
-                           realized.get(n, n)) is mem}
+                           done(n) or n) is mem}
             if not mapping: continue
-            t.uop = UOp(Ops.ASSIGN, u.dtype, (u.src[0], _substitute_outside_assigns(val, mapping)), u.arg)
+            t.uop = UOp(Ops.ASSIGN, u.dtype, (u.src[0], _substitute_outside_assigns(val, mapping, done)), u.arg)
             if (ref := _assign_owner.pop(u, None)) is not None: _assign_owner[t.uop] = ref
             _refresh_views(t)
             continue
         if not reads_old(u): continue
-        if u in in_todo and u not in realized and not is_old(u.base):
+        if u in in_todo and done(u) is None and not is_old(u.base):
             # a node the graphs being realized compute anyway (an activation that a custom backward's closure holds,
             # such as batchnorm's input during the optimizer step): realized with them, as one more target, instead
             # of being pointed at copies of the old memory, which made it a second graph computing the same values
@@ -236,7 +240,7 @@ def _preserve_old_values(todo: Sequence[Tensor], readers: list[Tensor]) -> list[
             continue
         mapping = {n: snapshot(n) for n in u.toposort(gate=lambda x: reach.get(x, False) and not is_old(x))
                    if reach.get(n, False) and is_old(n)}
-        t.uop = _substitute_outside_assigns(u, mapping)
+        t.uop = _substitute_outside_assigns(u, mapping, done)
         _refresh_views(t)   # its views (`x.sum(1)` is a reshape of a reduce) read the snapshot too
         readers.append(t)
     # in an order that depends on the graphs, not on where the live tensors happen to sit in memory (the order of
@@ -247,12 +251,14 @@ def _preserve_old_values(todo: Sequence[Tensor], readers: list[Tensor]) -> list[
     return [snaps[n] for n in sorted(snaps, key=rank)] + sorted(dict.fromkeys(whole), key=rank)
 
 
-def _substitute_outside_assigns(root: UOp, mapping: dict[UOp, UOp]) -> UOp:
-    """substitute(), leaving ASSIGN nodes (their target and value) as they are."""
+def _substitute_outside_assigns(root: UOp, mapping: dict[UOp, UOp], done: Any = None) -> UOp:
+    """substitute(), leaving ASSIGN nodes (their target and value) and computed nodes (`done`, the result cache's get
+    by default) as they are."""
+    if done is None: done = realized.get
     memo: dict[UOp, UOp] = {}
-    for n in root.toposort(gate=lambda x: x.op is not Ops.ASSIGN and x not in mapping and x not in realized):
+    for n in root.toposort(gate=lambda x: x.op is not Ops.ASSIGN and x not in mapping and done(x) is None):
         if n in mapping: memo[n] = mapping[n]
-        elif n.op is Ops.ASSIGN or n in realized: memo[n] = n
+        elif n.op is Ops.ASSIGN or done(n) is not None: memo[n] = n
         else:
             src = tuple(memo[x] for x in n.src)
             memo[n] = n if all(a is b for a, b in zip(src, n.src)) else n.replace(src=src)
