@@ -17,6 +17,7 @@ from fusegrad.dtype import ConstType, DType, DTypeLike, dtypes, least_upper_dtyp
 from fusegrad.helpers import TRAINING, ShapeError, argfix, make_tuple, prod
 from fusegrad.ir import build
 from fusegrad.ir.ops import Ops, UOp, sym_infer
+from fusegrad.ir.pattern import substitute, substitute_memo
 from fusegrad.ir.shape import (all_static, canonical_shape, is_sym_int as _is_sym_int, sle, smax, sprod, sym_eq,
                                sym_value_dtype)
 from fusegrad.mixin.alu import ALUMixin
@@ -34,21 +35,33 @@ from fusegrad.views import _VIEW_OPS, _ViewRefs, _assign_owner, _mark_view, _pre
     _substitute_outside_assigns, _view_bases, _view_chain, _write_through  # noqa: E402,F401
 
 
-def _with_history(u: UOp) -> UOp:
-    """`u` with realized nodes replaced by the lazy graphs that computed them (_with_history_memo)."""
-    return _with_history_memo(u)[0]
+def _with_history(u: UOp) -> tuple[UOp, dict[UOp, UOp]]:
+    """`u` with realized nodes replaced by the lazy graphs that computed them, and the map back (_with_history_memo)."""
+    root, _, back = _with_history_memo(u)
+    return root, back
 
 
-def _with_history_memo(u: UOp) -> tuple[UOp, dict[UOp, UOp]]:
+def _back_to_originals(grads: dict[UOp, UOp], back: dict[UOp, UOp]) -> dict[UOp, UOp]:
+    """The gradients with every node of the rebuilt graph that stands for a node of the original one (a history for its
+    realized result, a pending write rebuilt on histories for that write) turned back into it. The gradient then reads
+    the realized values, and a pending write stays one node: rebuilt, it would be a second write of the same memory,
+    run again when the gradient is realized (or refused, once a later write has changed the memory its history read)."""
+    if not back or not grads: return grads
+    keys = list(grads)
+    memo = substitute_memo(UOp(Ops.SINK, src=tuple(grads[k] for k in keys)), back)
+    return {k: memo[grads[k]] for k in keys}
+
+
+def _with_history_memo(u: UOp) -> tuple[UOp, dict[UOp, UOp], dict[UOp, UOp]]:
     """`u` with realized nodes replaced by the lazy graphs that computed them, so gradients reach the leaves. A history
     may read other realized nodes with histories of their own: each is expanded once, by an iterative walk over the
     histories. A node met again inside its own expansion (the history of a write that read the memory it wrote, where
     `storage.record_history` found no earlier history) stays a leaf there: the memory's contents before that write.
     Also returns what each node of `u` became (a pending write of a leaf, whose target has a history, is rebuilt on
-    it: backward() finds the tensor holding that write there)."""
-    from fusegrad.ir.pattern import substitute, substitute_memo
-    keys = [n for n in u.toposort() if n in lazy_of]
-    if not keys: return u, {}
+    it: backward() finds the tensor holding that write there), and the map back from each rebuilt node and expanded
+    history to the node it stands for (`_back_to_originals`)."""
+    keys = [n for n in autograd.graph_nodes(u) if n in lazy_of]   # (no gradient flows below a plain DETACH)
+    if not keys: return u, {}, {}
     done: dict[UOp, UOp] = {}            # history key -> its history with the histories it reads expanded
     active: set[UOp] = set()
     stack: list[tuple[UOp, list[UOp] | None]] = [(k, None) for k in reversed(keys)]
@@ -58,14 +71,16 @@ def _with_history_memo(u: UOp) -> tuple[UOp, dict[UOp, UOp]]:
         if inner is None:                # first visit: expand the histories this one reads, then come back
             storage.check_history(n)
             active.add(n)
-            inner = [m for m in lazy_of[n].toposort() if m in lazy_of and m is not n and m not in active]
+            inner = [m for m in autograd.graph_nodes(lazy_of[n]) if m in lazy_of and m is not n and m not in active]
             stack.append((n, inner))
             stack.extend((m, None) for m in reversed(inner) if m not in done)
             continue
         active.discard(n)
         done[n] = substitute(lazy_of[n], {m: done[m] for m in inner if m in done})
     memo = substitute_memo(u, {k: done[k] for k in keys})
-    return memo[u], memo
+    back = {h: k for k, h in done.items() if h is not k}
+    back.update((new, n) for n, new in memo.items() if new is not n)
+    return memo[u], memo, back
 
 
 Variable = UOp.variable  # `from fusegrad.tensor import Variable` as in tinygrad
@@ -665,7 +680,7 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
         if gradient.shape != self.shape:
             raise RuntimeError(f"gradient shape {gradient.shape} doesn't match tensor shape {self.shape}")
         self._check_has_graph()
-        root, rebuilt = _with_history_memo(self.uop)
+        root, rebuilt, back = _with_history_memo(self.uop)
         topo = autograd.graph_nodes(root)
         in_graph = set(topo)
         targets: dict[Tensor, UOp] = {}
@@ -675,6 +690,7 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
         also = {rebuilt[t.uop] for t in targets if t.uop in rebuilt}   # (a pending write rebuilt on a history)
         grads = autograd.compute_gradient(root, gradient.uop, set(targets.values()) | {t.uop for t in targets} |
                                           {leaf_of[t.uop] for t in targets if t.uop in leaf_of} | also, topo)
+        grads = _back_to_originals(grads, back)
         for t, u in targets.items():
             nodes = dict.fromkeys((u, t.uop, leaf_of.get(t.uop, u), rebuilt.get(t.uop, u)))
             found = [grads[x] for x in nodes if x in grads]
@@ -690,9 +706,9 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
         """Gradients of self with respect to each target (without touching .grad)."""
         g = gradient if gradient is not None else Tensor.ones(self.shape, dtype=self.dtype, device=self.device)
         self._check_has_graph()
-        root = _with_history(self.uop)
+        root, back = _with_history(self.uop)
         tu = [lazy_of.get(t.uop, t.uop) for t in targets]
-        grads = autograd.compute_gradient(root, g.uop, set(tu))
+        grads = _back_to_originals(autograd.compute_gradient(root, g.uop, set(tu)), back)
         # the targets and self are the parents: a gradient of a tensor that requires grad has autograd history itself,
         # so it can be realized and differentiated again (second order)
         return [Tensor._wrap(grads[u], self, t, g) if u in grads else t.zeros_like() for t, u in zip(targets, tu)]

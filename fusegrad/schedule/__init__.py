@@ -57,14 +57,20 @@ def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, U
     memo = substitute_memo(sink, {n: realized[n] for n in sink.toposort() if n in realized})
     assigns: dict[UOp, Any] = {}
     lowered = lower_multi(list(memo[sink].src), assigns)
-    flat = list(dict.fromkeys(p for lv in lowered for p in ((lv,) if isinstance(lv, UOp) else lv.parts)))
+    # a pending write on several devices runs on all of them or none: a graph reading only one device's part (a
+    # replicated tensor read on its first device) still runs the others, else the write would be half done
+    whole = [p for lv in assigns.values() if not isinstance(lv, UOp) for p in lv.parts]
+    flat = list(dict.fromkeys([p for lv in lowered for p in ((lv,) if isinstance(lv, UOp) else lv.parts)] + whole))
     items, res = _schedule_disk(flat)
     results: dict[UOp, UOp] = {}
     for orig, lv in zip(targets, lowered):
         if isinstance(lv, UOp): results[orig] = res[lv]
         else: results[orig] = UOp(Ops.MULTI, orig.dtype, tuple(res[p] for p in lv.parts), lv.axis)
-    # a write that ran inside the graphs is done on every device: a later graph holding it must not run it again
+    # a write that ran inside the graphs is done on every device: a later graph holding it must not run it again. (The
+    # lowering saw the graph with cached results substituted: a write above one is recorded as the node it came from.)
+    back = {memo[n]: n for n in memo if n.op is Ops.ASSIGN and memo[n] is not n}
     for a, lv in assigns.items():
+        a = back.get(a, a)
         if a in results: continue
         parts = (lv,) if isinstance(lv, UOp) else lv.parts
         if all(p in res for p in parts):

@@ -328,3 +328,121 @@ def test_jitted_train_step_after_an_eager_conv_call_replays_the_new_weights():
         assert kept.shape == (4, 8, 6, 6)
         return out
     np.testing.assert_allclose(run(True), run(False), rtol=1e-5, atol=1e-6)
+
+
+# ----- found by the program fuzzer (test/fuzz/programs.py), after the cases above were fixed -----
+
+def test_gradient_accumulated_with_assign_after_a_write_through_an_old_view():
+    """backward() built the gradient on a rebuilt copy of the parameter's pending write (its history expanded), so
+    realizing the gradient ran that write again, or raised that its memory had changed (fuzzer seed 1001)."""
+    w = Tensor.ones(5, 8).contiguous().realize()
+    w.requires_grad = True
+    acc = Tensor.zeros(5, 8).contiguous().realize()
+    v = w[1:2]                                       # a view kept across the steps
+    W, A = np.ones((5, 8), np.float32), np.zeros((5, 8), np.float32)
+    for _ in range(3):
+        w.grad = None
+        loss = (w * w).sum()
+        loss.backward()
+        acc.assign(acc + w.grad)
+        loss.realize()
+        A += 2 * W
+        w.assign(w.detach() - 0.01 * acc).realize()
+        W -= 0.01 * A
+        prev, Tensor.no_grad = Tensor.no_grad, True   # (as torch requires for a leaf's view)
+        try: v += -0.5                               # written through the old view: a pending write of w
+        finally: Tensor.no_grad = prev
+        W[1:2] += -0.5
+    w.grad = None
+    (w * w).sum().backward()
+    acc.assign(acc + w.grad)
+    np.testing.assert_allclose(acc.numpy(), A + 2 * W, rtol=1e-6)
+    np.testing.assert_allclose(w.numpy(), W, rtol=1e-6)
+
+
+def test_sharded_write_after_a_realized_slice_write_runs_once():
+    """A write to a sharded copy, realized as part of another graph after the graph below it was cached, was recorded
+    under the lowering's rebuilt node: the tensor kept its pending write, ran it again later, and then raised (fuzzer
+    seed 3006, through safe_save and load_state_dict)."""
+    b = Tensor([1.0, 2.0, 3.0]).contiguous().realize()
+    b.requires_grad = True
+    prev, Tensor.no_grad = Tensor.no_grad, True
+    try:
+        b[2:3] += -0.5
+        s = b.shard(("CPU", "CPU:1"), axis=0)
+        s += -0.5
+        np.testing.assert_equal(s.numpy(), [0.5, 1.5, 2.0])
+        s += 1.0
+        b.assign(s.to("CPU"))
+        np.testing.assert_equal(b.contiguous().numpy(), [1.5, 2.5, 3.0])
+        np.testing.assert_equal(s.numpy(), [1.5, 2.5, 3.0])
+        b.assign(Tensor([7.0, 8.0, 9.0]))
+        np.testing.assert_equal(b.numpy(), [7.0, 8.0, 9.0])
+    finally:
+        Tensor.no_grad = prev
+
+
+def test_backward_ignores_the_stale_history_of_a_view_written_under_no_grad():
+    """A kept view of a parameter, written under no_grad after jitted gradient-accumulation steps, left its old history
+    in the parameter's graph below a DETACH; backward() expanded it anyway and refused the next step as "modified by an
+    in-place operation" (fuzzer seed 4161). No gradient flows below a DETACH, so its history isn't needed."""
+    rng = np.random.default_rng(0)
+    w0 = rng.standard_normal((3, 4)).astype(np.float32)
+    xs, ys = rng.standard_normal((4, 4, 4)).astype(np.float32), rng.standard_normal((4, 4, 3)).astype(np.float32)
+    w, b = Tensor(w0).contiguous().realize(), Tensor.zeros(3).contiguous().realize()
+    w.requires_grad = b.requires_grad = True
+    params = [w, b]
+    opt = nn.optim.SGD(params, lr=0.01)
+    acc = [Tensor.zeros(*p.shape).contiguous().realize() for p in params]
+    tw, tb = torch.tensor(w0, requires_grad=True), torch.zeros(3, requires_grad=True)
+    topt = torch.optim.SGD([tw, tb], lr=0.01)
+    tacc = [torch.zeros(3, 4), torch.zeros(3)]
+
+    def micro(x: Tensor, y: Tensor) -> Tensor:
+        for p in params: p.grad = None
+        loss = ((x @ w.T + b - y) ** 2).mean()
+        loss.backward()
+        for a, p in zip(acc, params): a.assign(a + p.grad)
+        return loss.realize()
+
+    def apply() -> None:
+        for a, p in zip(acc, params): p.grad = a * 0.5
+        opt.step()
+        for a in acc: a.assign(a * 0)
+
+    def train(x: Tensor, y: Tensor) -> Tensor:
+        opt.zero_grad()
+        loss = ((x @ w.T + b - y) ** 2).mean()
+        loss.backward()
+        opt.step()
+        return loss.realize()
+
+    def tloss(i: int) -> torch.Tensor: return ((torch.tensor(xs[i]) @ tw.T + tb - torch.tensor(ys[i])) ** 2).mean()
+    micro_j, apply_j, train_j = TinyJit(micro), TinyJit(apply), TinyJit(train)
+    v = b[2:3]
+    with Tensor.train():
+        for r in range(2):
+            for i in (2 * r, 2 * r + 1):
+                got = micro_j(Tensor(xs[i]), Tensor(ys[i])).item()
+                tw.grad = tb.grad = None
+                loss = tloss(i)
+                loss.backward()
+                tacc[0] += tw.grad
+                tacc[1] += tb.grad
+                np.testing.assert_allclose(got, loss.item(), rtol=1e-5)
+            apply_j()
+            tw.grad, tb.grad = tacc[0] * 0.5, tacc[1] * 0.5
+            topt.step()
+            tacc = [torch.zeros(3, 4), torch.zeros(3)]
+        prev, Tensor.no_grad = Tensor.no_grad, True
+        try: v += 1.0
+        finally: Tensor.no_grad = prev
+        with torch.no_grad(): tb[2:3] += 1.0
+        got = train_j(Tensor(xs[3]), Tensor(ys[3])).item()
+        topt.zero_grad()
+        loss = tloss(3)
+        loss.backward()
+        topt.step()
+        np.testing.assert_allclose(got, loss.item(), rtol=1e-5)
+    np.testing.assert_allclose(b.numpy(), tb.detach().numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(w.numpy(), tw.detach().numpy(), rtol=1e-5, atol=1e-6)

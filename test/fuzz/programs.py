@@ -23,8 +23,9 @@ momentum / nesterov / weight decay, Adam, AdamW) and then runs 6-16 steps drawn 
 
 Tolerances (float32): default vs reference mode, rtol 5e-4 atol 5e-5 (the same math; fusion and relayouts may
 differ); either vs PyTorch rtol 2e-3 atol 2e-4 (other kernels and summation orders, compounded over up to 16 optimizer
-steps; Adam's eps is drawn >= 1e-4 so a near-zero gradient can't turn rounding noise into a full-size step). Integer
-state (num_batches_tracked) is compared exactly.
+steps; Adam's eps is drawn >= 1e-4 so a near-zero gradient can't turn rounding noise into a full-size step; 1e-2 where a
+conv bias feeds BatchNorm, whose gradient is zero up to rounding). Integer state (num_batches_tracked) is compared
+exactly.
 
 Run it long: `PYTHONPATH=. python test/fuzz/programs.py --n 2000 --seed 0` (progress per 50 programs; the first
 program with each new finding is reduced to a minimal program, printed with the command that replays it:
@@ -121,6 +122,10 @@ def generate(seed: int) -> Program:
         if opt == "adamw": kw["weight_decay"] = r.choice([0.01, 0.1])
     spec = Spec(arch, 3, r.choice([4, 8]), r.choice([3, 5]), arch == "conv" and r.random() < 0.7, r.random() < 0.5,
                 r.random() < 0.7, r.choice(["mse", "ce"]), opt, tuple(sorted(kw.items())))
+    # a conv bias right before BatchNorm has a gradient of zero in exact arithmetic: Adam scales its rounding noise
+    # (which differs with the kernels' summation order) up to steps of lr * noise / eps, beyond any fair tolerance
+    # unless eps is large (seed 4310 with eps 1e-4: 1.6e-4 apart at an eval)
+    if spec.bn and spec.bias and opt != "sgd": spec = replace(spec, opt_kw=tuple(sorted({**kw, "eps": 1e-2}.items())))
     names = param_names(spec)
     kinds, weights = zip(*STEP_WEIGHTS.items())
     steps: list[tuple] = []
