@@ -154,10 +154,12 @@ class GroupOp:
 
 # ---------------------------------------------------------------------------------------------------------------------
 
-# (op, dtype, src, arg) -> a weak reference to the live node; a node's reference drops its entry when the node dies.
-# A plain dict of plain references (weakref.WeakValueDictionary does the same with Python-level get, set and keyed
-# references: a quarter of the cost of building a node). Never iterated, so removal needs no iteration guard.
+# (op, dtype, ids of src, arg) -> a weak reference to the live node (the key: UOpMetaClass.__call__); a node's
+# reference drops its entry when the node dies. A plain dict of plain references (weakref.WeakValueDictionary does the
+# same with Python-level get, set and keyed references: a quarter of the cost of building a node). Never iterated, so
+# removal needs no iteration guard.
 _ucache: dict[tuple, "weakref.ref[UOp]"] = {}
+_CONST, _DETACH = Ops.CONST, Ops.DETACH
 # every live ASSIGN node: a realize with none pending anywhere skips looking for writes in its graph (views.py)
 live_assigns: "weakref.WeakSet[UOp]" = weakref.WeakSet()
 
@@ -166,7 +168,14 @@ class UOpMetaClass(type):
     """Hash-consing: constructing a UOp with the same (op, dtype, src, arg) returns the existing node."""
 
     def __call__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple["UOp", ...] = (), arg: Any = None) -> "UOp":
-        key = (op, dtype, src, arg) if op is not Ops.CONST else (op, dtype, src, arg, zero_signs(arg))
+        # The key holds no node and no custom backward: the sources by identity (the live node holds them, so their
+        # ids are theirs while the entry exists) and a custom backward (DETACH's arg) by identity too. A key holding
+        # them would keep them alive from this global, and through them anything they reach: a custom backward's
+        # closure holds tensors (a BatchNorm module, its weight), whose graphs (an optimizer step's pending write)
+        # hold the nodes above it, and so on, so a whole finished training program stayed in memory.
+        if op is _CONST: key = (op, dtype, tuple(map(id, src)), arg, zero_signs(arg))
+        elif op is _DETACH and arg is not None: key = (op, dtype, tuple(map(id, src)), None, id(arg))
+        else: key = (op, dtype, tuple(map(id, src)), arg)
         if (ref := _ucache.get(key)) is not None and (ret := ref()) is not None: return ret
         ret = super().__call__(op, dtype, src, arg)
         _ucache[key] = weakref.ref(ret, functools.partial(_drop_node, key))

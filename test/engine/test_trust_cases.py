@@ -446,3 +446,27 @@ def test_backward_ignores_the_stale_history_of_a_view_written_under_no_grad():
         np.testing.assert_allclose(got, loss.item(), rtol=1e-5)
     np.testing.assert_allclose(b.numpy(), tb.detach().numpy(), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(w.numpy(), tw.detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_a_finished_training_program_is_freed():
+    """The node cache's keys held each node's sources, and a custom backward (BatchNorm's) held the module whose
+    weight's pending write holds the nodes above it: the cache, a global, kept every finished program alive (the fuzzer
+    grew by a model per program). Now nothing outlives the program."""
+    import weakref
+
+    def program() -> list[weakref.ref]:
+        Tensor.manual_seed(0)
+        conv, bn, fc = nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Linear(4, 2)
+        params = nn.state.get_parameters([conv, bn, fc])
+        opt = nn.optim.SGD(params, lr=0.1)
+        x, y = Tensor.randn(2, 3, 6, 6), Tensor([0, 1])
+        with Tensor.train():
+            for _ in range(2):
+                opt.zero_grad()
+                fc(bn(conv(x)).relu().mean((2, 3))).sparse_categorical_crossentropy(y).backward()
+                opt.step()
+        return [weakref.ref(t) for t in params + [bn.running_mean, bn.running_var]]
+
+    refs = program()
+    gc.collect()
+    assert [r for r in refs if r() is not None] == []
