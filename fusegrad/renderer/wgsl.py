@@ -14,8 +14,8 @@ import math
 import struct
 
 from fusegrad.dtype import DType, PtrDType, dtypes
-from fusegrad.ir.ops import GroupOp, Ops, UOp
-from fusegrad.renderer import Renderer, uop_uses
+from fusegrad.ir.ops import Ops, UOp
+from fusegrad.renderer import Renderer, Rule, TextKernel, alu_rules, close_block, range_name
 
 NARROW = {dtypes.bool: 1, dtypes.int8: 1, dtypes.uint8: 1, dtypes.int16: 2, dtypes.uint16: 2}  # bytes in a u32 word
 REG_TYPE = {dtypes.bool: "bool", dtypes.int8: "i32", dtypes.uint8: "u32", dtypes.int16: "i32", dtypes.uint16: "u32",
@@ -152,112 +152,35 @@ class WGSLRenderer(Renderer):
         if dt == dtypes.float16: return f"f16({fn}(f32({a[0]})))"  # math in f32, rounded once, like the C target
         return f"{fn}({a[0]})"
 
-    # ---- the program
+    # ---- the program: the shared walk (renderer/__init__.py TextKernel) with the WGSL rule table below
+
+    max_nest: int | None = None  # single-use values are inlined however deep they nest
+
+    def cant_render(self, op: Ops) -> str: return f"{self.device} can't render {op}"
+
+    def names_operands_twice(self, u: UOp) -> bool:
+        """The templates that mention an operand twice: MAX, float CMPNE (NaN tests), integer IDIV/MOD (the x/0 guard)
+        and float -> bool CAST (through CMPNE)."""
+        return u.op is Ops.MAX or (u.op is Ops.CMPNE and dtypes.is_float(u.src[0].dtype)) or \
+            (u.op in (Ops.IDIV, Ops.MOD) and not dtypes.is_float(u.dtype)) or \
+            (u.op is Ops.CAST and u.dtype == dtypes.bool and dtypes.is_float(u.src[0].dtype))
+
+    def render_let(self, name: str, dt: DType, expr: str) -> str:
+        return f"let {name}: {self.reg_type(dt)} = {expr};"
 
     def render(self, name: str, uops: list[UOp], local_size: tuple[int, ...] = (1, 1, 1)) -> str:
         for u in uops:  # a clear error for a dtype WGSL lacks, before anything is rendered
             if u.dtype.base != dtypes.void: self.reg_type(u.dtype.base)
-        uses = uop_uses(uops)
-        depth_of: dict[UOp, int] = {}
-        use_depth: dict[UOp, int] = {}
-        repeated: set[UOp] = set()  # operands a template mentions twice get a variable
-        d = 0
-        for u in uops:
-            if u.op is Ops.END: d -= 1
-            depth_of[u] = d
-            for s in u.src: use_depth[s] = d
-            if u.op is Ops.MAX or (u.op is Ops.CMPNE and dtypes.is_float(u.src[0].dtype)) or \
-                    (u.op in (Ops.IDIV, Ops.MOD) and not dtypes.is_float(u.dtype)) or \
-                    (u.op is Ops.CAST and u.dtype == dtypes.bool and dtypes.is_float(u.src[0].dtype)):
-                repeated.update(u.src)
-            if u.op is Ops.RANGE: d += 1
-        # workgroups per grid dimension: the launch folds them into one flat count (see grid_preamble)
-        sizes = {int(u.arg[3:]): int(u.src[0].arg) for u in uops if u.op is Ops.SPECIAL}
-        grid = [sizes.get(d, 1) // (tuple(local_size) + (1, 1, 1))[d] for d in range(max(sizes, default=-1) + 1)]
-        written = {u.src[0].src[0] for u in uops if u.op is Ops.STORE and u.src[0].src[0].op is Ops.PARAM}
-        r: dict[UOp, str] = {}
-        n_params, n_vars = sum(1 for u in uops if u.op is Ops.PARAM), 0
-        decls: list[str] = []
-        body: list[str] = []
-        counters: dict[str, int] = {}
-
-        def new_name(prefix: str) -> str:
-            counters[prefix] = counters.get(prefix, 0) + 1
-            return f"{prefix}{counters[prefix] - 1}"
-
-        def line(s: str) -> None: body.append("  " * (depth_of[u] + 1) + s)
-
-        def bind(expr: str, dt: DType, prefix: str = "alu") -> str:
-            nm = new_name(prefix)
-            line(f"let {nm}: {self.reg_type(dt)} = {expr};")
-            return nm
-
-        for u in uops:
-            op, dt = u.op, u.dtype
-            if op is Ops.PARAM:
-                r[u] = f"data{u.arg}"
-                base = dt.base
-                elem = ("atomic<u32>" if u in written else "u32") if base in NARROW else REG_TYPE[base]
-                access = "read_write" if u in written else "read"
-                decls.append(f"@group(0) @binding({u.arg}) var<storage, {access}> data{u.arg}: array<{elem}>;")
-            elif op is Ops.DEFINE_VAR:  # symbolic sizes: the runtime binds their values as one i32 array after the buffers
-                if dt.itemsize > 4:
-                    raise NotImplementedError(f"WEBGPU: variable {u.arg[0]!r} needs 64 bits (WGSL has no 64-bit ints)")
-                if not n_vars: decls.append(f"@group(0) @binding({n_params}) var<storage, read> fg_vars: array<i32>;")
-                r[u] = u.arg[0]
-                line(f"let {u.arg[0]}: i32 = fg_vars[{n_vars}];")
-                n_vars += 1
-            elif op is Ops.CONST:
-                r[u] = self.render_const(u.arg, dt)
-            elif op is Ops.SPECIAL:
-                if u.arg[:3] != "gid": raise RuntimeError(f"{self.device} can't render SPECIAL {u.arg}")
-                if not any(x.op is Ops.SPECIAL for x in r): body.extend(self.grid_preamble(grid))
-                dim = int(u.arg[3:])
-                r[u] = u.arg
-                line(f"let {u.arg}: {self.reg_type(dt)} = {self.reg_type(dt)}({_grid_id(grid, local_size, dim)});")
-            elif op is Ops.DEFINE_REG:
-                r[u] = new_name("acc")
-                assert isinstance(dt, PtrDType)  # one accumulator is a plain variable: llvmpipe keeps it in a register
-                line(f"var {r[u]}: {self.reg_type(dt.base)};" if dt.size == 1 else
-                     f"var {r[u]}: array<{self.reg_type(dt.base)}, {dt.size}>;")
-            elif op is Ops.RANGE:
-                r[u] = f"{'r' if u.arg[1] == 'reduce' else 'g'}idx{u.arg[0]}"
-                t = self.reg_type(dt)
-                line(f"for (var {r[u]}: {t} = {self.render_const(0, dt)}; {r[u]} < {r[u.src[0]]}; {r[u]}++) {{")
-            elif op is Ops.END:
-                line("}")
-            elif op is Ops.INDEX:
-                buf, base = u.src[0], u.src[0].dtype.base
-                if buf.op is Ops.PARAM and base in NARROW:  # packed: the element index, as u32, is used twice
-                    r[u] = bind(f"u32({r[u.src[1]]})", dtypes.uint32, "idx")
-                elif buf.op is Ops.DEFINE_REG and buf.dtype.size == 1: r[u] = r[buf]  # type: ignore[attr-defined]
-                else: r[u] = f"{r[buf]}[{r[u.src[1]]}]"
-            elif op is Ops.LOAD:
-                idx = u.src[0]
-                mem = self.load_expr(idx, r, idx.src[0] in written) if idx.src[0].op is Ops.PARAM else r[idx]
-                # a gated load reads memory anyway: WGSL makes out-of-bounds reads harmless (clamped or zero)
-                expr = mem if len(idx.src) < 3 else f"select({self.render_const(0, dt)}, {mem}, {r[idx.src[2]]})"
-                r[u] = expr if idx.src[0].op is Ops.DEFINE_REG else bind(expr, dt, "val")
-            elif op is Ops.STORE:
-                idx = u.src[0]
-                stmt = self.store_stmt(idx, r[u.src[1]], r) if idx.src[0].op is Ops.PARAM else f"{r[idx]} = {r[u.src[1]]};"
-                line(stmt if len(idx.src) < 3 else f"if ({r[idx.src[2]]}) {{ {stmt} }}")
-            elif op in GroupOp.ALU or op in (Ops.CAST, Ops.BITCAST):
-                a = [r[s] for s in u.src]
-                if op is Ops.CAST: expr = self.render_cast(dt, a[0], u.src[0].dtype)
-                elif op is Ops.BITCAST: expr = self.render_bitcast(dt, a[0], u.src[0].dtype)
-                else: expr = self.render_alu(op, dt, a, u.src[-1].dtype)
-                if uses.get(u, 0) == 1 and use_depth.get(u) == depth_of[u] and u not in repeated: r[u] = expr
-                else: r[u] = bind(expr, dt)
-            else:
-                raise RuntimeError(f"{self.device} can't render {op}")
-        src = "\n".join(body)
+        k = _Shader(self, name, uops, local_size).walk()
+        src = "\n".join(k.body)
         helpers = [h for fn, h in HELPERS.items() if fn + "(" in src]
-        head = ["enable f16;"] * any(u.dtype.base == dtypes.float16 for u in uops) + helpers + decls
+        head = ["enable f16;"] * any(u.dtype.base == dtypes.float16 for u in uops) + helpers + k.args
         wg = ", ".join(str(s) for s in (tuple(local_size) + (1, 1, 1))[:3])
         builtins = "@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, " \
             "@builtin(local_invocation_id) lid: vec3<u32>"
         return "\n".join(head) + f"\n@compute @workgroup_size({wg})\nfn {name}({builtins}) {{\n{src}\n}}\n"
+
+    rules: dict[Ops, Rule] = {}  # filled in below the class (the rules are module functions)
 
     @staticmethod
     def grid_preamble(grid: list[int]) -> list[str]:
@@ -288,6 +211,92 @@ class WGSLRenderer(Renderer):
         bits = f"u32({val})" if base != dtypes.bool else f"select(0u, 1u, {val})"
         return f"atomicAnd({word}, ~({(1 << sh) - 1}u << {shift})); " \
             f"atomicOr({word}, ({bits} & {(1 << sh) - 1}u) << {shift});"
+
+
+class _Shader(TextKernel):
+    """One shader being rendered: the text walk's state plus the launch grid, the buffers the shader writes (declared
+    read_write, atomic when packed) and the count of variables bound so far. `args` holds the module declarations."""
+
+    def __init__(self, renderer: WGSLRenderer, name: str, uops: list[UOp], local_size: tuple[int, ...]):
+        super().__init__(renderer, name, uops)
+        self.local_size = local_size
+        # workgroups per grid dimension: the launch folds them into one flat count (see grid_preamble)
+        sizes = {int(u.arg[3:]): int(u.src[0].arg) for u in uops if u.op is Ops.SPECIAL}
+        self.grid = [sizes.get(d, 1) // (tuple(local_size) + (1, 1, 1))[d] for d in range(max(sizes, default=-1) + 1)]
+        self.written = {u.src[0].src[0] for u in uops if u.op is Ops.STORE and u.src[0].src[0].op is Ops.PARAM}
+        self.n_params, self.n_vars = sum(1 for u in uops if u.op is Ops.PARAM), 0
+
+
+# ---- the WGSL rule table: rule(renderer, shader, u) -> u's value
+
+def _param(w: WGSLRenderer, k: _Shader, u: UOp) -> str:
+    base = u.dtype.base
+    elem = ("atomic<u32>" if u in k.written else "u32") if base in NARROW else REG_TYPE[base]
+    access = "read_write" if u in k.written else "read"
+    k.args.append(f"@group(0) @binding({u.arg}) var<storage, {access}> data{u.arg}: array<{elem}>;")
+    return f"data{u.arg}"
+
+
+def _define_var(w: WGSLRenderer, k: _Shader, u: UOp) -> str:
+    # symbolic sizes: the runtime binds their values as one i32 array after the buffers
+    if u.dtype.itemsize > 4:
+        raise NotImplementedError(f"WEBGPU: variable {u.arg[0]!r} needs 64 bits (WGSL has no 64-bit ints)")
+    if not k.n_vars: k.args.append(f"@group(0) @binding({k.n_params}) var<storage, read> fg_vars: array<i32>;")
+    k.line(f"let {u.arg[0]}: i32 = fg_vars[{k.n_vars}];")
+    k.n_vars += 1
+    return u.arg[0]
+
+
+def _special(w: WGSLRenderer, k: _Shader, u: UOp) -> str:
+    if u.arg[:3] != "gid": raise RuntimeError(f"{w.device} can't render SPECIAL {u.arg}")
+    if "grid" not in k.needs:  # the first work-item id: recover the workgroup numbers first
+        k.needs.add("grid")
+        k.body.extend(w.grid_preamble(k.grid))
+    t = w.reg_type(u.dtype)
+    k.line(f"let {u.arg}: {t} = {t}({_grid_id(k.grid, k.local_size, int(u.arg[3:]))});")
+    return u.arg
+
+
+def _define_reg(w: WGSLRenderer, k: _Shader, u: UOp) -> str:
+    nm, dt = k.new_name("acc"), u.dtype
+    assert isinstance(dt, PtrDType)  # one accumulator is a plain variable: llvmpipe keeps it in a register
+    k.line(f"var {nm}: {w.reg_type(dt.base)};" if dt.size == 1 else f"var {nm}: array<{w.reg_type(dt.base)}, {dt.size}>;")
+    return nm
+
+
+def _range(w: WGSLRenderer, k: _Shader, u: UOp) -> str:
+    nm, t = range_name(u), w.reg_type(u.dtype)
+    k.line(f"for (var {nm}: {t} = {w.render_const(0, u.dtype)}; {nm} < {k.r[u.src[0]]}; {nm}++) {{")
+    return nm
+
+
+def _index(w: WGSLRenderer, k: _Shader, u: UOp) -> str:
+    buf, base = u.src[0], u.src[0].dtype.base
+    if buf.op is Ops.PARAM and base in NARROW:  # packed: the element index, as u32, is used twice
+        return k.bind(f"u32({k.r[u.src[1]]})", dtypes.uint32, "idx")
+    if buf.op is Ops.DEFINE_REG and buf.dtype.size == 1: return k.r[buf]  # type: ignore[attr-defined]
+    return f"{k.r[buf]}[{k.r[u.src[1]]}]"
+
+
+def _load(w: WGSLRenderer, k: _Shader, u: UOp) -> str:
+    idx = u.src[0]
+    mem = w.load_expr(idx, k.r, idx.src[0] in k.written) if idx.src[0].op is Ops.PARAM else k.r[idx]
+    # a gated load reads memory anyway: WGSL makes out-of-bounds reads harmless (clamped or zero)
+    expr = mem if len(idx.src) < 3 else f"select({w.render_const(0, u.dtype)}, {mem}, {k.r[idx.src[2]]})"
+    return expr if idx.src[0].op is Ops.DEFINE_REG else k.bind(expr, u.dtype, "val")
+
+
+def _store(w: WGSLRenderer, k: _Shader, u: UOp) -> str:
+    idx, val = u.src[0], k.r[u.src[1]]
+    stmt = w.store_stmt(idx, val, k.r) if idx.src[0].op is Ops.PARAM else f"{k.r[idx]} = {val};"
+    k.line(stmt if len(idx.src) < 3 else f"if ({k.r[idx.src[2]]}) {{ {stmt} }}")
+    return ""
+
+
+WGSLRenderer.rules = {
+    Ops.PARAM: _param, Ops.DEFINE_VAR: _define_var, Ops.CONST: lambda w, k, u: w.render_const(u.arg, u.dtype),
+    Ops.SPECIAL: _special, Ops.DEFINE_REG: _define_reg, Ops.RANGE: _range, Ops.END: close_block, Ops.INDEX: _index,
+    Ops.LOAD: _load, Ops.STORE: _store, **alu_rules()}
 
 
 __all__ = ["WGSLRenderer"]
