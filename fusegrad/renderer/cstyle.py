@@ -157,17 +157,10 @@ class CStyleLanguage(Renderer):
         return self._render_alu(op, dt, a, src_dtype)
 
     def _render_alu(self, op: Ops, dt: DType, a: list[str], src_dtype: DType) -> str:
-        binops = {Ops.ADD: "+", Ops.MUL: "*", Ops.IDIV: "/", Ops.MOD: "%", Ops.CMPLT: "<", Ops.CMPNE: "!=",
-                  Ops.AND: "&", Ops.OR: "|", Ops.XOR: "^", Ops.SHL: "<<", Ops.SHR: ">>"}
-        if op in binops: return f"({a[0]}{binops[op]}{a[1]})"
-        if op is Ops.NEG: return f"(-{a[0]})"
-        if op is Ops.WHERE: return f"({a[0]}?{a[1]}:{a[2]})"
-        if op is Ops.MULACC: return f"(({a[0]}*{a[1]})+{a[2]})"
-        if op is Ops.MAX:
-            if dtypes.is_float(dt): return f"((({a[0]})!=({a[0]})||({a[0]})>({a[1]}))?({a[0]}):({a[1]}))"
-            return f"((({a[0]})>({a[1]}))?({a[0]}):({a[1]}))"
-        if op is Ops.RECIPROCAL: return f"({self.render_const(1.0, dt.scalar())}/{a[0]})"
-        return self.render_math(op, dt, a[0])
+        """The expression of one ALU op on operand expressions `a`: the renderer's ALU table (C_ALU below)."""
+        return self.alu_rules[op](self, op, dt, a, src_dtype)
+
+    alu_rules: dict[Ops, Callable[..., str]] = {}  # op -> rule(renderer, op, dtype, operands, src dtype), below
 
     def render_math(self, op: Ops, dt: DType, x: str) -> str:
         if dt == dtypes.float64: return f"{self.double_fn[op]}({x})"
@@ -457,6 +450,29 @@ static inline {H} fg_f2h_x{w}({F} f) {{ {fast[1]} }}
 static inline {F} fg_h2f_x{w}({H} h) {{ return __builtin_convertvector(h, {F}); }}
 static inline {H} fg_f2h_x{w}({F} f) {{ return __builtin_convertvector(f, {H}); }}
 #endif"""
+
+
+# ---- the C ALU table: rule(renderer, op, dtype, operand expressions, last operand's dtype) -> the expression
+
+def _c_max(c: CStyleLanguage, op: Ops, dt: DType, a: list[str], src: DType) -> str:
+    if dtypes.is_float(dt): return f"((({a[0]})!=({a[0]})||({a[0]})>({a[1]}))?({a[0]}):({a[1]}))"
+    return f"((({a[0]})>({a[1]}))?({a[0]}):({a[1]}))"
+
+
+def _c_binop(sym: str) -> Callable[..., str]:
+    return lambda c, op, dt, a, src: f"({a[0]}{sym}{a[1]})"
+
+
+C_ALU: dict[Ops, Callable[..., str]] = {
+    **{op: _c_binop(sym) for op, sym in {Ops.ADD: "+", Ops.MUL: "*", Ops.IDIV: "/", Ops.MOD: "%", Ops.CMPLT: "<",
+                                          Ops.CMPNE: "!=", Ops.AND: "&", Ops.OR: "|", Ops.XOR: "^", Ops.SHL: "<<",
+                                          Ops.SHR: ">>"}.items()},
+    Ops.NEG: lambda c, op, dt, a, src: f"(-{a[0]})", Ops.WHERE: lambda c, op, dt, a, src: f"({a[0]}?{a[1]}:{a[2]})",
+    Ops.MULACC: lambda c, op, dt, a, src: f"(({a[0]}*{a[1]})+{a[2]})", Ops.MAX: _c_max,
+    Ops.RECIPROCAL: lambda c, op, dt, a, src: f"({c.render_const(1.0, dt.scalar())}/{a[0]})",
+    **{op: lambda c, op, dt, a, src: c.render_math(op, dt, a[0]) for op in (Ops.SQRT, Ops.EXP2, Ops.LOG2, Ops.SIN,
+                                                                           Ops.TRUNC)}}
+CStyleLanguage.alu_rules = C_ALU
 
 
 class ClangRenderer(CStyleLanguage):

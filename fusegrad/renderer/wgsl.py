@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import struct
+from typing import Callable
 
 from fusegrad.dtype import DType, PtrDType, dtypes
 from fusegrad.ir.ops import Ops, UOp
@@ -126,31 +127,14 @@ class WGSLRenderer(Renderer):
         return _narrow_wrap(dt, out) if dt in NARROW and dt != dtypes.bool and op in wraps else out
 
     def _alu(self, op: Ops, dt: DType, a: list[str], src: DType) -> str:
-        isfloat, isbool = dtypes.is_float(src), src == dtypes.bool
-        if isbool and op in (Ops.ADD, Ops.OR, Ops.MAX): return f"({a[0]} || {a[1]})"
-        if isbool and op in (Ops.MUL, Ops.AND): return f"({a[0]} && {a[1]})"
-        if isbool and op in (Ops.XOR, Ops.CMPNE): return f"({a[0]} != {a[1]})"
-        if isbool and op is Ops.CMPLT: return f"(!{a[0]} && {a[1]})"
-        if isbool and op is Ops.NEG: return f"(!{a[0]})"
-        nan = (lambda x: f"fg_isnan(f32({x}))") if src == dtypes.float16 else (lambda x: f"fg_isnan({x})")
-        binops = {Ops.ADD: "+", Ops.MUL: "*", Ops.CMPLT: "<", Ops.AND: "&", Ops.OR: "|", Ops.XOR: "^"}
-        if op in binops: return f"({a[0]} {binops[op]} {a[1]})"
-        if op is Ops.CMPNE:  # true when either side is NaN (WGSL's != may be ordered)
-            return f"({a[0]} != {a[1]} || {nan(a[0])} || {nan(a[1])})" if isfloat else f"({a[0]} != {a[1]})"
-        if op in (Ops.IDIV, Ops.MOD):  # truncating, like C; x/0 and x%0 give 0 as in ir/alu.py
-            sym = "/" if op is Ops.IDIV else "%"
-            if isfloat: return f"({a[0]} {sym} {a[1]})"
-            return f"select({a[0]} {sym} {a[1]}, {self.render_const(0, dt)}, {a[1]} == {self.render_const(0, dt)})"
-        if op in (Ops.SHL, Ops.SHR): return f"({a[0]} {'<<' if op is Ops.SHL else '>>'} u32({a[1]}))"
-        if op is Ops.NEG: return f"({self.render_const(0, dt)} - {a[0]})" if dtypes.is_unsigned(dt) else f"(-{a[0]})"
-        if op is Ops.MAX:
-            return f"select({a[1]}, {a[0]}, {a[0]} > {a[1]} || {nan(a[0])})" if isfloat else f"max({a[0]}, {a[1]})"
-        if op is Ops.WHERE: return f"select({a[2]}, {a[1]}, {a[0]})"
-        if op is Ops.MULACC: return f"(({a[0]} * {a[1]}) + {a[2]})"
-        if op is Ops.RECIPROCAL: return f"({self.render_const(1.0, dt)} / {a[0]})"
-        fn = {Ops.SQRT: "sqrt", Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.TRUNC: "trunc"}[op]
-        if dt == dtypes.float16: return f"f16({fn}(f32({a[0]})))"  # math in f32, rounded once, like the C target
-        return f"{fn}({a[0]})"
+        """One ALU op on operand expressions: the bool table for bool operands (WGSL's bool has no arithmetic), else
+        the ALU table (WGSL_ALU below)."""
+        rules = self.bool_alu_rules if src == dtypes.bool and op in self.bool_alu_rules else self.alu_rules
+        return rules[op](self, op, dt, a, src)
+
+    # op -> rule(renderer, op, dtype, operand expressions, last operand's dtype) -> the expression; filled in below
+    alu_rules: dict[Ops, Callable[..., str]] = {}
+    bool_alu_rules: dict[Ops, Callable[..., str]] = {}
 
     # ---- the program: the shared walk (renderer/__init__.py TextKernel) with the WGSL rule table below
 
@@ -297,6 +281,57 @@ WGSLRenderer.rules = {
     Ops.PARAM: _param, Ops.DEFINE_VAR: _define_var, Ops.CONST: lambda w, k, u: w.render_const(u.arg, u.dtype),
     Ops.SPECIAL: _special, Ops.DEFINE_REG: _define_reg, Ops.RANGE: _range, Ops.END: close_block, Ops.INDEX: _index,
     Ops.LOAD: _load, Ops.STORE: _store, **alu_rules()}
+
+
+# ---- the ALU tables: rule(renderer, op, dtype, operand expressions, last operand's dtype) -> the expression
+
+def _isnan(src: DType, x: str) -> str:
+    return f"fg_isnan(f32({x}))" if src == dtypes.float16 else f"fg_isnan({x})"
+
+
+def _cmpne(w: WGSLRenderer, op: Ops, dt: DType, a: list[str], src: DType) -> str:
+    # true when either side is NaN (WGSL's != may be ordered)
+    if dtypes.is_float(src): return f"({a[0]} != {a[1]} || {_isnan(src, a[0])} || {_isnan(src, a[1])})"
+    return f"({a[0]} != {a[1]})"
+
+
+def _divmod(w: WGSLRenderer, op: Ops, dt: DType, a: list[str], src: DType) -> str:
+    # truncating, like C; x/0 and x%0 give 0 as in ir/alu.py
+    sym = "/" if op is Ops.IDIV else "%"
+    if dtypes.is_float(src): return f"({a[0]} {sym} {a[1]})"
+    return f"select({a[0]} {sym} {a[1]}, {w.render_const(0, dt)}, {a[1]} == {w.render_const(0, dt)})"
+
+
+def _max(w: WGSLRenderer, op: Ops, dt: DType, a: list[str], src: DType) -> str:
+    if dtypes.is_float(src): return f"select({a[1]}, {a[0]}, {a[0]} > {a[1]} || {_isnan(src, a[0])})"
+    return f"max({a[0]}, {a[1]})"
+
+
+def _math(fn: str) -> Callable[..., str]:
+    # float16: math in f32, rounded once, like the C target
+    return lambda w, op, dt, a, src: f"f16({fn}(f32({a[0]})))" if dt == dtypes.float16 else f"{fn}({a[0]})"
+
+
+def _infix(sym: str) -> Callable[..., str]:
+    return lambda w, op, dt, a, src: f"({a[0]} {sym} {a[1]})"
+
+
+WGSLRenderer.alu_rules = {
+    **{op: _infix(sym) for op, sym in {Ops.ADD: "+", Ops.MUL: "*", Ops.CMPLT: "<", Ops.AND: "&", Ops.OR: "|",
+                                        Ops.XOR: "^"}.items()},
+    Ops.CMPNE: _cmpne, Ops.IDIV: _divmod, Ops.MOD: _divmod, Ops.MAX: _max,
+    Ops.SHL: lambda w, op, dt, a, src: f"({a[0]} << u32({a[1]}))",
+    Ops.SHR: lambda w, op, dt, a, src: f"({a[0]} >> u32({a[1]}))",
+    Ops.NEG: lambda w, op, dt, a, src: f"({w.render_const(0, dt)} - {a[0]})" if dtypes.is_unsigned(dt) else f"(-{a[0]})",
+    Ops.WHERE: lambda w, op, dt, a, src: f"select({a[2]}, {a[1]}, {a[0]})",
+    Ops.MULACC: lambda w, op, dt, a, src: f"(({a[0]} * {a[1]}) + {a[2]})",
+    Ops.RECIPROCAL: lambda w, op, dt, a, src: f"({w.render_const(1.0, dt)} / {a[0]})",
+    **{op: _math(fn) for op, fn in {Ops.SQRT: "sqrt", Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin",
+                                     Ops.TRUNC: "trunc"}.items()}}
+WGSLRenderer.bool_alu_rules = {  # bool operands: logic instead of arithmetic
+    **{op: _infix("||") for op in (Ops.ADD, Ops.OR, Ops.MAX)}, **{op: _infix("&&") for op in (Ops.MUL, Ops.AND)},
+    **{op: _infix("!=") for op in (Ops.XOR, Ops.CMPNE)}, Ops.CMPLT: lambda w, op, dt, a, src: f"(!{a[0]} && {a[1]})",
+    Ops.NEG: lambda w, op, dt, a, src: f"(!{a[0]})"}
 
 
 __all__ = ["WGSLRenderer"]
