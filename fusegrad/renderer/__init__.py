@@ -5,12 +5,13 @@ Every renderer is a rule table over the linear program: `Renderer.rules` maps ea
 One shared walk (`RenderContext.walk`) runs the rules in program order; `TextKernel` adds what the statement-based
 targets (C and its dialects, WGSL) share: loop depth and indentation, inlining of single-use values, and naming. A
 target extends or overrides its parent's table (`rules = {**Parent.rules, Ops.X: rule}`), so adding an op to a
-backend is one table entry (docs/architecture.md, "Renderers").
+backend is one table entry (docs/architecture.md, section 5).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Self
+from typing import Self
 
 from fusegrad.dtype import DType, dtypes
 from fusegrad.ir.ops import GroupOp, Ops, UOp
@@ -80,15 +81,33 @@ class Renderer:
 
 
 Rule = Callable[..., str]  # rule(renderer, ctx, u) -> the value of u as its users read it ('' for statements)
+AluRule = Callable[..., str]  # an ALU table's rule(renderer or context, op, dtype, operands, src dtype) -> value
 
 
-def value_rule(ren: Renderer, k: TextKernel, u: UOp) -> str:
+class TextRenderer(Renderer):
+    """A statement-based target (the C family, WGSL): rendered by the TextKernel walk, whose hooks it supplies."""
+    max_nest: int | None = None  # inlined expressions nested deeper than this get a variable (None: no limit)
+
+    def names_operands_twice(self, u: UOp) -> bool:
+        """Whether the template for u mentions an operand more than once (its operands then get variables)."""
+        return False
+
+    def render_let(self, name: str, dt: DType, expr: str) -> str:
+        """The statement declaring variable `name` of dtype dt, holding expr."""
+        raise NotImplementedError
+
+    def render_alu(self, op: Ops, dt: DType, a: list[str], src_dtype: DType) -> str: raise NotImplementedError
+    def render_cast(self, dt: DType, x: str, src_dt: DType) -> str: raise NotImplementedError
+    def render_bitcast(self, dt: DType, x: str, src_dt: DType) -> str: raise NotImplementedError
+
+
+def value_rule(ren: TextRenderer, k: TextKernel, u: UOp) -> str:
     """ALU ops, CAST and BITCAST on the text targets: the target's render_alu/render_cast/render_bitcast expression of
     the operands' values, inlined into its user or bound to a variable (TextKernel.value)."""
     a = [k.r[s] for s in u.src]
-    if u.op is Ops.CAST: expr = ren.render_cast(u.dtype, a[0], u.src[0].dtype)  # type: ignore[attr-defined]
-    elif u.op is Ops.BITCAST: expr = ren.render_bitcast(u.dtype, a[0], u.src[0].dtype)  # type: ignore[attr-defined]
-    else: expr = ren.render_alu(u.op, u.dtype, a, u.src[-1].dtype)  # type: ignore[attr-defined]
+    if u.op is Ops.CAST: expr = ren.render_cast(u.dtype, a[0], u.src[0].dtype)
+    elif u.op is Ops.BITCAST: expr = ren.render_bitcast(u.dtype, a[0], u.src[0].dtype)
+    else: expr = ren.render_alu(u.op, u.dtype, a, u.src[-1].dtype)
     return k.value(u, expr)
 
 
@@ -97,7 +116,7 @@ def alu_rules(rule: Rule | None = None) -> dict[Ops, Rule]:
     return {op: rule or value_rule for op in GroupOp.ALU | {Ops.CAST, Ops.BITCAST}}
 
 
-def close_block(ren: Renderer, k: TextKernel, u: UOp) -> str:
+def close_block(ren: TextRenderer, k: TextKernel, u: UOp) -> str:
     """END on the brace-block targets: the loop's closing brace."""
     k.line("}")
     return ""
@@ -115,6 +134,7 @@ class RenderContext:
     def __init__(self, renderer: Renderer, name: str, uops: list[UOp]):
         self.ren, self.name, self.uops = renderer, name, uops
         self.r: dict[UOp, str] = {}
+        self.i, self.u = 0, uops[0] if uops else None  # the uop being rendered, and its position
 
     def walk(self) -> Self:
         rules, ren = self.ren.rules, self.ren
@@ -130,11 +150,13 @@ class TextKernel(RenderContext):
     """The walk of the statement-based targets (C-style, WGSL): a kernel is a list of lines, loops nest by RANGE/END,
     and an ALU value used once, at its own loop depth, is written into its user's expression instead of a variable.
 
-    The renderer supplies `render_let(name, dtype, expr)` (a variable declaration), `names_operands_twice(u)` (its
-    template for u mentions an operand twice, so operands get variables) and `max_nest` (None: no limit)."""
+    The renderer (a TextRenderer) supplies `render_let(name, dtype, expr)` (a variable declaration),
+    `names_operands_twice(u)` (its template for u mentions an operand twice, so operands get variables) and
+    `max_nest`."""
 
-    def __init__(self, renderer: Renderer, name: str, uops: list[UOp]):
+    def __init__(self, renderer: TextRenderer, name: str, uops: list[UOp]):
         super().__init__(renderer, name, uops)
+        self.ren: TextRenderer = renderer
         self.uses = uop_uses(uops)
         self.depth_of: dict[UOp, int] = {}
         self.use_depth: dict[UOp, int] = {}
@@ -144,7 +166,7 @@ class TextKernel(RenderContext):
             if u.op is Ops.END: d -= 1
             self.depth_of[u] = d
             for s in u.src: self.use_depth[s] = d
-            if renderer.names_operands_twice(u): self.repeated.update(u.src)  # type: ignore[attr-defined]
+            if renderer.names_operands_twice(u): self.repeated.update(u.src)
             if u.op is Ops.RANGE: d += 1
         self.args: list[str] = []    # kernel arguments (C-style) or module declarations (WGSL)
         self.body: list[str] = []
@@ -164,7 +186,7 @@ class TextKernel(RenderContext):
     def bind(self, expr: str, dt: DType, prefix: str = "alu") -> str:
         """A new variable holding expr; returns its name."""
         nm = self.new_name(prefix)
-        self.line(self.ren.render_let(nm, dt, expr))  # type: ignore[attr-defined]
+        self.line(self.ren.render_let(nm, dt, expr))
         return nm
 
     def single_use(self, u: UOp) -> bool:
@@ -175,7 +197,7 @@ class TextKernel(RenderContext):
         """The value of ALU-like u: expr itself when it can be inlined (and the expression isn't nested deeper than
         the renderer's max_nest), else a new `alu` variable."""
         n = 1 + max((self.nest.get(s, 0) for s in u.src), default=0)
-        limit = self.ren.max_nest  # type: ignore[attr-defined]
+        limit = self.ren.max_nest
         if self.single_use(u) and (limit is None or n <= limit):
             self.nest[u] = n
             return expr

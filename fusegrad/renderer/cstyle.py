@@ -1,15 +1,16 @@
-"""The C-style renderer: linear program -> C source. Other C-like targets (OpenCL, CUDA, Metal) subclass it and change
-a few strings: the kernel prefix, buffer qualifiers, type names and math functions.
+"""The C-style renderer: linear program -> C source, as two rule tables on the shared statement walk
+(renderer/__init__.py TextKernel): `CStyleLanguage.rules` (one rule per op of the program) and `C_ALU` (one expression
+template per ALU op). Other C-like targets (OpenCL, CUDA, Metal) subclass it and change a few strings (the kernel
+prefix, buffer qualifiers, type names and math functions), hooks, or single table entries.
 """
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 from fusegrad.dtype import DType, PtrDType, dtypes
 from fusegrad.ir.ops import GroupOp, Ops, UOp
-from fusegrad.renderer import Renderer, Rule, TextKernel, alu_rules, close_block, is_pure, range_name
-
+from fusegrad.renderer import AluRule, Rule, TextKernel, TextRenderer, alu_rules, close_block, is_pure, range_name
 
 # An operation used once is written into its user's expression; a chain deeper than this gets a variable every
 # MAX_NEST operations, so a fused chain of 100,000 ops is 100,000/MAX_NEST statements rather than one expression
@@ -17,7 +18,7 @@ from fusegrad.renderer import Renderer, Rule, TextKernel, alu_rules, close_block
 MAX_NEST = 64
 
 
-class CStyleLanguage(Renderer):
+class CStyleLanguage(TextRenderer):
     kernel_prefix = "void "
     buffer_prefix = ""
     buffer_suffix = " restrict"
@@ -160,7 +161,7 @@ class CStyleLanguage(Renderer):
         """The expression of one ALU op on operand expressions `a`: the renderer's ALU table (C_ALU below)."""
         return self.alu_rules[op](self, op, dt, a, src_dtype)
 
-    alu_rules: dict[Ops, Callable[..., str]] = {}  # op -> rule(renderer, op, dtype, operands, src dtype), below
+    alu_rules: dict[Ops, AluRule] = {}  # op -> rule(renderer, op, dtype, operands, src dtype), below
 
     def render_math(self, op: Ops, dt: DType, x: str) -> str:
         if dt == dtypes.float64: return f"{self.double_fn[op]}({x})"
@@ -292,7 +293,8 @@ def _load(c: CStyleLanguage, k: TextKernel, u: UOp) -> str:
 
 def _store(c: CStyleLanguage, k: TextKernel, u: UOp) -> str:
     idx, val = u.src[0], u.src[1]
-    if val.dtype.count > 1 and idx.src[0].op is Ops.PARAM: k.line(c.render_vstore(val.dtype, k.r[idx], _strip(k.r[val])))
+    if val.dtype.count > 1 and idx.src[0].op is Ops.PARAM:
+        k.line(c.render_vstore(val.dtype, k.r[idx], _strip(k.r[val])))
     else: k.line(f"{k.r[idx]} = {_strip(k.r[val])};")
     return ""
 
@@ -459,11 +461,11 @@ def _c_max(c: CStyleLanguage, op: Ops, dt: DType, a: list[str], src: DType) -> s
     return f"((({a[0]})>({a[1]}))?({a[0]}):({a[1]}))"
 
 
-def _c_binop(sym: str) -> Callable[..., str]:
+def _c_binop(sym: str) -> AluRule:
     return lambda c, op, dt, a, src: f"({a[0]}{sym}{a[1]})"
 
 
-C_ALU: dict[Ops, Callable[..., str]] = {
+C_ALU: dict[Ops, AluRule] = {
     **{op: _c_binop(sym) for op, sym in {Ops.ADD: "+", Ops.MUL: "*", Ops.IDIV: "/", Ops.MOD: "%", Ops.CMPLT: "<",
                                           Ops.CMPNE: "!=", Ops.AND: "&", Ops.OR: "|", Ops.XOR: "^", Ops.SHL: "<<",
                                           Ops.SHR: ">>"}.items()},
@@ -564,4 +566,4 @@ def _thread_trampoline(name: str, args: list[str]) -> str:
 
 
 
-__all__ = ["CStyleLanguage", "ClangRenderer", "is_pure", "Callable"]
+__all__ = ["C_ALU", "CStyleLanguage", "ClangRenderer", "is_pure"]

@@ -9,11 +9,10 @@ from __future__ import annotations
 import math
 import re
 import struct
-from typing import Callable
 
 from fusegrad.dtype import DType, PtrDType, dtypes
 from fusegrad.ir.ops import GroupOp, Ops, UOp
-from fusegrad.renderer import RenderContext, Renderer, Rule
+from fusegrad.renderer import AluRule, RenderContext, Renderer, Rule
 
 # LLVM's integer types are signless: signedness lives in the instructions (sdiv/udiv, icmp slt/ult, sext/zext)
 LLVM_TYPES: dict[DType, str] = {
@@ -85,8 +84,9 @@ class LLVMRenderer(Renderer):
     def render(self, name: str, uops: list[UOp]) -> str:
         return _Function(self, name, uops).walk().text()
 
-    rules: dict[Ops, Rule] = {}  # the walk's table and the ALU table are filled in below (they call _Function's emitters)
-    alu_rules: dict[Ops, Callable[..., str]] = {}
+    # the walk's table and the ALU table, filled in below (their rules call _Function's emitters)
+    rules: dict[Ops, Rule] = {}
+    alu_rules: dict[Ops, AluRule] = {}
 
 
 class _Function(RenderContext):
@@ -357,7 +357,7 @@ def _arith(f: _Function, op: Ops, dt: DType, a: list[str], sdt: DType) -> str:
     return f.emit(f"{name} {ltype(dt)} {a[0]}, {a[1]}")
 
 
-ALU_RULES: dict[Ops, Callable[..., str]] = {
+ALU_RULES: dict[Ops, AluRule] = {
     Ops.CMPLT: _compare, Ops.CMPNE: _compare,
     Ops.WHERE: lambda f, op, dt, a, sdt: f.emit(f"select {ltype(sdt)} {a[0]}, {ltype(dt)} {a[1]}, {ltype(dt)} {a[2]}"),
     Ops.MAX: lambda f, op, dt, a, sdt: f.max(dt, a),

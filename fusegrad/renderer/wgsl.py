@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import math
 import struct
-from typing import Callable
 
 from fusegrad.dtype import DType, PtrDType, dtypes
 from fusegrad.ir.ops import Ops, UOp
-from fusegrad.renderer import Renderer, Rule, TextKernel, alu_rules, close_block, range_name
+from fusegrad.renderer import AluRule, Rule, TextKernel, TextRenderer, alu_rules, close_block, range_name
 
 NARROW = {dtypes.bool: 1, dtypes.int8: 1, dtypes.uint8: 1, dtypes.int16: 2, dtypes.uint16: 2}  # bytes in a u32 word
 REG_TYPE = {dtypes.bool: "bool", dtypes.int8: "i32", dtypes.uint8: "u32", dtypes.int16: "i32", dtypes.uint16: "u32",
@@ -52,7 +51,7 @@ def _grid_id(grid: list[int], local_size: tuple[int, ...], dim: int) -> str:
     return f"{group} * {local_size[dim]}u + {lid}" if local_size[dim] > 1 else group
 
 
-class WGSLRenderer(Renderer):
+class WGSLRenderer(TextRenderer):
     """WGSL for WebGPU compute. Native: bool, int8/uint8/int16/uint16 (packed, see above), int32, uint32, float32, and
     float16 when the device has shader-f16; bfloat16 is emulated by codegen/decompose.py. No 64-bit types."""
     device = "WEBGPU"
@@ -133,8 +132,8 @@ class WGSLRenderer(Renderer):
         return rules[op](self, op, dt, a, src)
 
     # op -> rule(renderer, op, dtype, operand expressions, last operand's dtype) -> the expression; filled in below
-    alu_rules: dict[Ops, Callable[..., str]] = {}
-    bool_alu_rules: dict[Ops, Callable[..., str]] = {}
+    alu_rules: dict[Ops, AluRule] = {}
+    bool_alu_rules: dict[Ops, AluRule] = {}
 
     # ---- the program: the shared walk (renderer/__init__.py TextKernel) with the WGSL rule table below
 
@@ -244,7 +243,8 @@ def _special(w: WGSLRenderer, k: _Shader, u: UOp) -> str:
 def _define_reg(w: WGSLRenderer, k: _Shader, u: UOp) -> str:
     nm, dt = k.new_name("acc"), u.dtype
     assert isinstance(dt, PtrDType)  # one accumulator is a plain variable: llvmpipe keeps it in a register
-    k.line(f"var {nm}: {w.reg_type(dt.base)};" if dt.size == 1 else f"var {nm}: array<{w.reg_type(dt.base)}, {dt.size}>;")
+    t = w.reg_type(dt.base)
+    k.line(f"var {nm}: {t};" if dt.size == 1 else f"var {nm}: array<{t}, {dt.size}>;")
     return nm
 
 
@@ -307,12 +307,12 @@ def _max(w: WGSLRenderer, op: Ops, dt: DType, a: list[str], src: DType) -> str:
     return f"max({a[0]}, {a[1]})"
 
 
-def _math(fn: str) -> Callable[..., str]:
+def _math(fn: str) -> AluRule:
     # float16: math in f32, rounded once, like the C target
     return lambda w, op, dt, a, src: f"f16({fn}(f32({a[0]})))" if dt == dtypes.float16 else f"{fn}({a[0]})"
 
 
-def _infix(sym: str) -> Callable[..., str]:
+def _infix(sym: str) -> AluRule:
     return lambda w, op, dt, a, src: f"({a[0]} {sym} {a[1]})"
 
 
@@ -322,7 +322,8 @@ WGSLRenderer.alu_rules = {
     Ops.CMPNE: _cmpne, Ops.IDIV: _divmod, Ops.MOD: _divmod, Ops.MAX: _max,
     Ops.SHL: lambda w, op, dt, a, src: f"({a[0]} << u32({a[1]}))",
     Ops.SHR: lambda w, op, dt, a, src: f"({a[0]} >> u32({a[1]}))",
-    Ops.NEG: lambda w, op, dt, a, src: f"({w.render_const(0, dt)} - {a[0]})" if dtypes.is_unsigned(dt) else f"(-{a[0]})",
+    Ops.NEG: lambda w, op, dt, a, src: f"({w.render_const(0, dt)} - {a[0]})" if dtypes.is_unsigned(dt) else \
+        f"(-{a[0]})",
     Ops.WHERE: lambda w, op, dt, a, src: f"select({a[2]}, {a[1]}, {a[0]})",
     Ops.MULACC: lambda w, op, dt, a, src: f"(({a[0]} * {a[1]}) + {a[2]})",
     Ops.RECIPROCAL: lambda w, op, dt, a, src: f"({w.render_const(1.0, dt)} / {a[0]})",

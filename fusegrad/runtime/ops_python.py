@@ -71,7 +71,7 @@ class PythonProgram:
 
 class _Run:
     """One execution's state: each instruction's value, the buffers and variable values, variables bound so far."""
-    __slots__ = ("prog", "v", "bufs", "vals", "var_i")
+    __slots__ = ("bufs", "prog", "v", "vals", "var_i")
 
     def __init__(self, prog: PythonProgram, bufs: tuple[Any, ...], vals: tuple[int, ...]):
         self.prog, self.bufs, self.vals, self.var_i = prog, bufs, vals, 0

@@ -44,6 +44,7 @@ def test_python_interpreter_table_covers_the_linear_ops():
 def test_c_dialects_share_the_c_tables():
     for cls in (ClangRenderer, OpenCLRenderer, CUDARenderer, MetalRenderer):
         assert cls.rules is CStyleLanguage.rules and cls.alu_rules is C_ALU
+    assert LLVMRenderer.alu_rules is ALU_RULES
 
 
 def test_one_alu_entry_changes_one_op():
