@@ -6,7 +6,6 @@ prefix, buffer qualifiers, type names and math functions), hooks, or single tabl
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 from fusegrad.dtype import DType, PtrDType, dtypes
 from fusegrad.ir.ops import GroupOp, Ops, UOp
@@ -299,22 +298,40 @@ def _store(c: CStyleLanguage, k: TextKernel, u: UOp) -> str:
     return ""
 
 
-def _line(text: Callable[[CStyleLanguage, UOp], str]) -> Rule:
-    """A rule for a statement with no value: the line text(renderer, u)."""
-    def rule(c: CStyleLanguage, k: TextKernel, u: UOp) -> str:
-        k.line(text(c, u))
-        return ""
-    return rule
+def _barrier(c: CStyleLanguage, k: TextKernel, u: UOp) -> str:
+    k.line(c.barrier)
+    return ""
 
 
 CStyleLanguage.rules = {
     Ops.PARAM: _param, Ops.DEFINE_VAR: _define_var, Ops.CONST: _const, Ops.VECTORIZE: _vectorize,
     Ops.GEP: lambda c, k, u: c.render_gep(k.r[u.src[0]], u.arg), Ops.SPECIAL: _special, Ops.DEFINE_REG: _define_reg,
-    Ops.DEFINE_LOCAL: _define_local, Ops.BARRIER: _line(lambda c, u: c.barrier), Ops.RANGE: _range,
+    Ops.DEFINE_LOCAL: _define_local, Ops.BARRIER: _barrier, Ops.RANGE: _range,
     Ops.END: close_block, Ops.INDEX: lambda c, k, u: f"{k.r[u.src[0]]}[{_strip(k.r[u.src[1]])}]",
     Ops.LOAD: _load, Ops.STORE: _store, **alu_rules()}
 
 
+# ---- the C ALU table: rule(renderer, op, dtype, operand expressions, last operand's dtype) -> the expression
+
+def _c_max(c: CStyleLanguage, op: Ops, dt: DType, a: list[str], src: DType) -> str:
+    if dtypes.is_float(dt): return f"((({a[0]})!=({a[0]})||({a[0]})>({a[1]}))?({a[0]}):({a[1]}))"
+    return f"((({a[0]})>({a[1]}))?({a[0]}):({a[1]}))"
+
+
+def _c_binop(sym: str) -> AluRule:
+    return lambda c, op, dt, a, src: f"({a[0]}{sym}{a[1]})"
+
+
+C_ALU: dict[Ops, AluRule] = {
+    **{op: _c_binop(sym) for op, sym in {Ops.ADD: "+", Ops.MUL: "*", Ops.IDIV: "/", Ops.MOD: "%", Ops.CMPLT: "<",
+                                          Ops.CMPNE: "!=", Ops.AND: "&", Ops.OR: "|", Ops.XOR: "^", Ops.SHL: "<<",
+                                          Ops.SHR: ">>"}.items()},
+    Ops.NEG: lambda c, op, dt, a, src: f"(-{a[0]})", Ops.WHERE: lambda c, op, dt, a, src: f"({a[0]}?{a[1]}:{a[2]})",
+    Ops.MULACC: lambda c, op, dt, a, src: f"(({a[0]}*{a[1]})+{a[2]})", Ops.MAX: _c_max,
+    Ops.RECIPROCAL: lambda c, op, dt, a, src: f"({c.render_const(1.0, dt.scalar())}/{a[0]})",
+    **{op: lambda c, op, dt, a, src: c.render_math(op, dt, a[0]) for op in (Ops.SQRT, Ops.EXP2, Ops.LOG2, Ops.SIN,
+                                                                           Ops.TRUNC)}}
+CStyleLanguage.alu_rules = C_ALU
 
 
 def _strip(s: str) -> str:
@@ -454,29 +471,6 @@ static inline {H} fg_f2h_x{w}({F} f) {{ return __builtin_convertvector(f, {H}); 
 #endif"""
 
 
-# ---- the C ALU table: rule(renderer, op, dtype, operand expressions, last operand's dtype) -> the expression
-
-def _c_max(c: CStyleLanguage, op: Ops, dt: DType, a: list[str], src: DType) -> str:
-    if dtypes.is_float(dt): return f"((({a[0]})!=({a[0]})||({a[0]})>({a[1]}))?({a[0]}):({a[1]}))"
-    return f"((({a[0]})>({a[1]}))?({a[0]}):({a[1]}))"
-
-
-def _c_binop(sym: str) -> AluRule:
-    return lambda c, op, dt, a, src: f"({a[0]}{sym}{a[1]})"
-
-
-C_ALU: dict[Ops, AluRule] = {
-    **{op: _c_binop(sym) for op, sym in {Ops.ADD: "+", Ops.MUL: "*", Ops.IDIV: "/", Ops.MOD: "%", Ops.CMPLT: "<",
-                                          Ops.CMPNE: "!=", Ops.AND: "&", Ops.OR: "|", Ops.XOR: "^", Ops.SHL: "<<",
-                                          Ops.SHR: ">>"}.items()},
-    Ops.NEG: lambda c, op, dt, a, src: f"(-{a[0]})", Ops.WHERE: lambda c, op, dt, a, src: f"({a[0]}?{a[1]}:{a[2]})",
-    Ops.MULACC: lambda c, op, dt, a, src: f"(({a[0]}*{a[1]})+{a[2]})", Ops.MAX: _c_max,
-    Ops.RECIPROCAL: lambda c, op, dt, a, src: f"({c.render_const(1.0, dt.scalar())}/{a[0]})",
-    **{op: lambda c, op, dt, a, src: c.render_math(op, dt, a[0]) for op in (Ops.SQRT, Ops.EXP2, Ops.LOG2, Ops.SIN,
-                                                                           Ops.TRUNC)}}
-CStyleLanguage.alu_rules = C_ALU
-
-
 class ClangRenderer(CStyleLanguage):
     """C for the CPU device, compiled by the system C compiler (flags: -ffp-contract=off, so only float reduce kernels
     get fused multiply-adds, through GCC's optimize attribute; other compilers ignore it)."""
@@ -563,7 +557,6 @@ def _thread_trampoline(name: str, args: list[str]) -> str:
             f"void {name}_mt({''.join(a + ', ' for a in params)}int (*run)(void (*)(void*, int, int), void*, int, "
             f"const int*), int n, const int* bounds) {{ struct {name}_args a = {{{', '.join(names)}}}; "
             f"run({name}_task, &a, n, bounds); }}\n")
-
 
 
 __all__ = ["C_ALU", "CStyleLanguage", "ClangRenderer", "is_pure"]
