@@ -127,7 +127,7 @@ class WGSLRenderer(TextRenderer):
 
     def _alu(self, op: Ops, dt: DType, a: list[str], src: DType) -> str:
         """One ALU op on operand expressions: the bool table for bool operands (WGSL's bool has no arithmetic), else
-        the ALU table (WGSL_ALU below)."""
+        the ALU table (both filled in below the class)."""
         rules = self.bool_alu_rules if src == dtypes.bool and op in self.bool_alu_rules else self.alu_rules
         return rules[op](self, op, dt, a, src)
 
@@ -135,9 +135,8 @@ class WGSLRenderer(TextRenderer):
     alu_rules: dict[Ops, AluRule] = {}
     bool_alu_rules: dict[Ops, AluRule] = {}
 
-    # ---- the program: the shared walk (renderer/__init__.py TextKernel) with the WGSL rule table below
-
-    max_nest: int | None = None  # single-use values are inlined however deep they nest
+    # ---- the program: the shared walk (renderer/__init__.py TextKernel) with the WGSL rule table below; single-use
+    # values are inlined however deep they nest (TextRenderer.max_nest is None)
 
     def cant_render(self, op: Ops) -> str: return f"{self.device} can't render {op}"
 
