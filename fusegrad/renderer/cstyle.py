@@ -1,17 +1,23 @@
-"""The C-style renderer: linear program -> C source. Other C-like targets (OpenCL, CUDA, Metal) subclass it and change
-a few strings: the kernel prefix, buffer qualifiers, type names and math functions.
+"""The C-style renderer: linear program -> C source, as two rule tables on the shared statement walk
+(renderer/__init__.py TextKernel): `CStyleLanguage.rules` (one rule per op of the program) and `C_ALU` (one expression
+template per ALU op). Other C-like targets (OpenCL, CUDA, Metal) subclass it and change a few strings (the kernel
+prefix, buffer qualifiers, type names and math functions), hooks, or single table entries.
 """
 from __future__ import annotations
 
 import math
-from typing import Callable
 
 from fusegrad.dtype import DType, PtrDType, dtypes
 from fusegrad.ir.ops import GroupOp, Ops, UOp
-from fusegrad.renderer import Renderer, is_pure, uop_uses
+from fusegrad.renderer import AluRule, Rule, TextKernel, TextRenderer, alu_rules, close_block, is_pure, range_name
+
+# An operation used once is written into its user's expression; a chain deeper than this gets a variable every
+# MAX_NEST operations, so a fused chain of 100,000 ops is 100,000/MAX_NEST statements rather than one expression
+# nested 100,000 deep (quadratic to build, and more than a C compiler's parser takes)
+MAX_NEST = 64
 
 
-class CStyleLanguage(Renderer):
+class CStyleLanguage(TextRenderer):
     kernel_prefix = "void "
     buffer_prefix = ""
     buffer_suffix = " restrict"
@@ -151,17 +157,10 @@ class CStyleLanguage(Renderer):
         return self._render_alu(op, dt, a, src_dtype)
 
     def _render_alu(self, op: Ops, dt: DType, a: list[str], src_dtype: DType) -> str:
-        binops = {Ops.ADD: "+", Ops.MUL: "*", Ops.IDIV: "/", Ops.MOD: "%", Ops.CMPLT: "<", Ops.CMPNE: "!=",
-                  Ops.AND: "&", Ops.OR: "|", Ops.XOR: "^", Ops.SHL: "<<", Ops.SHR: ">>"}
-        if op in binops: return f"({a[0]}{binops[op]}{a[1]})"
-        if op is Ops.NEG: return f"(-{a[0]})"
-        if op is Ops.WHERE: return f"({a[0]}?{a[1]}:{a[2]})"
-        if op is Ops.MULACC: return f"(({a[0]}*{a[1]})+{a[2]})"
-        if op is Ops.MAX:
-            if dtypes.is_float(dt): return f"((({a[0]})!=({a[0]})||({a[0]})>({a[1]}))?({a[0]}):({a[1]}))"
-            return f"((({a[0]})>({a[1]}))?({a[0]}):({a[1]}))"
-        if op is Ops.RECIPROCAL: return f"({self.render_const(1.0, dt.scalar())}/{a[0]})"
-        return self.render_math(op, dt, a[0])
+        """The expression of one ALU op on operand expressions `a`: the renderer's ALU table (C_ALU below)."""
+        return self.alu_rules[op](self, op, dt, a, src_dtype)
+
+    alu_rules: dict[Ops, AluRule] = {}  # op -> rule(renderer, op, dtype, operands, src dtype), below
 
     def render_math(self, op: Ops, dt: DType, x: str) -> str:
         if dt == dtypes.float64: return f"{self.double_fn[op]}({x})"
@@ -199,127 +198,140 @@ class CStyleLanguage(Renderer):
     def render_kernel(self, name: str, args: list[str], body: list[str], has_float_acc: bool = False) -> str:
         return f"{self.reduce_prefix * has_float_acc}{self.kernel_prefix}{name}({', '.join(args)}) {{\n" + "\n".join(body) + "\n}\n"
 
+    # the shared walk (renderer/__init__.py TextKernel) with the C rule table below
+    max_nest: int | None = MAX_NEST
+
+    def names_operands_twice(self, u: UOp) -> bool:
+        """Rendered lane by lane (a vector op the target lacks), or a template naming an operand twice (MAX, GEP)."""
+        return ((u.op is Ops.MAX and not self.has_vector_max(u.dtype)) or
+                u.dtype.count > 1 and u.op in GroupOp.ALU - {Ops.MAX} | {Ops.CAST, Ops.BITCAST}) and \
+            not self.reads_operands_once(u) or u.op is Ops.GEP
+
+    def render_let(self, name: str, dt: DType, expr: str) -> str:
+        return f"{self.render_dtype(dt)} {name} = {_strip(expr)};"
+
     def render(self, name: str, uops: list[UOp]) -> str:
-        uses = uop_uses(uops)
-        depth_of: dict[UOp, int] = {}
-        use_depth: dict[UOp, int] = {}
-        repeated: set[UOp] = set()  # operands of templates that mention them twice (MAX) get a variable
-        d = 0
-        for u in uops:
-            if u.op is Ops.END: d -= 1
-            depth_of[u] = d
-            for s in u.src: use_depth[s] = d
-            if ((u.op is Ops.MAX and not self.has_vector_max(u.dtype)) or
-                    u.dtype.count > 1 and u.op in GroupOp.ALU - {Ops.MAX} | {Ops.CAST, Ops.BITCAST}) and \
-                    not self.reads_operands_once(u):
-                repeated.update(u.src)  # rendered lane by lane: each operand is read once per lane
-            if u.op is Ops.GEP: repeated.update(u.src)
-            if u.op is Ops.RANGE: d += 1
-        r: dict[UOp, str] = {}
-        args: list[str] = []
-        body: list[str] = []
-        counters: dict[str, int] = {}
-        masked_loads: set[tuple[DType, int]] = set()  # (vector type, lane step) of masked loads: their helpers
-        nest: dict[UOp, int] = {}   # an operation inlined into its user's expression -> how deep it nests
-
-        def new_name(prefix: str) -> str:
-            counters[prefix] = counters.get(prefix, 0) + 1
-            return f"{prefix}{counters[prefix] - 1}"
-
-        def line(s: str) -> None: body.append("  " * (depth_of[u] + 1) + s)
-
-        for u in uops:
-            op, dt = u.op, u.dtype
-            if op is Ops.PARAM:
-                r[u] = f"data{u.arg}"
-                args.append(f"{self.buffer_prefix}{self.buffer_type(dt.base)}*{self.buffer_suffix} data{u.arg}")
-            elif op is Ops.DEFINE_VAR:
-                r[u] = u.arg[0]
-                # a variable whose range needs 64 bits is a 64-bit argument (`const long long n`)
-                prefix = self.arg_int_prefix if dt == dtypes.int32 else \
-                    self.arg_int_prefix.replace("int", self.render_dtype(dt))
-                args.append(f"{prefix} {u.arg[0]}")
-            elif op is Ops.CONST:
-                r[u] = self.render_const(u.arg, dt.scalar())
-                if dt.count > 1: r[u] = self.render_lanes(dt, [r[u]] * dt.count)
-            elif op is Ops.VECTORIZE:
-                r[u] = self.render_lanes(dt, [r[x] for x in u.src])
-                if not (uses.get(u, 0) == 1 and use_depth.get(u) == depth_of[u]) or u in repeated:
-                    vname = new_name("vec")
-                    line(f"{self.render_dtype(dt)} {vname} = {_strip(r[u])};")
-                    r[u] = vname
-            elif op is Ops.GEP:
-                r[u] = self.render_gep(r[u.src[0]], u.arg)
-            elif op is Ops.SPECIAL:  # a work-item id (GPU-style targets): gpudims.py names it, the target reads it
-                r[u] = u.arg
-                line(f"{self.render_dtype(dt)} {u.arg} = {self.render_special(u)};")
-            elif op is Ops.DEFINE_REG:
-                r[u] = new_name("acc")
-                line(f"{self.render_dtype(dt.base)} {r[u]}[{dt.size}];")
-            elif op is Ops.DEFINE_LOCAL:  # workgroup shared memory (GROUP reduces)
-                r[u] = new_name("smem")
-                line(f"{self.smem_prefix}{self.buffer_type(dt.base)} {r[u]}[{dt.size}];")
-            elif op is Ops.BARRIER:
-                line(self.barrier)
-            elif op is Ops.RANGE:
-                r[u] = f"{'r' if u.arg[1] == 'reduce' else 'g'}idx{u.arg[0]}"
-                if u.arg[1] == "thread":  # split across threads: each call runs [core_start, core_end)
-                    args += ["int core_start", "int core_end"]
-                    line(f"for (int {r[u]} = core_start; {r[u]} < core_end; {r[u]}++) {{")
-                else:
-                    line(f"for (int {r[u]} = 0; {r[u]} < {r[u.src[0]]}; {r[u]}++) {{")
-            elif op is Ops.END:
-                line("}")
-            elif op is Ops.INDEX:
-                r[u] = f"{r[u.src[0]]}[{_strip(r[u.src[1]])}]"
-            elif op is Ops.LOAD:
-                idx = u.src[0]
-                mem = self.render_vload(dt, r[idx]) if dt.count > 1 and idx.src[0].op is Ops.PARAM else r[idx]
-                zero = self.render_const(_zero(dt), dt.scalar())
-                if dt.count > 1: zero = self.render_lanes(dt, [zero] * dt.count)
-                if len(idx.src) == 4:  # a masked vector load: whole when every lane is in, else lane by lane
-                    step = idx.arg or 1
-                    masked_loads.add((dt, step))
-                    v = self.render_dtype(dt)
-                    if step != 1: mem = f"vload{step}_{v}(&{r[idx]})"
-                    expr = f"({r[idx.src[2]]}?{mem}:vmload{step}_{v}(&{r[idx]}, {_strip(r[idx.src[3]])}))"
-                else: expr = mem if len(idx.src) < 3 else f"({r[idx.src[2]]}?{mem}:{zero})"
-                if idx.src[0].op is Ops.DEFINE_REG: r[u] = expr  # accumulators are read in place
-                else:
-                    r[u] = new_name("val")
-                    line(f"{self.render_dtype(dt)} {r[u]} = {_strip(expr)};")
-            elif op is Ops.STORE:
-                idx = u.src[0]
-                if u.src[1].dtype.count > 1 and idx.src[0].op is Ops.PARAM:
-                    line(self.render_vstore(u.src[1].dtype, r[idx], _strip(r[u.src[1]])))
-                else: line(f"{r[idx]} = {_strip(r[u.src[1]])};")
-            elif op in GroupOp.ALU or op in (Ops.CAST, Ops.BITCAST):
-                a = [r[s] for s in u.src]
-                if op is Ops.CAST: expr = self.render_cast(dt, a[0], u.src[0].dtype)
-                elif op is Ops.BITCAST: expr = self.render_bitcast(dt, a[0], u.src[0].dtype)
-                else: expr = self.render_alu(op, dt, a, u.src[-1].dtype)
-                n = 1 + max((nest.get(s, 0) for s in u.src), default=0)
-                if uses.get(u, 0) == 1 and use_depth.get(u) == depth_of[u] and u not in repeated and n <= MAX_NEST:
-                    r[u], nest[u] = expr, n
-                else:
-                    r[u] = new_name("alu")
-                    line(f"{self.render_dtype(dt)} {r[u]} = {_strip(expr)};")
-            else:
-                raise RuntimeError(f"{type(self).__name__} can't render {op}")
+        k = TextKernel(self, name, uops).walk()
         vecs = {u.dtype.base if isinstance(u.dtype, PtrDType) else u.dtype for u in uops}
         typedefs = self.vector_typedefs({d for d in vecs if d.count > 1},
                                         {u.dtype for u in uops if u.op is Ops.MAX and self.has_vector_max(u.dtype)},
                                         {u.dtype for u in uops if u.op is Ops.WHERE and self.has_vector_where(u.dtype)})
-        for mdt, step in sorted(masked_loads, key=lambda d: (d[0].scalar().name, d[0].count, d[1])):
+        for mdt, step in sorted(k.needs, key=lambda d: (d[0].scalar().name, d[0].count, d[1])):
             typedefs += self.masked_load_helpers(mdt, step)
         return "\n".join(typedefs + [""]) * bool(typedefs) + self.render_kernel(
-            name, args, body, any(u.op is Ops.DEFINE_REG and dtypes.is_float(u.dtype.base) for u in uops))
+            name, k.args, k.body, any(u.op is Ops.DEFINE_REG and dtypes.is_float(u.dtype.base) for u in uops))
+
+    rules: dict[Ops, Rule] = {}  # filled in below the class (the rules are module functions)
 
 
-# An operation used once is written into its user's expression; a chain deeper than this gets a variable every
-# MAX_NEST operations, so a fused chain of 100,000 ops is 100,000/MAX_NEST statements rather than one expression
-# nested 100,000 deep (quadratic to build, and more than a C compiler's parser takes)
-MAX_NEST = 64
+# ---- the C rule table: rule(renderer, kernel, u) -> u's value. A subclass extends it: {**CStyleLanguage.rules, ...}
+
+def _param(c: CStyleLanguage, k: TextKernel, u: UOp) -> str:
+    k.args.append(f"{c.buffer_prefix}{c.buffer_type(u.dtype.base)}*{c.buffer_suffix} data{u.arg}")
+    return f"data{u.arg}"
+
+
+def _define_var(c: CStyleLanguage, k: TextKernel, u: UOp) -> str:
+    # a variable whose range needs 64 bits is a 64-bit argument (`const long long n`)
+    prefix = c.arg_int_prefix if u.dtype == dtypes.int32 else c.arg_int_prefix.replace("int", c.render_dtype(u.dtype))
+    k.args.append(f"{prefix} {u.arg[0]}")
+    return u.arg[0]
+
+
+def _const(c: CStyleLanguage, k: TextKernel, u: UOp) -> str:
+    x = c.render_const(u.arg, u.dtype.scalar())
+    return c.render_lanes(u.dtype, [x] * u.dtype.count) if u.dtype.count > 1 else x
+
+
+def _vectorize(c: CStyleLanguage, k: TextKernel, u: UOp) -> str:
+    expr = c.render_lanes(u.dtype, [k.r[x] for x in u.src])
+    return expr if k.single_use(u) else k.bind(expr, u.dtype, "vec")
+
+
+def _special(c: CStyleLanguage, k: TextKernel, u: UOp) -> str:
+    # a work-item id (GPU-style targets): gpudims.py names it, the target reads it
+    k.line(f"{c.render_dtype(u.dtype)} {u.arg} = {c.render_special(u)};")
+    return u.arg
+
+
+def _define_reg(c: CStyleLanguage, k: TextKernel, u: UOp) -> str:
+    nm = k.new_name("acc")
+    k.line(f"{c.render_dtype(u.dtype.base)} {nm}[{u.dtype.size}];")  # type: ignore[attr-defined]
+    return nm
+
+
+def _define_local(c: CStyleLanguage, k: TextKernel, u: UOp) -> str:  # workgroup shared memory (GROUP reduces)
+    nm = k.new_name("smem")
+    k.line(f"{c.smem_prefix}{c.buffer_type(u.dtype.base)} {nm}[{u.dtype.size}];")  # type: ignore[attr-defined]
+    return nm
+
+
+def _range(c: CStyleLanguage, k: TextKernel, u: UOp) -> str:
+    nm = range_name(u)
+    if u.arg[1] == "thread":  # split across threads: each call runs [core_start, core_end)
+        k.args += ["int core_start", "int core_end"]
+        k.line(f"for (int {nm} = core_start; {nm} < core_end; {nm}++) {{")
+    else: k.line(f"for (int {nm} = 0; {nm} < {k.r[u.src[0]]}; {nm}++) {{")
+    return nm
+
+
+def _load(c: CStyleLanguage, k: TextKernel, u: UOp) -> str:
+    idx, dt = u.src[0], u.dtype
+    mem = c.render_vload(dt, k.r[idx]) if dt.count > 1 and idx.src[0].op is Ops.PARAM else k.r[idx]
+    zero = c.render_const(_zero(dt), dt.scalar())
+    if dt.count > 1: zero = c.render_lanes(dt, [zero] * dt.count)
+    if len(idx.src) == 4:  # a masked vector load: whole when every lane is in, else lane by lane
+        step = idx.arg or 1
+        k.needs.add((dt, step))  # its helpers: (vector type, lane step)
+        v = c.render_dtype(dt)
+        if step != 1: mem = f"vload{step}_{v}(&{k.r[idx]})"
+        expr = f"({k.r[idx.src[2]]}?{mem}:vmload{step}_{v}(&{k.r[idx]}, {_strip(k.r[idx.src[3]])}))"
+    else: expr = mem if len(idx.src) < 3 else f"({k.r[idx.src[2]]}?{mem}:{zero})"
+    return expr if idx.src[0].op is Ops.DEFINE_REG else k.bind(expr, dt, "val")  # accumulators are read in place
+
+
+def _store(c: CStyleLanguage, k: TextKernel, u: UOp) -> str:
+    idx, val = u.src[0], u.src[1]
+    if val.dtype.count > 1 and idx.src[0].op is Ops.PARAM:
+        k.line(c.render_vstore(val.dtype, k.r[idx], _strip(k.r[val])))
+    else: k.line(f"{k.r[idx]} = {_strip(k.r[val])};")
+    return ""
+
+
+def _barrier(c: CStyleLanguage, k: TextKernel, u: UOp) -> str:
+    k.line(c.barrier)
+    return ""
+
+
+CStyleLanguage.rules = {
+    Ops.PARAM: _param, Ops.DEFINE_VAR: _define_var, Ops.CONST: _const, Ops.VECTORIZE: _vectorize,
+    Ops.GEP: lambda c, k, u: c.render_gep(k.r[u.src[0]], u.arg), Ops.SPECIAL: _special, Ops.DEFINE_REG: _define_reg,
+    Ops.DEFINE_LOCAL: _define_local, Ops.BARRIER: _barrier, Ops.RANGE: _range,
+    Ops.END: close_block, Ops.INDEX: lambda c, k, u: f"{k.r[u.src[0]]}[{_strip(k.r[u.src[1]])}]",
+    Ops.LOAD: _load, Ops.STORE: _store, **alu_rules()}
+
+
+# ---- the C ALU table: rule(renderer, op, dtype, operand expressions, last operand's dtype) -> the expression
+
+def _c_max(c: CStyleLanguage, op: Ops, dt: DType, a: list[str], src: DType) -> str:
+    if dtypes.is_float(dt): return f"((({a[0]})!=({a[0]})||({a[0]})>({a[1]}))?({a[0]}):({a[1]}))"
+    return f"((({a[0]})>({a[1]}))?({a[0]}):({a[1]}))"
+
+
+def _c_binop(sym: str) -> AluRule:
+    return lambda c, op, dt, a, src: f"({a[0]}{sym}{a[1]})"
+
+
+C_ALU: dict[Ops, AluRule] = {
+    **{op: _c_binop(sym) for op, sym in {Ops.ADD: "+", Ops.MUL: "*", Ops.IDIV: "/", Ops.MOD: "%", Ops.CMPLT: "<",
+                                          Ops.CMPNE: "!=", Ops.AND: "&", Ops.OR: "|", Ops.XOR: "^", Ops.SHL: "<<",
+                                          Ops.SHR: ">>"}.items()},
+    Ops.NEG: lambda c, op, dt, a, src: f"(-{a[0]})", Ops.WHERE: lambda c, op, dt, a, src: f"({a[0]}?{a[1]}:{a[2]})",
+    Ops.MULACC: lambda c, op, dt, a, src: f"(({a[0]}*{a[1]})+{a[2]})", Ops.MAX: _c_max,
+    Ops.RECIPROCAL: lambda c, op, dt, a, src: f"({c.render_const(1.0, dt.scalar())}/{a[0]})",
+    **{op: lambda c, op, dt, a, src: c.render_math(op, dt, a[0]) for op in (Ops.SQRT, Ops.EXP2, Ops.LOG2, Ops.SIN,
+                                                                           Ops.TRUNC)}}
+CStyleLanguage.alu_rules = C_ALU
 
 
 def _strip(s: str) -> str:
@@ -547,5 +559,4 @@ def _thread_trampoline(name: str, args: list[str]) -> str:
             f"run({name}_task, &a, n, bounds); }}\n")
 
 
-
-__all__ = ["CStyleLanguage", "ClangRenderer", "is_pure", "Callable"]
+__all__ = ["C_ALU", "CStyleLanguage", "ClangRenderer", "is_pure"]

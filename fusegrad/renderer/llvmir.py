@@ -12,7 +12,7 @@ import struct
 
 from fusegrad.dtype import DType, PtrDType, dtypes
 from fusegrad.ir.ops import GroupOp, Ops, UOp
-from fusegrad.renderer import Renderer
+from fusegrad.renderer import AluRule, RenderContext, Renderer, Rule
 
 # LLVM's integer types are signless: signedness lives in the instructions (sdiv/udiv, icmp slt/ult, sext/zext)
 LLVM_TYPES: dict[DType, str] = {
@@ -82,15 +82,19 @@ class LLVMRenderer(Renderer):
         return self.native_dtypes() + [dtypes.bfloat16, *dtypes.fp8s]
 
     def render(self, name: str, uops: list[UOp]) -> str:
-        return _Function(name, uops).render()
+        return _Function(self, name, uops).walk().text()
+
+    # the walk's table and the ALU table, filled in below (their rules call _Function's emitters)
+    rules: dict[Ops, Rule] = {}
+    alu_rules: dict[Ops, AluRule] = {}
 
 
-class _Function:
-    """The state of rendering one kernel: value names, the current basic block, stack slots and declarations."""
+class _Function(RenderContext):
+    """The shared walk (renderer/__init__.py) in SSA form: every value is a fresh %tN (no inlining, no indentation),
+    loops are basic blocks. The state: value names, the current basic block, stack slots and declarations."""
 
-    def __init__(self, name: str, uops: list[UOp]):
-        self.name, self.uops = name, uops
-        self.r: dict[UOp, str] = {}
+    def __init__(self, renderer: LLVMRenderer, name: str, uops: list[UOp]):
+        super().__init__(renderer, name, uops)
         self.args: list[str] = []
         self.allocas: list[str] = []
         self.body: list[str] = []
@@ -119,42 +123,31 @@ class _Function:
         self.decls.add(f"declare {ret} @{fn}({', '.join(t for t, _ in args)})")
         return self.emit(f"call {ret} @{fn}({', '.join(f'{t} {v}' for t, v in args)})")
 
-    def render(self) -> str:
-        for i, u in enumerate(self.uops): self.r[u] = self.render_uop(i, u)
+    def text(self) -> str:
         fname = self.name if re.fullmatch(r"[A-Za-z_][\w.]*", self.name) else '"' + self.name.replace('"', "") + '"'
         head = f"define void @{fname}({', '.join(self.args)}) #0 {{\nentry:"
         return "\n".join([*sorted(self.decls), "", head, *self.allocas, *self.body, "  ret void", "}", "",
                           'attributes #0 = { nounwind "frame-pointer"="none" }', ""])
 
-    # -- one uop ---------------------------------------------------------------------------------------------------
-    def render_uop(self, i: int, u: UOp) -> str:
-        op, dt = u.op, u.dtype
-        if op is Ops.PARAM:
-            self.args.append(f"ptr noalias %data{u.arg}")
-            return f"%data{u.arg}"
-        if op is Ops.DEFINE_VAR:
-            wide = dt.itemsize == 8   # a variable whose range needs 64 bits is an i64 argument
-            self.args.append(f"{'i64' if wide else 'i32'} %var_{u.arg[0]}")
-            return self.int_resize(f"%var_{u.arg[0]}", dtypes.int64 if wide else dtypes.int32, dt)
-        if op is Ops.CONST: return lconst(u.arg, dt)
-        if op is Ops.DEFINE_REG:
-            assert isinstance(dt, PtrDType)
-            slot = f"%acc{i}"
-            self.allocas.append(f"  {slot} = alloca [{dt.size} x {mtype(dt.base)}]")  # aligned for its type
-            return slot
-        if op is Ops.RANGE: return self.loop_start(i, u)
-        if op is Ops.END: return self.loop_end(u.src[0])
-        if op is Ops.INDEX:  # counts elements of the buffer's type: a vector access starts at its first lane
-            return self.emit(f"getelementptr {mtype(u.src[0].dtype.base)}, ptr {self.r[u.src[0]]}, "
-                             f"{ltype(u.src[1].dtype)} {self.r[u.src[1]]}")
-        if op is Ops.VECTORIZE: return self.vectorize(dt, [self.r[s] for s in u.src])
-        if op is Ops.GEP: return self.emit(f"extractelement {ltype(u.src[0].dtype)} {self.r[u.src[0]]}, i32 {u.arg}")
-        if op is Ops.LOAD: return self.load(i, u)
-        if op is Ops.STORE: return self.store(i, u)
-        if op is Ops.CAST: return self.cast(self.r[u.src[0]], u.src[0].dtype, dt)
-        if op is Ops.BITCAST: return self.bitcast(self.r[u.src[0]], u.src[0].dtype, dt)
-        if op in GroupOp.ALU: return self.alu(op, dt, [self.r[s] for s in u.src], u.src[0].dtype)
-        raise RuntimeError(f"LLVMRenderer can't render {op}")
+    # -- one uop (the rule table, LLVMRenderer.rules, is below the class) --------------------------------------------
+    def param(self, u: UOp) -> str:
+        self.args.append(f"ptr noalias %data{u.arg}")
+        return f"%data{u.arg}"
+
+    def define_var(self, u: UOp) -> str:
+        wide = u.dtype.itemsize == 8   # a variable whose range needs 64 bits is an i64 argument
+        self.args.append(f"{'i64' if wide else 'i32'} %var_{u.arg[0]}")
+        return self.int_resize(f"%var_{u.arg[0]}", dtypes.int64 if wide else dtypes.int32, u.dtype)
+
+    def define_reg(self, u: UOp) -> str:
+        assert isinstance(u.dtype, PtrDType)
+        slot = f"%acc{self.i}"
+        self.allocas.append(f"  {slot} = alloca [{u.dtype.size} x {mtype(u.dtype.base)}]")  # aligned for its type
+        return slot
+
+    def index(self, u: UOp) -> str:  # counts elements of the buffer's type: a vector access starts at its first lane
+        return self.emit(f"getelementptr {mtype(u.src[0].dtype.base)}, ptr {self.r[u.src[0]]}, "
+                         f"{ltype(u.src[1].dtype)} {self.r[u.src[1]]}")
 
     # -- control flow ----------------------------------------------------------------------------------------------
     def loop_start(self, i: int, u: UOp) -> str:
@@ -288,28 +281,8 @@ class _Function:
 
     # -- arithmetic ------------------------------------------------------------------------------------------------
     def alu(self, op: Ops, dt: DType, a: list[str], sdt: DType) -> str:
-        t, st = ltype(dt), ltype(sdt)
-        isf, uns = dtypes.is_float(sdt), dtypes.is_unsigned(sdt) or dtypes.is_bool(sdt)
-        if op is Ops.CMPLT:
-            return self.emit(f"{'fcmp olt' if isf else 'icmp ult' if uns else 'icmp slt'} {st} {a[0]}, {a[1]}")
-        if op is Ops.CMPNE: return self.emit(f"fcmp une {st} {a[0]}, {a[1]}" if isf else f"icmp ne {st} {a[0]}, {a[1]}")
-        if op is Ops.WHERE: return self.emit(f"select {st} {a[0]}, {t} {a[1]}, {t} {a[2]}")
-        if op is Ops.MAX: return self.max(dt, a)
-        if op in (Ops.IDIV, Ops.MOD): return self.divmod(op, dt, a)
-        if op in MATH_INTRINSICS: return self.math(op, dt, a[0])
-        if op is Ops.NEG:
-            if isf: return self.emit(f"fneg {t} {a[0]}")
-            if dtypes.is_bool(dt): return self.emit(f"xor {t} {lconst(True, dt)}, {a[0]}")  # -True is False
-            return self.emit(f"sub {t} {lconst(0, dt)}, {a[0]}")
-        if op is Ops.RECIPROCAL: return self.emit(f"fdiv {t} {lconst(1.0, dt)}, {a[0]}")
-        if op is Ops.MULACC:
-            return self.alu(Ops.ADD, dt, [self.alu(Ops.MUL, dt, a[:2], sdt), a[2]], sdt)
-        if isf: name = {Ops.ADD: f"fadd{self.fma}", Ops.MUL: f"fmul{self.fma}"}[op]
-        elif dtypes.is_bool(dt) and op in (Ops.ADD, Ops.MUL): name = "or" if op is Ops.ADD else "and"  # 1+1 -> True
-        else:
-            name = {Ops.ADD: "add", Ops.MUL: "mul", Ops.AND: "and", Ops.OR: "or", Ops.XOR: "xor", Ops.SHL: "shl",
-                    Ops.SHR: "lshr" if uns else "ashr"}[op]
-        return self.emit(f"{name} {t} {a[0]}, {a[1]}")
+        """ALU op on operand values `a` (sdt: the first operand's dtype): the renderer's ALU table (ALU_RULES)."""
+        return self.ren.alu_rules[op](self, op, dt, a, sdt)  # type: ignore[attr-defined]
 
     def max(self, dt: DType, a: list[str]) -> str:
         """(a != a || a > b) ? a : b, as the C renderer: a NaN in either operand wins (fmax would drop it)."""
@@ -344,6 +317,56 @@ class _Function:
 
 def _zero(dt: DType) -> object:
     return 0.0 if dtypes.is_float(dt) else False if dtypes.is_bool(dt) else 0
+
+
+LLVMRenderer.rules = {
+    Ops.PARAM: lambda r, f, u: f.param(u), Ops.DEFINE_VAR: lambda r, f, u: f.define_var(u),
+    Ops.CONST: lambda r, f, u: lconst(u.arg, u.dtype), Ops.DEFINE_REG: lambda r, f, u: f.define_reg(u),
+    Ops.RANGE: lambda r, f, u: f.loop_start(f.i, u), Ops.END: lambda r, f, u: f.loop_end(u.src[0]),
+    Ops.INDEX: lambda r, f, u: f.index(u), Ops.VECTORIZE: lambda r, f, u: f.vectorize(u.dtype, [f.r[s] for s in u.src]),
+    Ops.GEP: lambda r, f, u: f.emit(f"extractelement {ltype(u.src[0].dtype)} {f.r[u.src[0]]}, i32 {u.arg}"),
+    Ops.LOAD: lambda r, f, u: f.load(f.i, u), Ops.STORE: lambda r, f, u: f.store(f.i, u),
+    Ops.CAST: lambda r, f, u: f.cast(f.r[u.src[0]], u.src[0].dtype, u.dtype),
+    Ops.BITCAST: lambda r, f, u: f.bitcast(f.r[u.src[0]], u.src[0].dtype, u.dtype),
+    **{op: lambda r, f, u: f.alu(u.op, u.dtype, [f.r[s] for s in u.src], u.src[0].dtype) for op in GroupOp.ALU}}
+
+
+# ---- the ALU table: rule(function, op, dtype, operands, first operand's dtype) -> the result's %name
+
+def _unsigned(dt: DType) -> bool: return dtypes.is_unsigned(dt) or dtypes.is_bool(dt)
+
+
+def _neg(f: _Function, op: Ops, dt: DType, a: list[str], sdt: DType) -> str:
+    if dtypes.is_float(sdt): return f.emit(f"fneg {ltype(dt)} {a[0]}")
+    if dtypes.is_bool(dt): return f.emit(f"xor {ltype(dt)} {lconst(True, dt)}, {a[0]}")  # -True is False
+    return f.emit(f"sub {ltype(dt)} {lconst(0, dt)}, {a[0]}")
+
+
+def _compare(f: _Function, op: Ops, dt: DType, a: list[str], sdt: DType) -> str:
+    if dtypes.is_float(sdt): pred = "fcmp olt" if op is Ops.CMPLT else "fcmp une"
+    else: pred = ("icmp ult" if _unsigned(sdt) else "icmp slt") if op is Ops.CMPLT else "icmp ne"
+    return f.emit(f"{pred} {ltype(sdt)} {a[0]}, {a[1]}")
+
+
+def _arith(f: _Function, op: Ops, dt: DType, a: list[str], sdt: DType) -> str:
+    if dtypes.is_float(sdt): name = {Ops.ADD: f"fadd{f.fma}", Ops.MUL: f"fmul{f.fma}"}[op]
+    elif dtypes.is_bool(dt) and op in (Ops.ADD, Ops.MUL): name = "or" if op is Ops.ADD else "and"  # 1+1 -> True
+    else:
+        name = {Ops.ADD: "add", Ops.MUL: "mul", Ops.AND: "and", Ops.OR: "or", Ops.XOR: "xor", Ops.SHL: "shl",
+                Ops.SHR: "lshr" if _unsigned(sdt) else "ashr"}[op]
+    return f.emit(f"{name} {ltype(dt)} {a[0]}, {a[1]}")
+
+
+ALU_RULES: dict[Ops, AluRule] = {
+    Ops.CMPLT: _compare, Ops.CMPNE: _compare,
+    Ops.WHERE: lambda f, op, dt, a, sdt: f.emit(f"select {ltype(sdt)} {a[0]}, {ltype(dt)} {a[1]}, {ltype(dt)} {a[2]}"),
+    Ops.MAX: lambda f, op, dt, a, sdt: f.max(dt, a),
+    Ops.IDIV: lambda f, op, dt, a, sdt: f.divmod(op, dt, a), Ops.MOD: lambda f, op, dt, a, sdt: f.divmod(op, dt, a),
+    **{op: lambda f, op, dt, a, sdt: f.math(op, dt, a[0]) for op in MATH_INTRINSICS},
+    Ops.NEG: _neg, Ops.RECIPROCAL: lambda f, op, dt, a, sdt: f.emit(f"fdiv {ltype(dt)} {lconst(1.0, dt)}, {a[0]}"),
+    Ops.MULACC: lambda f, op, dt, a, sdt: f.alu(Ops.ADD, dt, [f.alu(Ops.MUL, dt, a[:2], sdt), a[2]], sdt),
+    **{op: _arith for op in (Ops.ADD, Ops.MUL, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR)}}
+LLVMRenderer.alu_rules = ALU_RULES
 
 
 __all__ = ["LLVMRenderer", "lconst", "ltype", "mtype", "suffix"]

@@ -14,8 +14,8 @@ import math
 import struct
 
 from fusegrad.dtype import DType, PtrDType, dtypes
-from fusegrad.ir.ops import GroupOp, Ops, UOp
-from fusegrad.renderer import Renderer, uop_uses
+from fusegrad.ir.ops import Ops, UOp
+from fusegrad.renderer import AluRule, Rule, TextKernel, TextRenderer, alu_rules, close_block, range_name
 
 NARROW = {dtypes.bool: 1, dtypes.int8: 1, dtypes.uint8: 1, dtypes.int16: 2, dtypes.uint16: 2}  # bytes in a u32 word
 REG_TYPE = {dtypes.bool: "bool", dtypes.int8: "i32", dtypes.uint8: "u32", dtypes.int16: "i32", dtypes.uint16: "u32",
@@ -51,7 +51,7 @@ def _grid_id(grid: list[int], local_size: tuple[int, ...], dim: int) -> str:
     return f"{group} * {local_size[dim]}u + {lid}" if local_size[dim] > 1 else group
 
 
-class WGSLRenderer(Renderer):
+class WGSLRenderer(TextRenderer):
     """WGSL for WebGPU compute. Native: bool, int8/uint8/int16/uint16 (packed, see above), int32, uint32, float32, and
     float16 when the device has shader-f16; bfloat16 is emulated by codegen/decompose.py. No 64-bit types."""
     device = "WEBGPU"
@@ -126,138 +126,43 @@ class WGSLRenderer(Renderer):
         return _narrow_wrap(dt, out) if dt in NARROW and dt != dtypes.bool and op in wraps else out
 
     def _alu(self, op: Ops, dt: DType, a: list[str], src: DType) -> str:
-        isfloat, isbool = dtypes.is_float(src), src == dtypes.bool
-        if isbool and op in (Ops.ADD, Ops.OR, Ops.MAX): return f"({a[0]} || {a[1]})"
-        if isbool and op in (Ops.MUL, Ops.AND): return f"({a[0]} && {a[1]})"
-        if isbool and op in (Ops.XOR, Ops.CMPNE): return f"({a[0]} != {a[1]})"
-        if isbool and op is Ops.CMPLT: return f"(!{a[0]} && {a[1]})"
-        if isbool and op is Ops.NEG: return f"(!{a[0]})"
-        nan = (lambda x: f"fg_isnan(f32({x}))") if src == dtypes.float16 else (lambda x: f"fg_isnan({x})")
-        binops = {Ops.ADD: "+", Ops.MUL: "*", Ops.CMPLT: "<", Ops.AND: "&", Ops.OR: "|", Ops.XOR: "^"}
-        if op in binops: return f"({a[0]} {binops[op]} {a[1]})"
-        if op is Ops.CMPNE:  # true when either side is NaN (WGSL's != may be ordered)
-            return f"({a[0]} != {a[1]} || {nan(a[0])} || {nan(a[1])})" if isfloat else f"({a[0]} != {a[1]})"
-        if op in (Ops.IDIV, Ops.MOD):  # truncating, like C; x/0 and x%0 give 0 as in ir/alu.py
-            sym = "/" if op is Ops.IDIV else "%"
-            if isfloat: return f"({a[0]} {sym} {a[1]})"
-            return f"select({a[0]} {sym} {a[1]}, {self.render_const(0, dt)}, {a[1]} == {self.render_const(0, dt)})"
-        if op in (Ops.SHL, Ops.SHR): return f"({a[0]} {'<<' if op is Ops.SHL else '>>'} u32({a[1]}))"
-        if op is Ops.NEG: return f"({self.render_const(0, dt)} - {a[0]})" if dtypes.is_unsigned(dt) else f"(-{a[0]})"
-        if op is Ops.MAX:
-            return f"select({a[1]}, {a[0]}, {a[0]} > {a[1]} || {nan(a[0])})" if isfloat else f"max({a[0]}, {a[1]})"
-        if op is Ops.WHERE: return f"select({a[2]}, {a[1]}, {a[0]})"
-        if op is Ops.MULACC: return f"(({a[0]} * {a[1]}) + {a[2]})"
-        if op is Ops.RECIPROCAL: return f"({self.render_const(1.0, dt)} / {a[0]})"
-        fn = {Ops.SQRT: "sqrt", Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.TRUNC: "trunc"}[op]
-        if dt == dtypes.float16: return f"f16({fn}(f32({a[0]})))"  # math in f32, rounded once, like the C target
-        return f"{fn}({a[0]})"
+        """One ALU op on operand expressions: the bool table for bool operands (WGSL's bool has no arithmetic), else
+        the ALU table (both filled in below the class)."""
+        rules = self.bool_alu_rules if src == dtypes.bool and op in self.bool_alu_rules else self.alu_rules
+        return rules[op](self, op, dt, a, src)
 
-    # ---- the program
+    # op -> rule(renderer, op, dtype, operand expressions, last operand's dtype) -> the expression; filled in below
+    alu_rules: dict[Ops, AluRule] = {}
+    bool_alu_rules: dict[Ops, AluRule] = {}
+
+    # ---- the program: the shared walk (renderer/__init__.py TextKernel) with the WGSL rule table below; single-use
+    # values are inlined however deep they nest (TextRenderer.max_nest is None)
+
+    def cant_render(self, op: Ops) -> str: return f"{self.device} can't render {op}"
+
+    def names_operands_twice(self, u: UOp) -> bool:
+        """The templates that mention an operand twice: MAX, float CMPNE (NaN tests), integer IDIV/MOD (the x/0 guard)
+        and float -> bool CAST (through CMPNE)."""
+        return u.op is Ops.MAX or (u.op is Ops.CMPNE and dtypes.is_float(u.src[0].dtype)) or \
+            (u.op in (Ops.IDIV, Ops.MOD) and not dtypes.is_float(u.dtype)) or \
+            (u.op is Ops.CAST and u.dtype == dtypes.bool and dtypes.is_float(u.src[0].dtype))
+
+    def render_let(self, name: str, dt: DType, expr: str) -> str:
+        return f"let {name}: {self.reg_type(dt)} = {expr};"
 
     def render(self, name: str, uops: list[UOp], local_size: tuple[int, ...] = (1, 1, 1)) -> str:
         for u in uops:  # a clear error for a dtype WGSL lacks, before anything is rendered
             if u.dtype.base != dtypes.void: self.reg_type(u.dtype.base)
-        uses = uop_uses(uops)
-        depth_of: dict[UOp, int] = {}
-        use_depth: dict[UOp, int] = {}
-        repeated: set[UOp] = set()  # operands a template mentions twice get a variable
-        d = 0
-        for u in uops:
-            if u.op is Ops.END: d -= 1
-            depth_of[u] = d
-            for s in u.src: use_depth[s] = d
-            if u.op is Ops.MAX or (u.op is Ops.CMPNE and dtypes.is_float(u.src[0].dtype)) or \
-                    (u.op in (Ops.IDIV, Ops.MOD) and not dtypes.is_float(u.dtype)) or \
-                    (u.op is Ops.CAST and u.dtype == dtypes.bool and dtypes.is_float(u.src[0].dtype)):
-                repeated.update(u.src)
-            if u.op is Ops.RANGE: d += 1
-        # workgroups per grid dimension: the launch folds them into one flat count (see grid_preamble)
-        sizes = {int(u.arg[3:]): int(u.src[0].arg) for u in uops if u.op is Ops.SPECIAL}
-        grid = [sizes.get(d, 1) // (tuple(local_size) + (1, 1, 1))[d] for d in range(max(sizes, default=-1) + 1)]
-        written = {u.src[0].src[0] for u in uops if u.op is Ops.STORE and u.src[0].src[0].op is Ops.PARAM}
-        r: dict[UOp, str] = {}
-        n_params, n_vars = sum(1 for u in uops if u.op is Ops.PARAM), 0
-        decls: list[str] = []
-        body: list[str] = []
-        counters: dict[str, int] = {}
-
-        def new_name(prefix: str) -> str:
-            counters[prefix] = counters.get(prefix, 0) + 1
-            return f"{prefix}{counters[prefix] - 1}"
-
-        def line(s: str) -> None: body.append("  " * (depth_of[u] + 1) + s)
-
-        def bind(expr: str, dt: DType, prefix: str = "alu") -> str:
-            nm = new_name(prefix)
-            line(f"let {nm}: {self.reg_type(dt)} = {expr};")
-            return nm
-
-        for u in uops:
-            op, dt = u.op, u.dtype
-            if op is Ops.PARAM:
-                r[u] = f"data{u.arg}"
-                base = dt.base
-                elem = ("atomic<u32>" if u in written else "u32") if base in NARROW else REG_TYPE[base]
-                access = "read_write" if u in written else "read"
-                decls.append(f"@group(0) @binding({u.arg}) var<storage, {access}> data{u.arg}: array<{elem}>;")
-            elif op is Ops.DEFINE_VAR:  # symbolic sizes: the runtime binds their values as one i32 array after the buffers
-                if dt.itemsize > 4:
-                    raise NotImplementedError(f"WEBGPU: variable {u.arg[0]!r} needs 64 bits (WGSL has no 64-bit ints)")
-                if not n_vars: decls.append(f"@group(0) @binding({n_params}) var<storage, read> fg_vars: array<i32>;")
-                r[u] = u.arg[0]
-                line(f"let {u.arg[0]}: i32 = fg_vars[{n_vars}];")
-                n_vars += 1
-            elif op is Ops.CONST:
-                r[u] = self.render_const(u.arg, dt)
-            elif op is Ops.SPECIAL:
-                if u.arg[:3] != "gid": raise RuntimeError(f"{self.device} can't render SPECIAL {u.arg}")
-                if not any(x.op is Ops.SPECIAL for x in r): body.extend(self.grid_preamble(grid))
-                dim = int(u.arg[3:])
-                r[u] = u.arg
-                line(f"let {u.arg}: {self.reg_type(dt)} = {self.reg_type(dt)}({_grid_id(grid, local_size, dim)});")
-            elif op is Ops.DEFINE_REG:
-                r[u] = new_name("acc")
-                assert isinstance(dt, PtrDType)  # one accumulator is a plain variable: llvmpipe keeps it in a register
-                line(f"var {r[u]}: {self.reg_type(dt.base)};" if dt.size == 1 else
-                     f"var {r[u]}: array<{self.reg_type(dt.base)}, {dt.size}>;")
-            elif op is Ops.RANGE:
-                r[u] = f"{'r' if u.arg[1] == 'reduce' else 'g'}idx{u.arg[0]}"
-                t = self.reg_type(dt)
-                line(f"for (var {r[u]}: {t} = {self.render_const(0, dt)}; {r[u]} < {r[u.src[0]]}; {r[u]}++) {{")
-            elif op is Ops.END:
-                line("}")
-            elif op is Ops.INDEX:
-                buf, base = u.src[0], u.src[0].dtype.base
-                if buf.op is Ops.PARAM and base in NARROW:  # packed: the element index, as u32, is used twice
-                    r[u] = bind(f"u32({r[u.src[1]]})", dtypes.uint32, "idx")
-                elif buf.op is Ops.DEFINE_REG and buf.dtype.size == 1: r[u] = r[buf]  # type: ignore[attr-defined]
-                else: r[u] = f"{r[buf]}[{r[u.src[1]]}]"
-            elif op is Ops.LOAD:
-                idx = u.src[0]
-                mem = self.load_expr(idx, r, idx.src[0] in written) if idx.src[0].op is Ops.PARAM else r[idx]
-                # a gated load reads memory anyway: WGSL makes out-of-bounds reads harmless (clamped or zero)
-                expr = mem if len(idx.src) < 3 else f"select({self.render_const(0, dt)}, {mem}, {r[idx.src[2]]})"
-                r[u] = expr if idx.src[0].op is Ops.DEFINE_REG else bind(expr, dt, "val")
-            elif op is Ops.STORE:
-                idx = u.src[0]
-                stmt = self.store_stmt(idx, r[u.src[1]], r) if idx.src[0].op is Ops.PARAM else f"{r[idx]} = {r[u.src[1]]};"
-                line(stmt if len(idx.src) < 3 else f"if ({r[idx.src[2]]}) {{ {stmt} }}")
-            elif op in GroupOp.ALU or op in (Ops.CAST, Ops.BITCAST):
-                a = [r[s] for s in u.src]
-                if op is Ops.CAST: expr = self.render_cast(dt, a[0], u.src[0].dtype)
-                elif op is Ops.BITCAST: expr = self.render_bitcast(dt, a[0], u.src[0].dtype)
-                else: expr = self.render_alu(op, dt, a, u.src[-1].dtype)
-                if uses.get(u, 0) == 1 and use_depth.get(u) == depth_of[u] and u not in repeated: r[u] = expr
-                else: r[u] = bind(expr, dt)
-            else:
-                raise RuntimeError(f"{self.device} can't render {op}")
-        src = "\n".join(body)
+        k = _Shader(self, name, uops, local_size).walk()
+        src = "\n".join(k.body)
         helpers = [h for fn, h in HELPERS.items() if fn + "(" in src]
-        head = ["enable f16;"] * any(u.dtype.base == dtypes.float16 for u in uops) + helpers + decls
+        head = ["enable f16;"] * any(u.dtype.base == dtypes.float16 for u in uops) + helpers + k.args
         wg = ", ".join(str(s) for s in (tuple(local_size) + (1, 1, 1))[:3])
         builtins = "@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, " \
             "@builtin(local_invocation_id) lid: vec3<u32>"
         return "\n".join(head) + f"\n@compute @workgroup_size({wg})\nfn {name}({builtins}) {{\n{src}\n}}\n"
+
+    rules: dict[Ops, Rule] = {}  # filled in below the class (the rules are module functions)
 
     @staticmethod
     def grid_preamble(grid: list[int]) -> list[str]:
@@ -288,6 +193,145 @@ class WGSLRenderer(Renderer):
         bits = f"u32({val})" if base != dtypes.bool else f"select(0u, 1u, {val})"
         return f"atomicAnd({word}, ~({(1 << sh) - 1}u << {shift})); " \
             f"atomicOr({word}, ({bits} & {(1 << sh) - 1}u) << {shift});"
+
+
+class _Shader(TextKernel):
+    """One shader being rendered: the text walk's state plus the launch grid, the buffers the shader writes (declared
+    read_write, atomic when packed) and the count of variables bound so far. `args` holds the module declarations."""
+
+    def __init__(self, renderer: WGSLRenderer, name: str, uops: list[UOp], local_size: tuple[int, ...]):
+        super().__init__(renderer, name, uops)
+        self.local_size = local_size
+        # workgroups per grid dimension: the launch folds them into one flat count (see grid_preamble)
+        sizes = {int(u.arg[3:]): int(u.src[0].arg) for u in uops if u.op is Ops.SPECIAL}
+        self.grid = [sizes.get(d, 1) // (tuple(local_size) + (1, 1, 1))[d] for d in range(max(sizes, default=-1) + 1)]
+        self.written = {u.src[0].src[0] for u in uops if u.op is Ops.STORE and u.src[0].src[0].op is Ops.PARAM}
+        self.n_params, self.n_vars = sum(1 for u in uops if u.op is Ops.PARAM), 0
+
+
+# ---- the WGSL rule table: rule(renderer, shader, u) -> u's value
+
+def _param(w: WGSLRenderer, k: _Shader, u: UOp) -> str:
+    base = u.dtype.base
+    elem = ("atomic<u32>" if u in k.written else "u32") if base in NARROW else REG_TYPE[base]
+    access = "read_write" if u in k.written else "read"
+    k.args.append(f"@group(0) @binding({u.arg}) var<storage, {access}> data{u.arg}: array<{elem}>;")
+    return f"data{u.arg}"
+
+
+def _define_var(w: WGSLRenderer, k: _Shader, u: UOp) -> str:
+    # symbolic sizes: the runtime binds their values as one i32 array after the buffers
+    if u.dtype.itemsize > 4:
+        raise NotImplementedError(f"WEBGPU: variable {u.arg[0]!r} needs 64 bits (WGSL has no 64-bit ints)")
+    if not k.n_vars: k.args.append(f"@group(0) @binding({k.n_params}) var<storage, read> fg_vars: array<i32>;")
+    k.line(f"let {u.arg[0]}: i32 = fg_vars[{k.n_vars}];")
+    k.n_vars += 1
+    return u.arg[0]
+
+
+def _special(w: WGSLRenderer, k: _Shader, u: UOp) -> str:
+    if u.arg[:3] != "gid": raise RuntimeError(f"{w.device} can't render SPECIAL {u.arg}")
+    if "grid" not in k.needs:  # the first work-item id: recover the workgroup numbers first
+        k.needs.add("grid")
+        k.body.extend(w.grid_preamble(k.grid))
+    t = w.reg_type(u.dtype)
+    k.line(f"let {u.arg}: {t} = {t}({_grid_id(k.grid, k.local_size, int(u.arg[3:]))});")
+    return u.arg
+
+
+def _define_reg(w: WGSLRenderer, k: _Shader, u: UOp) -> str:
+    nm, dt = k.new_name("acc"), u.dtype
+    assert isinstance(dt, PtrDType)  # one accumulator is a plain variable: llvmpipe keeps it in a register
+    t = w.reg_type(dt.base)
+    k.line(f"var {nm}: {t};" if dt.size == 1 else f"var {nm}: array<{t}, {dt.size}>;")
+    return nm
+
+
+def _range(w: WGSLRenderer, k: _Shader, u: UOp) -> str:
+    nm, t = range_name(u), w.reg_type(u.dtype)
+    k.line(f"for (var {nm}: {t} = {w.render_const(0, u.dtype)}; {nm} < {k.r[u.src[0]]}; {nm}++) {{")
+    return nm
+
+
+def _index(w: WGSLRenderer, k: _Shader, u: UOp) -> str:
+    buf, base = u.src[0], u.src[0].dtype.base
+    if buf.op is Ops.PARAM and base in NARROW:  # packed: the element index, as u32, is used twice
+        return k.bind(f"u32({k.r[u.src[1]]})", dtypes.uint32, "idx")
+    if buf.op is Ops.DEFINE_REG and buf.dtype.size == 1: return k.r[buf]  # type: ignore[attr-defined]
+    return f"{k.r[buf]}[{k.r[u.src[1]]}]"
+
+
+def _load(w: WGSLRenderer, k: _Shader, u: UOp) -> str:
+    idx = u.src[0]
+    mem = w.load_expr(idx, k.r, idx.src[0] in k.written) if idx.src[0].op is Ops.PARAM else k.r[idx]
+    # a gated load reads memory anyway: WGSL makes out-of-bounds reads harmless (clamped or zero)
+    expr = mem if len(idx.src) < 3 else f"select({w.render_const(0, u.dtype)}, {mem}, {k.r[idx.src[2]]})"
+    return expr if idx.src[0].op is Ops.DEFINE_REG else k.bind(expr, u.dtype, "val")
+
+
+def _store(w: WGSLRenderer, k: _Shader, u: UOp) -> str:
+    idx, val = u.src[0], k.r[u.src[1]]
+    stmt = w.store_stmt(idx, val, k.r) if idx.src[0].op is Ops.PARAM else f"{k.r[idx]} = {val};"
+    k.line(stmt if len(idx.src) < 3 else f"if ({k.r[idx.src[2]]}) {{ {stmt} }}")
+    return ""
+
+
+WGSLRenderer.rules = {
+    Ops.PARAM: _param, Ops.DEFINE_VAR: _define_var, Ops.CONST: lambda w, k, u: w.render_const(u.arg, u.dtype),
+    Ops.SPECIAL: _special, Ops.DEFINE_REG: _define_reg, Ops.RANGE: _range, Ops.END: close_block, Ops.INDEX: _index,
+    Ops.LOAD: _load, Ops.STORE: _store, **alu_rules()}
+
+
+# ---- the ALU tables: rule(renderer, op, dtype, operand expressions, last operand's dtype) -> the expression
+
+def _isnan(src: DType, x: str) -> str:
+    return f"fg_isnan(f32({x}))" if src == dtypes.float16 else f"fg_isnan({x})"
+
+
+def _cmpne(w: WGSLRenderer, op: Ops, dt: DType, a: list[str], src: DType) -> str:
+    # true when either side is NaN (WGSL's != may be ordered)
+    if dtypes.is_float(src): return f"({a[0]} != {a[1]} || {_isnan(src, a[0])} || {_isnan(src, a[1])})"
+    return f"({a[0]} != {a[1]})"
+
+
+def _divmod(w: WGSLRenderer, op: Ops, dt: DType, a: list[str], src: DType) -> str:
+    # truncating, like C; x/0 and x%0 give 0 as in ir/alu.py
+    sym = "/" if op is Ops.IDIV else "%"
+    if dtypes.is_float(src): return f"({a[0]} {sym} {a[1]})"
+    return f"select({a[0]} {sym} {a[1]}, {w.render_const(0, dt)}, {a[1]} == {w.render_const(0, dt)})"
+
+
+def _max(w: WGSLRenderer, op: Ops, dt: DType, a: list[str], src: DType) -> str:
+    if dtypes.is_float(src): return f"select({a[1]}, {a[0]}, {a[0]} > {a[1]} || {_isnan(src, a[0])})"
+    return f"max({a[0]}, {a[1]})"
+
+
+def _math(fn: str) -> AluRule:
+    # float16: math in f32, rounded once, like the C target
+    return lambda w, op, dt, a, src: f"f16({fn}(f32({a[0]})))" if dt == dtypes.float16 else f"{fn}({a[0]})"
+
+
+def _infix(sym: str) -> AluRule:
+    return lambda w, op, dt, a, src: f"({a[0]} {sym} {a[1]})"
+
+
+WGSLRenderer.alu_rules = {
+    **{op: _infix(sym) for op, sym in {Ops.ADD: "+", Ops.MUL: "*", Ops.CMPLT: "<", Ops.AND: "&", Ops.OR: "|",
+                                        Ops.XOR: "^"}.items()},
+    Ops.CMPNE: _cmpne, Ops.IDIV: _divmod, Ops.MOD: _divmod, Ops.MAX: _max,
+    Ops.SHL: lambda w, op, dt, a, src: f"({a[0]} << u32({a[1]}))",
+    Ops.SHR: lambda w, op, dt, a, src: f"({a[0]} >> u32({a[1]}))",
+    Ops.NEG: lambda w, op, dt, a, src: f"({w.render_const(0, dt)} - {a[0]})" if dtypes.is_unsigned(dt) else \
+        f"(-{a[0]})",
+    Ops.WHERE: lambda w, op, dt, a, src: f"select({a[2]}, {a[1]}, {a[0]})",
+    Ops.MULACC: lambda w, op, dt, a, src: f"(({a[0]} * {a[1]}) + {a[2]})",
+    Ops.RECIPROCAL: lambda w, op, dt, a, src: f"({w.render_const(1.0, dt)} / {a[0]})",
+    **{op: _math(fn) for op, fn in {Ops.SQRT: "sqrt", Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin",
+                                     Ops.TRUNC: "trunc"}.items()}}
+WGSLRenderer.bool_alu_rules = {  # bool operands: logic instead of arithmetic
+    **{op: _infix("||") for op in (Ops.ADD, Ops.OR, Ops.MAX)}, **{op: _infix("&&") for op in (Ops.MUL, Ops.AND)},
+    **{op: _infix("!=") for op in (Ops.XOR, Ops.CMPNE)}, Ops.CMPLT: lambda w, op, dt, a, src: f"(!{a[0]} && {a[1]})",
+    Ops.NEG: lambda w, op, dt, a, src: f"(!{a[0]})"}
 
 
 __all__ = ["WGSLRenderer"]

@@ -45,66 +45,100 @@ def _from_bits(x: Any, dt: DType) -> Any:
 
 
 class PythonProgram:
+    """Runs the linear program with a rule table (RULES below, op -> rule(run, pc, src, dtype, arg) -> the next pc):
+    each instruction's rule is looked up once, here, and the loop just calls them."""
+
     def __init__(self, spec: ProgramSpec, lib: bytes):
         self.name, self.spec = spec.name, spec
         src = lib.decode()
         self.uops: list[UOp] = pickle.loads(base64.b64decode(src[src.index("#PICKLE ") + 8:]))
         pos = {u: i for i, u in enumerate(self.uops)}
-        self.prog = [(u.op, u.dtype, [pos[s] for s in u.src if s in pos], u.arg, u) for u in self.uops]
+        self.prog = [(RULES.get(u.op, _unknown), [pos[s] for s in u.src if s in pos], u.dtype, u.arg)
+                     for u in self.uops]
         self.end_of: dict[int, int] = {}
         for i, u in enumerate(self.uops):
             if u.op is Ops.END: self.end_of[pos[u.src[0]]] = i
 
     def __call__(self, *bufs: Any, vals: tuple[int, ...] = (), wait: bool = False) -> float | None:
         st = time.perf_counter()
-        v: list[Any] = [None] * len(self.prog)
-        pc, n = 0, len(self.prog)
-        var_i = 0
+        run = _Run(self, bufs, vals)
+        pc, n, prog = 0, len(self.prog), self.prog
         while pc < n:
-            op, dt, src, arg, u = self.prog[pc]
-            if op is Ops.PARAM: v[pc] = bufs[arg]
-            elif op is Ops.DEFINE_VAR:
-                v[pc] = vals[var_i]; var_i += 1
-            elif op is Ops.CONST: v[pc] = arg
-            elif op is Ops.DEFINE_REG: v[pc] = memoryview(bytearray(dt.size * max(dt.itemsize, 1)))
-            elif op is Ops.RANGE:
-                v[pc] = 0
-                if v[src[0]] <= 0:
-                    pc = self.end_of[pc] + 1
-                    continue
-            elif op is Ops.END:
-                r = src[0]
-                v[r] += 1
-                if v[r] < v[self.prog[r][2][0]]:
-                    pc = r + 1
-                    continue
-            elif op is Ops.INDEX:
-                v[pc] = (v[src[0]], v[src[1]], v[src[2]] if len(src) > 2 else True, self.uops[src[0]].dtype.base)
-            elif op is Ops.LOAD:
-                mem, i, gate, bdt = v[src[0]]
-                if not gate: v[pc] = cast_value(0, dt)
-                else:
-                    _check(i, mem, bdt, self.name)
-                    raw = struct.unpack_from(_fmt(bdt), mem, i * bdt.itemsize)[0]
-                    v[pc] = _from_bits(raw, bdt)
-            elif op is Ops.STORE:
-                mem, i, gate, bdt = v[src[0]]
-                if gate:
-                    _check(i, mem, bdt, self.name)
-                    x = v[src[1]]
-                    struct.pack_into(_fmt(bdt), mem, i * bdt.itemsize, _to_bits(x, bdt))
-            elif op is Ops.CAST: v[pc] = cast_value(v[src[0]], dt)
-            elif op is Ops.BITCAST:
-                sdt = self.uops[src[0]].dtype
-                # bfloat16 and fp8 values are held as floats: through their bit patterns on the way in and out
-                y = struct.unpack(_fmt(dt), struct.pack(_fmt(sdt), _to_bits(v[src[0]], sdt)))[0]
-                v[pc] = _from_bits(y, dt)
-            elif op in GroupOp.ALU:
-                v[pc] = exec_alu(op, dt, [v[s] for s in src])
-            else:
-                raise RuntimeError(f"PYTHON backend can't execute {op}")
-            pc += 1
+            rule, src, dt, arg = prog[pc]
+            pc = rule(run, pc, src, dt, arg)
         return time.perf_counter() - st if wait else None
+
+
+class _Run:
+    """One execution's state: each instruction's value, the buffers and variable values, variables bound so far."""
+    __slots__ = ("bufs", "prog", "v", "vals", "var_i")
+
+    def __init__(self, prog: PythonProgram, bufs: tuple[Any, ...], vals: tuple[int, ...]):
+        self.prog, self.bufs, self.vals, self.var_i = prog, bufs, vals, 0
+        self.v: list[Any] = [None] * len(prog.prog)
+
+
+# ---- the rule table: rule(run, pc, src, dtype, arg) -> the next pc
+
+def _set(fn: Any) -> Any:
+    """A rule for an instruction that computes its value, fn(run, src, dtype, arg), and goes on to the next one."""
+    def rule(run: _Run, pc: int, src: list[int], dt: DType, arg: Any) -> int:
+        run.v[pc] = fn(run, src, dt, arg)
+        return pc + 1
+    return rule
+
+
+def _define_var(run: _Run, src: list[int], dt: DType, arg: Any) -> Any:
+    run.var_i += 1
+    return run.vals[run.var_i - 1]
+
+
+def _range(run: _Run, pc: int, src: list[int], dt: DType, arg: Any) -> int:
+    run.v[pc] = 0
+    return run.prog.end_of[pc] + 1 if run.v[src[0]] <= 0 else pc + 1
+
+
+def _end(run: _Run, pc: int, src: list[int], dt: DType, arg: Any) -> int:
+    r, v = src[0], run.v
+    v[r] += 1
+    return r + 1 if v[r] < v[run.prog.prog[r][1][0]] else pc + 1
+
+
+def _load(run: _Run, src: list[int], dt: DType, arg: Any) -> Any:
+    mem, i, gate, bdt = run.v[src[0]]
+    if not gate: return cast_value(0, dt)
+    _check(i, mem, bdt, run.prog.name)
+    return _from_bits(struct.unpack_from(_fmt(bdt), mem, i * bdt.itemsize)[0], bdt)
+
+
+def _store(run: _Run, pc: int, src: list[int], dt: DType, arg: Any) -> int:
+    mem, i, gate, bdt = run.v[src[0]]
+    if gate:
+        _check(i, mem, bdt, run.prog.name)
+        struct.pack_into(_fmt(bdt), mem, i * bdt.itemsize, _to_bits(run.v[src[1]], bdt))
+    return pc + 1
+
+
+def _bitcast(run: _Run, src: list[int], dt: DType, arg: Any) -> Any:
+    sdt = run.prog.uops[src[0]].dtype
+    # bfloat16 and fp8 values are held as floats: through their bit patterns on the way in and out
+    return _from_bits(struct.unpack(_fmt(dt), struct.pack(_fmt(sdt), _to_bits(run.v[src[0]], sdt)))[0], dt)
+
+
+def _unknown(run: _Run, pc: int, src: list[int], dt: DType, arg: Any) -> int:
+    raise RuntimeError(f"PYTHON backend can't execute {run.prog.uops[pc].op}")
+
+
+RULES: dict[Ops, Any] = {
+    Ops.PARAM: _set(lambda run, src, dt, arg: run.bufs[arg]), Ops.DEFINE_VAR: _set(_define_var),
+    Ops.CONST: _set(lambda run, src, dt, arg: arg),
+    Ops.DEFINE_REG: _set(lambda run, src, dt, arg: memoryview(bytearray(dt.size * max(dt.itemsize, 1)))),
+    Ops.RANGE: _range, Ops.END: _end,
+    Ops.INDEX: _set(lambda run, src, dt, arg: (run.v[src[0]], run.v[src[1]], run.v[src[2]] if len(src) > 2 else True,
+                                               run.prog.uops[src[0]].dtype.base)),
+    Ops.LOAD: _set(_load), Ops.STORE: _store, Ops.CAST: _set(lambda run, src, dt, arg: cast_value(run.v[src[0]], dt)),
+    Ops.BITCAST: _set(_bitcast),
+    **{op: _set(lambda run, src, dt, arg, op=op: exec_alu(op, dt, [run.v[s] for s in src])) for op in GroupOp.ALU}}
 
 
 def _check(i: int, mem: memoryview, dt: DType, name: str) -> None:
