@@ -178,27 +178,29 @@ def vector_registers(renderer: Renderer | None) -> int:
 
 
 def tile_registers(tile: list[int]) -> int:
-    """Vector registers a k1 x k2 register tile keeps live in its reduce loop: k1*k2 accumulators and the k1 + k2
-    operands of a step (GCC loads a step's operands ahead of its FMAs: on AVX2 a 6 x 2 tile, 20, spills where 3 x 4,
-    19, got by on memory operands). A 1-axis tile k is k x 1."""
+    """Vector registers a k1 x k2 register tile keeps live in its reduce loop: k1*k2 accumulators, the k2 operands
+    shared along the first axis (loaded once per step, used by every row) and one operand of the first axis at a time.
+    The linearizer updates each accumulator right after its product (codegen/linearize.py), so a row's broadcast is
+    dead after its k2 FMAs: on AVX2 a 6 x 2 tile needs 15 of the 16 registers and GCC keeps it off the stack (before
+    that order, all six broadcasts were live at once and it spilled). A 1-axis tile k is k x 1."""
     k1, k2 = (list(tile) + [1, 1])[:2]
-    return k1 * k2 + k1 + k2
+    return k1 * k2 + k2 + 1
 
 
 def register_tile(sizes: list[int], registers: int) -> list[int]:
     """The UPCAST amounts (at most 8 each) of up to two output ranges of these sizes (the first the better to share):
-    the first gets the largest divisor <= 8, the second what is left of MAX_ACCUMULATORS. When that tile doesn't leave
-    a register free (tile_registers < registers; AVX2's 16 registers and an 8 x 2 tile: 26), the tile with the most
-    accumulators that does, then the fewest operand loads per step (4 x 2 before 8 x 1). AVX-512's 32 registers hold
-    every tile of up to 16 accumulators."""
+    the first gets the largest divisor <= 8, the second what is left of MAX_ACCUMULATORS. When that tile doesn't fit
+    (tile_registers <= registers; AVX2's 16 registers and an 8 x 2 tile: 19), the tile with the most accumulators that
+    does, then the fewest operand loads per step (6 x 2 when the rows divide by 6, 4 x 3 when the vectors divide by
+    3, else 4 x 2 before 8 x 1). AVX-512's 32 registers hold every tile of up to 16 accumulators."""
     def divisors(n: int, cap: int) -> list[int]: return [a for a in range(min(cap, 8), 0, -1) if n % a == 0]
     if not sizes: return []
     first = divisors(sizes[0], MAX_ACCUMULATORS // 2 if len(sizes) > 1 else MAX_ACCUMULATORS)[0]
     tile = [first] + ([divisors(sizes[1], MAX_ACCUMULATORS // first)[0]] if len(sizes) > 1 else [])
-    if tile_registers(tile) < registers: return tile
+    if tile_registers(tile) <= registers: return tile
     cands = [[a] + ([b] if len(sizes) > 1 else []) for a in divisors(sizes[0], 8)
              for b in (divisors(sizes[1], 8) if len(sizes) > 1 else [1])
-             if a * b <= MAX_ACCUMULATORS and tile_registers([a, b]) < registers]
+             if a * b <= MAX_ACCUMULATORS and tile_registers([a, b]) <= registers]
     return max(cands, key=lambda t: (prod(t), -sum(t), t[0]), default=[1] * len(sizes))
 
 

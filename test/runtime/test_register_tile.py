@@ -118,28 +118,32 @@ def test_the_check_finds_the_spills_of_the_old_avx2_tile(monkeypatch):
 
 @pytest.mark.parametrize("sizes,registers,want", [
     ([64, 32], 32, [8, 2]),    # AVX-512: the tile as it always was
-    ([64, 32], 16, [4, 2]),    # AVX2: 8 x 2 needs 26 registers; 4 x 2 (14) beats 2 x 4 (14) on loads per step
-    ([96, 32], 16, [4, 2]),    # 6 x 2 (BLIS's 6x16) needs 20: GCC hoists the six broadcasts and spills
-    ([96], 16, [6]),           # one axis: 8 accumulators and 8 broadcasts spill
-    ([8, 6], 16, [4, 2]),
+    ([64, 32], 16, [4, 2]),    # AVX2: 8 x 2 needs 19 registers; 4 x 2 (11) beats 2 x 4 (13) and 8 x 1 on loads per step
+    ([96, 32], 16, [6, 2]),    # 6 x 2 (BLIS's 6x16): 12 accumulators, 2 vectors of b, one broadcast at a time
+    ([96], 16, [8]),           # one axis: 8 accumulators, one vector and one broadcast
+    ([8, 6], 16, [4, 3]),      # 12 accumulators: 4 x 3 (7 loads per step) before 6 x 2 (8)
+    ([8, 6], 32, [8, 2]),      # AVX-512 keeps its old tile
+    ([1024, 128], 16, [4, 2]),   # powers of two: no 12-accumulator tile divides them
     ([3, 3], 16, [3, 3]),
 ])
 def test_register_tile(sizes, registers, want):
     got = register_tile(sizes, registers)
-    assert got == want and tile_registers(got) < registers
+    assert got == want and tile_registers(got) <= registers
 
 
 @pytest.mark.parametrize("opts,spills", [
-    ([Opt("UPCAST", 0, 8)], True), ([Opt("UPCAST", 0, 6), Opt("UPCAST", 1, 2)], True),
-    ([Opt("UPCAST", 0, 6)], False), ([Opt("UPCAST", 0, 4), Opt("UPCAST", 1, 2)], False),
-    ([Opt("UPCAST", 0, 2), Opt("UPCAST", 1, 4)], False), ([Opt("UPCAST", 0, 3), Opt("UPCAST", 1, 2)], False)])
+    ([Opt("UPCAST", 0, 8), Opt("UPCAST", 1, 2)], True), ([Opt("UPCAST", 0, 4), Opt("UPCAST", 1, 4)], True),
+    ([Opt("UPCAST", 0, 2), Opt("UPCAST", 1, 8)], True), ([Opt("UPCAST", 0, 6), Opt("UPCAST", 1, 2)], False),
+    ([Opt("UPCAST", 0, 4), Opt("UPCAST", 1, 3)], False), ([Opt("UPCAST", 0, 8)], False),
+    ([Opt("UPCAST", 0, 4), Opt("UPCAST", 1, 2)], False), ([Opt("UPCAST", 0, 2), Opt("UPCAST", 1, 4)], False),
+    ([Opt("UPCAST", 0, 3), Opt("UPCAST", 1, 2)], False)])
 def test_tile_registers_predicts_avx2_spills(opts, spills, monkeypatch):
     """The register model against GCC on AVX2: a tile spills exactly when tile_registers says it doesn't fit
     (checked on the tiles the heuristic may pick)."""
     comp, ren = target("x86-64-v3", monkeypatch)
-    spec = to_program(matmul_ast(96, 256, 256), ren, [Opt("VECTORIZE", 1, 8)] + opts)
+    spec = to_program(matmul_ast(96, 256, 384), ren, [Opt("VECTORIZE", 1, 8)] + opts)
     assert bool(stack_vector_accesses(hot_loop(comp.assembly(spec.src), spec.name))) == spills
-    assert (tile_registers([o.amount for o in opts]) >= 16) == spills
+    assert (tile_registers([o.amount for o in opts]) > 16) == spills
 
 
 @pytest.mark.parametrize("march,fits", [("x86-64-v3", False), ("x86-64-v4", True)])
@@ -152,3 +156,16 @@ def test_beam_rejects_tiles_that_do_not_fit(march, fits, monkeypatch):
     assert fits_registers(apply_opts(ast, ren, [Opt("VECTORIZE", 1, w), Opt("UPCAST", 0, 8), Opt("UPCAST", 1, 2)]),
                           ren) == fits
     assert fits_registers(apply_opts(ast, ren), ren)
+
+
+@pytest.mark.parametrize("m,k,n", [(77, 77, 77), (96, 256, 384), (1000, 1000, 1000), (1023, 1023, 1023),
+                                   (1000, 1024, 1024), (1152, 96, 1024), (6, 1023, 24)])
+def test_matmul_exact_at_sizes_the_tiles_do_not_divide(m, k, n):
+    """Through the whole pipeline on this process's CPU target (the README's test command runs under CPU_MARCH=native
+    and x86-64-v3): sizes the register tile, the vector width or the column panels don't divide (a remainder), and
+    ones that take the 12-accumulator AVX2 tiles (rows divisible by 6, vectors by 3), equal NumPy exactly
+    (integer-valued inputs: every partial sum is exact in float32)."""
+    rng = np.random.default_rng(m * 7 + n)
+    a, b = (rng.integers(-4, 5, s).astype(np.float32) for s in ((m, k), (k, n)))
+    # a large realized weight without a gradient (1024 x 1024 here) is read as column panels (Tensor.dot)
+    np.testing.assert_array_equal((Tensor(a) @ Tensor(b)).numpy(), a @ b)
