@@ -50,19 +50,32 @@ def unroll_reduces(ast: UOp, ranges: tuple[UOp, ...], rng: UOp, amount: int, nex
 
 
 def upcast_global(ast: UOp, rng: UOp, amount: int) -> UOp:
-    """UPCAST(r, k): output range r of size n -> a range of n/k and k copies of every store (constants 0..k-1 in
+    """UPCAST(r, k): output range r of size n -> a range of ceil(n/k) and k copies of every store (constants 0..k-1 in
     place of the split-off part). Reduces over the same ranges then share one loop nest with k accumulators, and
-    loads that don't depend on r are shared."""
+    loads that don't depend on r are shared. When k doesn't divide n, a copy whose row can pass the end computes and
+    stores row n-1 instead (min(r*k+i, n-1)): the last trip recomputes the last row a few times and writes the same
+    value to it (only for kernels that read no buffer they write: see `clamped_upcast_ok`)."""
     size = int(rng.src[0].arg)
-    assert size % amount == 0
-    outer = UOp.range(size // amount, rng.arg[0], rng.arg[1]) if size // amount > 1 else None
+    trips = -(-size // amount)
+    outer = UOp.range(trips, rng.arg[0], rng.arg[1]) if trips > 1 else None
     base = outer * amount if outer is not None else UOp.const(rng.dtype, 0)
+    # copy i passes the end only on the last trip, and only when i >= the rows left there
+    left = size - (trips - 1) * amount
+    rows = [base + i if i < left else (base + i).lt(size).where(base + i, size - 1) for i in range(amount)]
     stores = []
     for st in ast.src:
-        copies = substitute_each(st, rng, [base + i for i in range(amount)])
+        copies = substitute_each(st, rng, rows)
         if copies[0] is st: stores.append(st)   # doesn't depend on rng
         else: stores.extend(copies)
     return ast.replace(src=tuple(stores))
+
+
+def clamped_upcast_ok(ast: UOp) -> bool:
+    """Whether an UPCAST that doesn't divide its range may clamp (upcast_global): the duplicated last row is written
+    several times, which is harmless only when no store's buffer is also read (an in-place update would read a value
+    its own copy already wrote)."""
+    stored = {n.src[0].src[0] for n in ast.src if n.op is Ops.STORE}
+    return not any(n.op is Ops.LOAD and n.src[0].src[0] in stored for n in ast.toposort())
 
 
 def _range(ast: UOp, axis: int) -> UOp:
@@ -77,6 +90,11 @@ def apply_opt(ast: UOp, opt: Opt, masked_loads: bool = False) -> UOp:
     rng = _range(ast, opt.axis)
     if rng.src[0].op is not Ops.CONST: raise ValueError(f"{opt}: range {opt.axis} has a symbolic size")
     size = int(rng.src[0].arg)
+    if opt.op == "UPCAST" and 1 < opt.amount <= size and size % opt.amount and rng.arg[1] != "reduce":
+        # an amount that doesn't divide: the last trip clamps its rows (upcast_global), where that is safe
+        if not clamped_upcast_ok(ast):
+            raise ValueError(f"{opt}: amount must divide the range size {size} in a kernel that reads what it writes")
+        return upcast_global(ast, rng, opt.amount)
     if opt.op != "SWAP" and (opt.amount < 1 or size % opt.amount):
         raise ValueError(f"{opt}: amount must divide the range size {size}")
     if opt.op == "UPCAST":
@@ -187,21 +205,28 @@ def tile_registers(tile: list[int]) -> int:
     return k1 * k2 + k2 + 1
 
 
-def register_tile(sizes: list[int], registers: int) -> list[int]:
+def register_tile(sizes: list[int], registers: int, clamp_threads: int = 0) -> list[int]:
     """The UPCAST amounts (at most 8 each) of up to two output ranges of these sizes (the first the better to share):
     the first gets the largest divisor <= 8, the second what is left of MAX_ACCUMULATORS. When that tile doesn't fit
     (tile_registers <= registers; AVX2's 16 registers and an 8 x 2 tile: 19), the tile with the most accumulators that
-    does, then the fewest operand loads per step (6 x 2 when the rows divide by 6, 4 x 3 when the vectors divide by
-    3, else 4 x 2 before 8 x 1). AVX-512's 32 registers hold every tile of up to 16 accumulators."""
+    does, then one whose amounts divide, then the fewest operand loads per step (6 x 2 when the rows divide by 6, 4 x 3
+    when the vectors divide by 3, else 4 x 2 before 8 x 1). AVX-512's 32 registers hold every tile of up to 16
+    accumulators. `clamp_threads` > 0: the first amount may also leave a remainder (upcast_global clamps the last
+    trip) when that wastes at most 1/64 of the rows and the trips split evenly over that many threads (2048 rows on
+    AVX2: 6 x 2, 342 trips; 1024 rows keep 4 x 2: 171 trips would leave one thread 5 blocks of 9)."""
     def divisors(n: int, cap: int) -> list[int]: return [a for a in range(min(cap, 8), 0, -1) if n % a == 0]
     if not sizes: return []
     first = divisors(sizes[0], MAX_ACCUMULATORS // 2 if len(sizes) > 1 else MAX_ACCUMULATORS)[0]
     tile = [first] + ([divisors(sizes[1], MAX_ACCUMULATORS // first)[0]] if len(sizes) > 1 else [])
     if tile_registers(tile) <= registers: return tile
-    cands = [[a] + ([b] if len(sizes) > 1 else []) for a in divisors(sizes[0], 8)
+    firsts = divisors(sizes[0], 8)
+    if clamp_threads:
+        n = sizes[0]
+        firsts += [a for a in range(2, min(n, 8) + 1) if n % a and (-n) % a * 64 <= n and -(-n // a) % clamp_threads == 0]
+    cands = [[a] + ([b] if len(sizes) > 1 else []) for a in firsts
              for b in (divisors(sizes[1], 8) if len(sizes) > 1 else [1])
              if a * b <= MAX_ACCUMULATORS and tile_registers([a, b]) <= registers]
-    return max(cands, key=lambda t: (prod(t), -sum(t), t[0]), default=[1] * len(sizes))
+    return max(cands, key=lambda t: (prod(t), sizes[0] % t[0] == 0, -sum(t), t[0]), default=[1] * len(sizes))
 
 
 def hand_coded_opts(ast: UOp, renderer: Renderer | None = None) -> list[Opt]:
@@ -255,19 +280,21 @@ def hand_coded_opts(ast: UOp, renderer: Renderer | None = None) -> list[Opt]:
     # loads saved per step ~ reuse score x the tile size the axis allows: a row of 5 shares less than a block of 8
     picked = sorted((r for r in glob if reuse_score(r) > 0), key=lambda r: -reuse_score(r) * amount(r, 8))[:2]
     regs = vector_registers(renderer)
-    tile = register_tile([sizes[r] for r in picked], regs)
+    # a first amount that leaves a remainder (the last trip clamped) where it is safe: see register_tile
+    clamp = max(renderer.threads, 1) if renderer is not None and picked and clamped_upcast_ok(ast) else 0
+    tile = register_tile([sizes[r] for r in picked], regs, clamp)
     # the vectorized range in place of an equal second axis that gets the same amount and whose loads it moves lie far
     # apart: the vectors loaded along it are then adjacent (a 32-float panel row: one or two cache lines, not two
     # panels 128 KiB apart; 2048 matmul +5-10%)
     if len(picked) == 2 and vec_rng in glob and vec_rng not in picked and \
             reuse_score(vec_rng) == reuse_score(picked[1]) and \
-            register_tile([sizes[picked[0]], sizes[vec_rng]], regs) == tile and \
+            register_tile([sizes[picked[0]], sizes[vec_rng]], regs, clamp) == tile and \
             all((st := _stride(a.src[1], picked[1])) == 0 or (st is not None and abs(st) >= 64 * width) for a in loads):
         picked[1] = vec_rng
     for r, k in zip(picked, tile):
         if k > 1:
             opts.append(Opt("UPCAST", r.arg[0], k))
-            sizes[r] //= k
+            sizes[r] = -(-sizes[r] // k)
     budget = MAX_ACCUMULATORS // prod(tile)
     # cache blocking: an input that each iteration of the outermost output loop reads in full (b in a @ b) and that
     # doesn't fit in the cache is read in blocks: the outermost loop is TILEd, so a block of its iterations runs

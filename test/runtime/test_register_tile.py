@@ -12,7 +12,8 @@ import pytest
 
 from fusegrad import Tensor
 from fusegrad.codegen import to_program
-from fusegrad.codegen.opt import Opt, apply_opts, register_tile, tile_registers
+from fusegrad.codegen.opt import Opt, apply_opt, apply_opts, clamped_upcast_ok, hand_coded_opts, register_tile, \
+    tile_registers
 from fusegrad.codegen.search import fits_registers
 from fusegrad.device import Buffer
 from fusegrad.dtype import dtypes
@@ -169,3 +170,43 @@ def test_matmul_exact_at_sizes_the_tiles_do_not_divide(m, k, n):
     a, b = (rng.integers(-4, 5, s).astype(np.float32) for s in ((m, k), (k, n)))
     # a large realized weight without a gradient (1024 x 1024 here) is read as column panels (Tensor.dot)
     np.testing.assert_array_equal((Tensor(a) @ Tensor(b)).numpy(), a @ b)
+
+
+@pytest.mark.parametrize("m,opts", [
+    (100, [Opt("VECTORIZE", 1, 8), Opt("UPCAST", 0, 6), Opt("UPCAST", 1, 2)]),   # 17 trips, the last one 4 rows
+    (77, [Opt("VECTORIZE", 1, 8), Opt("UPCAST", 0, 8)]),
+    (2048, [Opt("VECTORIZE", 1, 8), Opt("UPCAST", 0, 6), Opt("UPCAST", 1, 2), Opt("TILE", 0, 19)])])
+def test_upcast_with_a_remainder_clamps_the_last_trip(m, opts, monkeypatch):
+    """An UPCAST amount that doesn't divide its range: the last trip's rows past the end compute (and store) the last
+    row again, so every output is right and nothing outside the buffers is touched; the reduce loop still doesn't
+    spill on AVX2."""
+    comp, ren = target("x86-64-v3", monkeypatch)
+    spec = to_program(matmul_ast(m, 64, 256), ren, opts)
+    assert stack_vector_accesses(hot_loop(comp.assembly(spec.src), spec.name)) == []
+    rng = np.random.default_rng(m)
+    a, b = (rng.integers(-4, 5, s).astype(np.float32) for s in ((m, 64), (64, 256)))
+    if not runnable("x86-64-v3"): pytest.skip("this host can't run x86-64-v3 code (the assembly was checked)")
+    np.testing.assert_array_equal(run(comp, spec, [a, b], (m, 256)), a @ b)
+
+
+def test_upcast_with_a_remainder_is_refused_where_a_kernel_reads_what_it_writes():
+    """In place, a duplicated row would read the value its own copy already wrote: such a kernel needs an amount that
+    divides (and the heuristic never asks otherwise)."""
+    t = Tensor.empty(10, 16).realize()
+    ast = t.assign(t * 2 + 1).schedule()[-1].ast
+    assert not clamped_upcast_ok(ast)
+    with pytest.raises(ValueError, match="reads what it writes"): apply_opt(ast, Opt("UPCAST", 0, 3))
+    assert clamped_upcast_ok(matmul_ast(10, 16, 16))
+
+
+@pytest.mark.parametrize("m,threads,rows", [(2048, 2, 6), (1024, 2, 4), (1024, 1, 6), (1152, 2, 6), (64, 2, 4)])
+def test_avx2_heuristic_takes_a_remainder_only_where_trips_split_evenly(m, threads, rows, monkeypatch):
+    """AVX2 (16 registers): 6 x 2 (12 accumulators) where 6 divides the rows, or leaves at most 1/64 of them over
+    and the trips split evenly over the threads (2048: 342 trips); else 4 x 2 (1024 rows on 2 threads: 171 trips
+    would give one thread 5 of 9 blocks). AVX-512 keeps 8 x 2."""
+    _, ren = target("x86-64-v3", monkeypatch)
+    ren.threads = threads
+    opts = hand_coded_opts(matmul_ast(m, 256, 256), ren)
+    assert [o.amount for o in opts if o.op == "UPCAST"] == [rows, 2]
+    _, ren = target("x86-64-v4", monkeypatch)
+    assert [o.amount for o in hand_coded_opts(matmul_ast(m, 256, 256), ren) if o.op == "UPCAST"] == [8, 2]
