@@ -212,8 +212,10 @@ def register_tile(sizes: list[int], registers: int, clamp_threads: int = 0) -> l
     does, then one whose amounts divide, then the fewest operand loads per step (6 x 2 when the rows divide by 6, 4 x 3
     when the vectors divide by 3, else 4 x 2 before 8 x 1). AVX-512's 32 registers hold every tile of up to 16
     accumulators. `clamp_threads` > 0: the first amount may also leave a remainder (upcast_global clamps the last
-    trip) when that wastes at most 1/64 of the rows and the trips split evenly over that many threads (2048 rows on
-    AVX2: 6 x 2, 342 trips; 1024 rows keep 4 x 2: 171 trips would leave one thread 5 blocks of 9)."""
+    trip) when that wastes at most 1/64 of the rows and the trips fall into cache blocks (`cache_block`) of at least 8
+    trips that split evenly over that many threads (2048 rows on AVX2: 6 x 2, 342 trips in 18 blocks of 19; 1024 rows
+    on 2 threads keep 4 x 2: 171 trips would give one thread 5 blocks of 9; 256 rows: 6 makes 43 trips, no blocks,
+    so 5 x 2, 52 trips)."""
     def divisors(n: int, cap: int) -> list[int]: return [a for a in range(min(cap, 8), 0, -1) if n % a == 0]
     if not sizes: return []
     first = divisors(sizes[0], MAX_ACCUMULATORS // 2 if len(sizes) > 1 else MAX_ACCUMULATORS)[0]
@@ -221,12 +223,21 @@ def register_tile(sizes: list[int], registers: int, clamp_threads: int = 0) -> l
     if tile_registers(tile) <= registers: return tile
     firsts = divisors(sizes[0], 8)
     if clamp_threads:
+        def blocks_split(trips: int) -> bool:   # TILE's blocks of at least 8 trips, as many per thread
+            return (k := cache_block(trips, clamp_threads)) >= 8 and trips // k % clamp_threads == 0
         n = sizes[0]
-        firsts += [a for a in range(2, min(n, 8) + 1) if n % a and (-n) % a * 64 <= n and -(-n // a) % clamp_threads == 0]
+        firsts += [a for a in range(2, min(n, 8) + 1) if n % a and (-n) % a * 64 <= n and blocks_split(-(-n // a))]
     cands = [[a] + ([b] if len(sizes) > 1 else []) for a in firsts
              for b in (divisors(sizes[1], 8) if len(sizes) > 1 else [1])
              if a * b <= MAX_ACCUMULATORS and tile_registers([a, b]) <= registers]
     return max(cands, key=lambda t: (prod(t), sizes[0] % t[0] == 0, -sum(t), t[0]), default=[1] * len(sizes))
+
+
+def cache_block(trips: int, threads: int) -> int:
+    """TILE's amount for an outer loop of `trips` iterations: its largest divisor up to 32 that leaves every thread at
+    least two blocks (1: none)."""
+    cap = min(32, trips // max(threads, 1) // 2)
+    return next((k for k in range(cap, 1, -1) if trips % k == 0), 1)
 
 
 def hand_coded_opts(ast: UOp, renderer: Renderer | None = None) -> list[Opt]:
@@ -305,9 +316,7 @@ def hand_coded_opts(ast: UOp, renderer: Renderer | None = None) -> list[Opt]:
         o = outs[0]
         big = [a for a in loads if _stride(a.src[1], o) == 0 and
                a.src[0].dtype.size * a.src[0].dtype.itemsize > renderer.cache_bytes]
-        cap = min(32, sizes[o] // max(renderer.threads, 1) // 2)
-        k = next((k for k in range(cap, 1, -1) if sizes[o] % k == 0), 1)
-        if big and k > 1: opts.append(Opt("TILE", o.arg[0], k))
+        if big and (k := cache_block(sizes[o], renderer.threads)) > 1: opts.append(Opt("TILE", o.arg[0], k))
     for key in dict.fromkeys(n.src[1:] for n in nodes if n.op is Ops.REDUCE):
         r = key[-1]
         if r is vec_rng or r not in sizes or sizes[r] <= 1: continue

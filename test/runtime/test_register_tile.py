@@ -199,7 +199,8 @@ def test_upcast_with_a_remainder_is_refused_where_a_kernel_reads_what_it_writes(
     assert clamped_upcast_ok(matmul_ast(10, 16, 16))
 
 
-@pytest.mark.parametrize("m,threads,rows", [(2048, 2, 6), (1024, 2, 4), (1024, 1, 6), (1152, 2, 6), (64, 2, 4)])
+@pytest.mark.parametrize("m,threads,rows", [(2048, 2, 6), (1024, 2, 4), (1024, 1, 6), (1152, 2, 6), (64, 2, 4),
+                                           (256, 2, 5)])
 def test_avx2_heuristic_takes_a_remainder_only_where_trips_split_evenly(m, threads, rows, monkeypatch):
     """AVX2 (16 registers): 6 x 2 (12 accumulators) where 6 divides the rows, or leaves at most 1/64 of them over
     and the trips split evenly over the threads (2048: 342 trips); else 4 x 2 (1024 rows on 2 threads: 171 trips
