@@ -85,16 +85,22 @@ def _range(ast: UOp, axis: int) -> UOp:
 
 
 def apply_opt(ast: UOp, opt: Opt, masked_loads: bool = False) -> UOp:
-    """One action on the kernel. UPCAST needs an output range, UNROLL a reduce range; the amount must divide it.
+    """One action on the kernel. UPCAST needs an output range, UNROLL a reduce range; the amount must divide it, except
+    that UPCAST and TILE of an output range may leave a remainder in a kernel that reads no buffer it writes: the last
+    trip or block then clamps its indices to the range's last (`upcast_global`), computing that row again.
     `masked_loads`: the target renders masked vector loads (VECTORIZE makes them of loads gated along the lanes)."""
     rng = _range(ast, opt.axis)
     if rng.src[0].op is not Ops.CONST: raise ValueError(f"{opt}: range {opt.axis} has a symbolic size")
     size = int(rng.src[0].arg)
-    if opt.op == "UPCAST" and 1 < opt.amount <= size and size % opt.amount and rng.arg[1] != "reduce":
-        # an amount that doesn't divide: the last trip clamps its rows (upcast_global), where that is safe
+    if opt.op in ("UPCAST", "TILE") and 1 < opt.amount < size and size % opt.amount and rng.arg[1] == "global":
+        # an amount that doesn't divide: the last trip (block) clamps its rows to n-1, where that is safe
         if not clamped_upcast_ok(ast):
             raise ValueError(f"{opt}: amount must divide the range size {size} in a kernel that reads what it writes")
-        return upcast_global(ast, rng, opt.amount)
+        if opt.op == "UPCAST": return upcast_global(ast, rng, opt.amount)
+        next_id = max(n.arg[0] for n in ast.toposort() if n.op is Ops.RANGE) + 1
+        idx = UOp.range(-(-size // opt.amount), rng.arg[0], "global") * opt.amount + \
+            UOp.range(opt.amount, next_id, "global")
+        return substitute(ast, {rng: idx.lt(size).where(idx, size - 1)})
     if opt.op != "SWAP" and (opt.amount < 1 or size % opt.amount):
         raise ValueError(f"{opt}: amount must divide the range size {size}")
     if opt.op == "UPCAST":
@@ -224,7 +230,7 @@ def register_tile(sizes: list[int], registers: int, clamp_threads: int = 0) -> l
     firsts = divisors(sizes[0], 8)
     if clamp_threads:
         def blocks_split(trips: int) -> bool:   # TILE's blocks of at least 8 trips, as many per thread
-            return (k := cache_block(trips, clamp_threads)) >= 8 and trips // k % clamp_threads == 0
+            return (k := cache_block(trips, clamp_threads, True)) >= 8 and -(-trips // k) % clamp_threads == 0
         n = sizes[0]
         firsts += [a for a in range(2, min(n, 8) + 1) if n % a and (-n) % a * 64 <= n and blocks_split(-(-n // a))]
     cands = [[a] + ([b] if len(sizes) > 1 else []) for a in firsts
@@ -233,11 +239,17 @@ def register_tile(sizes: list[int], registers: int, clamp_threads: int = 0) -> l
     return max(cands, key=lambda t: (prod(t), sizes[0] % t[0] == 0, -sum(t), t[0]), default=[1] * len(sizes))
 
 
-def cache_block(trips: int, threads: int) -> int:
+def cache_block(trips: int, threads: int, clamp: bool = False) -> int:
     """TILE's amount for an outer loop of `trips` iterations: its largest divisor up to 32 that leaves every thread at
-    least two blocks (1: none)."""
-    cap = min(32, trips // max(threads, 1) // 2)
-    return next((k for k in range(cap, 1, -1) if trips % k == 0), 1)
+    least two blocks (1: none). `clamp` (the kernel allows a remainder, see apply_opt): when that divisor is below 8 or
+    its blocks don't split evenly over the threads, the largest k of 8..32 whose ceil(trips/k) blocks do, wasting at
+    most 1/32 of the trips (171 trips on 2 threads: 6 blocks of 29, not 9 of 19)."""
+    threads = max(threads, 1)
+    cap = min(32, trips // threads // 2)
+    k = next((k for k in range(cap, 1, -1) if trips % k == 0), 1)
+    if clamp and (k < 8 or trips // k % threads):
+        k = next((c for c in range(cap, 7, -1) if -(-trips // c) % threads == 0 and (-trips) % c * 32 <= trips), k)
+    return k
 
 
 def hand_coded_opts(ast: UOp, renderer: Renderer | None = None) -> list[Opt]:
@@ -316,7 +328,7 @@ def hand_coded_opts(ast: UOp, renderer: Renderer | None = None) -> list[Opt]:
         o = outs[0]
         big = [a for a in loads if _stride(a.src[1], o) == 0 and
                a.src[0].dtype.size * a.src[0].dtype.itemsize > renderer.cache_bytes]
-        if big and (k := cache_block(sizes[o], renderer.threads)) > 1: opts.append(Opt("TILE", o.arg[0], k))
+        if big and (k := cache_block(sizes[o], renderer.threads, clamp > 0)) > 1: opts.append(Opt("TILE", o.arg[0], k))
     for key in dict.fromkeys(n.src[1:] for n in nodes if n.op is Ops.REDUCE):
         r = key[-1]
         if r is vec_rng or r not in sizes or sizes[r] <= 1: continue

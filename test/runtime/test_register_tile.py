@@ -74,7 +74,9 @@ def target(march: str, monkeypatch) -> tuple[CPUCompiler, ClangRenderer]:
 
 
 def matmul_ast(m: int, k: int, n: int):
+    # (b needs a gradient: a large b is then read as it is, not as column panels, see Tensor.dot)
     a, b = Tensor.empty(m, k).realize(), Tensor.empty(k, n).realize()
+    b.requires_grad = True
     (si,) = (a @ b).schedule()
     return si.ast
 
@@ -175,11 +177,13 @@ def test_matmul_exact_at_sizes_the_tiles_do_not_divide(m, k, n):
 @pytest.mark.parametrize("m,opts", [
     (100, [Opt("VECTORIZE", 1, 8), Opt("UPCAST", 0, 6), Opt("UPCAST", 1, 2)]),   # 17 trips, the last one 4 rows
     (77, [Opt("VECTORIZE", 1, 8), Opt("UPCAST", 0, 8)]),
-    (2048, [Opt("VECTORIZE", 1, 8), Opt("UPCAST", 0, 6), Opt("UPCAST", 1, 2), Opt("TILE", 0, 19)])])
+    (2048, [Opt("VECTORIZE", 1, 8), Opt("UPCAST", 0, 6), Opt("UPCAST", 1, 2), Opt("TILE", 0, 19)]),
+    (1024, [Opt("VECTORIZE", 1, 8), Opt("UPCAST", 0, 6), Opt("UPCAST", 1, 2), Opt("TILE", 0, 29)]),  # 6 x 29 trips
+    (100, [Opt("VECTORIZE", 1, 8), Opt("UPCAST", 1, 2), Opt("TILE", 0, 7)])])   # a TILE alone: 15 blocks, 5 clamped
 def test_upcast_with_a_remainder_clamps_the_last_trip(m, opts, monkeypatch):
-    """An UPCAST amount that doesn't divide its range: the last trip's rows past the end compute (and store) the last
-    row again, so every output is right and nothing outside the buffers is touched; the reduce loop still doesn't
-    spill on AVX2."""
+    """An UPCAST (or TILE) amount that doesn't divide its range: the last trip's (block's) rows past the end compute
+    (and store) the last row again, so every output is right and nothing outside the buffers is touched; the reduce
+    loop still doesn't spill on AVX2."""
     comp, ren = target("x86-64-v3", monkeypatch)
     spec = to_program(matmul_ast(m, 64, 256), ren, opts)
     assert stack_vector_accesses(hot_loop(comp.assembly(spec.src), spec.name)) == []
@@ -196,18 +200,22 @@ def test_upcast_with_a_remainder_is_refused_where_a_kernel_reads_what_it_writes(
     ast = t.assign(t * 2 + 1).schedule()[-1].ast
     assert not clamped_upcast_ok(ast)
     with pytest.raises(ValueError, match="reads what it writes"): apply_opt(ast, Opt("UPCAST", 0, 3))
+    with pytest.raises(ValueError, match="reads what it writes"): apply_opt(ast, Opt("TILE", 0, 3))
     assert clamped_upcast_ok(matmul_ast(10, 16, 16))
 
 
-@pytest.mark.parametrize("m,threads,rows", [(2048, 2, 6), (1024, 2, 4), (1024, 1, 6), (1152, 2, 6), (64, 2, 4),
-                                           (256, 2, 5)])
-def test_avx2_heuristic_takes_a_remainder_only_where_trips_split_evenly(m, threads, rows, monkeypatch):
+@pytest.mark.parametrize("m,threads,rows,block", [(2048, 2, 6, 19), (1024, 2, 6, 29), (1024, 1, 6, 19),
+                                                 (1152, 2, 6, 32), (64, 2, 4, 4), (256, 2, 5, 13)])
+def test_avx2_heuristic_takes_a_remainder_where_its_blocks_split_evenly(m, threads, rows, block, monkeypatch):
     """AVX2 (16 registers): 6 x 2 (12 accumulators) where 6 divides the rows, or leaves at most 1/64 of them over
-    and the trips split evenly over the threads (2048: 342 trips); else 4 x 2 (1024 rows on 2 threads: 171 trips
-    would give one thread 5 of 9 blocks). AVX-512 keeps 8 x 2."""
+    and the trips fall into cache blocks of 8 or more that split evenly over the threads: 2048 rows, 342 trips in 18
+    blocks of 19; 1024 rows, 171 trips, in 6 blocks of 29 on 2 threads (the last one clamped; 9 blocks of 19 would
+    give one thread 5); 256 rows: 43 trips make no such blocks on 2 threads, 5 x 2 does. Else 4 x 2. AVX-512 keeps
+    8 x 2."""
     _, ren = target("x86-64-v3", monkeypatch)
     ren.threads = threads
-    opts = hand_coded_opts(matmul_ast(m, 256, 256), ren)
+    opts = hand_coded_opts(matmul_ast(m, 1024, 1024), ren)
     assert [o.amount for o in opts if o.op == "UPCAST"] == [rows, 2]
+    assert [o.amount for o in opts if o.op == "TILE"] == [block]
     _, ren = target("x86-64-v4", monkeypatch)
-    assert [o.amount for o in hand_coded_opts(matmul_ast(m, 256, 256), ren) if o.op == "UPCAST"] == [8, 2]
+    assert [o.amount for o in hand_coded_opts(matmul_ast(m, 1024, 1024), ren) if o.op == "UPCAST"] == [8, 2]
