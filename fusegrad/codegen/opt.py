@@ -218,10 +218,10 @@ def register_tile(sizes: list[int], registers: int, clamp_threads: int = 0) -> l
     does, then one whose amounts divide, then the fewest operand loads per step (6 x 2 when the rows divide by 6, 4 x 3
     when the vectors divide by 3, else 4 x 2 before 8 x 1). AVX-512's 32 registers hold every tile of up to 16
     accumulators. `clamp_threads` > 0: the first amount may also leave a remainder (upcast_global clamps the last
-    trip) when that wastes at most 1/64 of the rows and the trips fall into cache blocks (`cache_block`) of at least 8
-    trips that split evenly over that many threads (2048 rows on AVX2: 6 x 2, 342 trips in 18 blocks of 19; 1024 rows
-    on 2 threads keep 4 x 2: 171 trips would give one thread 5 blocks of 9; 256 rows: 6 makes 43 trips, no blocks,
-    so 5 x 2, 52 trips)."""
+    trip) when that wastes at most 1/64 of the rows and the trips fall into cache blocks (`cache_block`, which may
+    clamp the last block too) of at least 8 trips that split evenly over that many threads (AVX2, 2 threads: 2048 rows
+    6 x 2, 342 trips in 18 blocks of 19; 1024 rows 6 x 2, 171 trips in 6 blocks of 29; 256 rows: 6 makes 43 trips,
+    no such blocks, so 5 x 2, 52 trips in 4 blocks of 13)."""
     def divisors(n: int, cap: int) -> list[int]: return [a for a in range(min(cap, 8), 0, -1) if n % a == 0]
     if not sizes: return []
     first = divisors(sizes[0], MAX_ACCUMULATORS // 2 if len(sizes) > 1 else MAX_ACCUMULATORS)[0]
