@@ -3,8 +3,9 @@
 
     python bench/peak_flops.py               # 1 thread, then every core
     python bench/peak_flops.py --threads 2
+    CPU_MARCH=x86-64-v3 python bench/peak_flops.py   # the peak of AVX2 code (256-bit vectors) on any newer x86
 
-A small C program (GCC vector extensions at the SIMD width -march=native gives, compiled like fusegrad's kernels but
+A small C program (GCC vector extensions at the SIMD width of -march=$CPU_MARCH, default native, compiled like fusegrad's kernels but
 with fused multiply-add allowed) runs 12 independent multiply-add chains per thread, more than the FMA latency times
 the number of FMA pipes, so only the FMA throughput limits it. Each thread times 400 short bursts (~2 ms) and keeps
 the fastest: a burst the scheduler didn't interrupt, so the number holds on a machine other jobs share.
@@ -19,7 +20,8 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout without install
-from fusegrad.runtime.ops_cpu import cpu_threads, simd_bytes
+from fusegrad.runtime.machine import cpu_march
+from fusegrad.runtime.ops_cpu import CPUCompiler, cpu_threads
 
 CHAINS = 12
 BURST = 200_000   # multiply-add steps per burst
@@ -56,7 +58,7 @@ int main(int argc, char **argv) {{
 """
 
 
-def build(vbytes: int, d: str) -> str:
+def build(vbytes: int, d: str, march: str) -> str:
     """Compile the probe for vbytes-wide vectors in folder d; returns the binary's path."""
     lanes = vbytes // 4
     src = SRC.format(vbytes=vbytes, burst=BURST, flops=2 * lanes * CHAINS * BURST,
@@ -65,7 +67,7 @@ def build(vbytes: int, d: str) -> str:
                      sum=" + ".join(f"a{i}" for i in range(CHAINS)))
     with open(os.path.join(d, "peak.c"), "w") as f: f.write(src)
     exe = os.path.join(d, "peak")
-    subprocess.run(["gcc", "-O2", "-march=native", "-ffp-contract=fast", "-pthread", os.path.join(d, "peak.c"),
+    subprocess.run(["gcc", "-O2", f"-march={march}", "-ffp-contract=fast", "-pthread", os.path.join(d, "peak.c"),
                     "-o", exe], check=True)
     return exe
 
@@ -80,12 +82,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", type=int, default=cpu_threads(), help="threads for the all-core run (default: cores)")
     args = ap.parse_args()
-    vbytes = max(simd_bytes(), 16)
+    vbytes = max(CPUCompiler().machine.vector_bytes, 16)   # the CPU device's target (CPU_MARCH)
     with tempfile.TemporaryDirectory(prefix="fg_peak_") as d:
-        exe = build(vbytes, d)
+        exe = build(vbytes, d, cpu_march())
         one = measure(exe, 1)[0]
         many = measure(exe, args.threads)
-    print(f"float32 FMA, {vbytes * 8}-bit vectors, {CHAINS} chains; best of 400 bursts per thread")
+    print(f"float32 FMA, -march={cpu_march()}, {vbytes * 8}-bit vectors, {CHAINS} chains; best of 400 bursts per thread")
     print(f"1 thread:  {one:.1f} GFLOPS")
     print(f"{args.threads} threads: {' + '.join(f'{g:.1f}' for g in many)} = {sum(many):.1f} GFLOPS")
 

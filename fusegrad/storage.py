@@ -353,9 +353,10 @@ def relayout_put(u: UOp, value: UOp) -> None:
         _relayouts.setdefault(src[0], {})[src[1]] = (value, read_versions([buffers[src[0]], buffers[value.base]]))
 
 
-# cached_value(u) is None wherever the first gives None for a weak reference to u and u's op is not in the second:
-# the scheduler's walk tests these inline and calls cached_value only for the nodes they leave (schedule/cache.py)
-CACHED_VALUE_FILTER = (realized._data.get, frozenset({Ops.CONTIGUOUS}))
+# cached_value(u) is None wherever the first gives None for a weak reference to u and u's op is not in the second or
+# its first source's op not in the third (relayout_source): the scheduler's walk tests these inline and calls
+# cached_value only for the nodes they leave (schedule/cache.py)
+CACHED_VALUE_FILTER = (realized._data.get, frozenset({Ops.CONTIGUOUS}), frozenset(GroupOp.Movement | {Ops.DETACH}))
 
 
 def cached_value(u: UOp, _get: Any = realized._data.get, _ref: Any = weakref.ref,

@@ -136,16 +136,23 @@ class Linearizer:
 
         def body(i: int) -> None:
             rg = rngs[i]
+            if i + 1 < len(rngs):
+                for n in self.topo:
+                    if self.block[n] is rg and n not in self.val and n.op is not Ops.RANGE: self.emit_node(n)
+                return self.emit_loop(rngs[i + 1], lambda: body(i + 1))
+            # innermost loop: each accumulator is updated right after the value it adds is computed, so an operand
+            # is live only while it is used (a register tile's broadcast row serves its few FMAs, then its register
+            # is free: AVX2's 16 registers hold a 6 x 2 tile's 12 accumulators without spills)
+            for r, slot, init in zip(group, slots, inits):
+                for n in r.src[0].toposort():
+                    if self.block[n] is rg and n not in self.val and n.op is not Ops.RANGE: self.emit_node(n)
+                cur = self.push(UOp(Ops.LOAD, r.dtype, (slot, init)))
+                new = UOp(r.arg, r.dtype, (cur, self.val[r.src[0]]))
+                self.data_dep.add(new)
+                self.push(new)
+                self.push(UOp(Ops.STORE, dtypes.void, (slot, new)))
             for n in self.topo:
                 if self.block[n] is rg and n not in self.val and n.op is not Ops.RANGE: self.emit_node(n)
-            if i + 1 < len(rngs): self.emit_loop(rngs[i + 1], lambda: body(i + 1))
-            else:
-                for r, slot, init in zip(group, slots, inits):
-                    cur = self.push(UOp(Ops.LOAD, r.dtype, (slot, init)))
-                    new = UOp(r.arg, r.dtype, (cur, self.val[r.src[0]]))
-                    self.data_dep.add(new)
-                    self.push(new)
-                    self.push(UOp(Ops.STORE, dtypes.void, (slot, new)))
         if rngs: self.emit_loop(rngs[0], lambda: body(0))
         end = self.out[-1]
         for r, slot in zip(group, slots):

@@ -50,19 +50,32 @@ def unroll_reduces(ast: UOp, ranges: tuple[UOp, ...], rng: UOp, amount: int, nex
 
 
 def upcast_global(ast: UOp, rng: UOp, amount: int) -> UOp:
-    """UPCAST(r, k): output range r of size n -> a range of n/k and k copies of every store (constants 0..k-1 in
+    """UPCAST(r, k): output range r of size n -> a range of ceil(n/k) and k copies of every store (constants 0..k-1 in
     place of the split-off part). Reduces over the same ranges then share one loop nest with k accumulators, and
-    loads that don't depend on r are shared."""
+    loads that don't depend on r are shared. When k doesn't divide n, a copy whose row can pass the end computes and
+    stores row n-1 instead (min(r*k+i, n-1)): the last trip recomputes the last row a few times and writes the same
+    value to it (only for kernels that read no buffer they write: see `clamped_upcast_ok`)."""
     size = int(rng.src[0].arg)
-    assert size % amount == 0
-    outer = UOp.range(size // amount, rng.arg[0], rng.arg[1]) if size // amount > 1 else None
+    trips = -(-size // amount)
+    outer = UOp.range(trips, rng.arg[0], rng.arg[1]) if trips > 1 else None
     base = outer * amount if outer is not None else UOp.const(rng.dtype, 0)
+    # copy i passes the end only on the last trip, and only when i >= the rows left there
+    left = size - (trips - 1) * amount
+    rows = [base + i if i < left else (base + i).lt(size).where(base + i, size - 1) for i in range(amount)]
     stores = []
     for st in ast.src:
-        copies = substitute_each(st, rng, [base + i for i in range(amount)])
+        copies = substitute_each(st, rng, rows)
         if copies[0] is st: stores.append(st)   # doesn't depend on rng
         else: stores.extend(copies)
     return ast.replace(src=tuple(stores))
+
+
+def clamped_upcast_ok(ast: UOp) -> bool:
+    """Whether an UPCAST that doesn't divide its range may clamp (upcast_global): the duplicated last row is written
+    several times, which is harmless only when no store's buffer is also read (an in-place update would read a value
+    its own copy already wrote)."""
+    stored = {n.src[0].src[0] for n in ast.src if n.op is Ops.STORE}
+    return not any(n.op is Ops.LOAD and n.src[0].src[0] in stored for n in ast.toposort())
 
 
 def _range(ast: UOp, axis: int) -> UOp:
@@ -72,11 +85,22 @@ def _range(ast: UOp, axis: int) -> UOp:
 
 
 def apply_opt(ast: UOp, opt: Opt, masked_loads: bool = False) -> UOp:
-    """One action on the kernel. UPCAST needs an output range, UNROLL a reduce range; the amount must divide it.
+    """One action on the kernel. UPCAST needs an output range, UNROLL a reduce range; the amount must divide it, except
+    that UPCAST and TILE of an output range may leave a remainder in a kernel that reads no buffer it writes: the last
+    trip or block then clamps its indices to the range's last (`upcast_global`), computing that row again.
     `masked_loads`: the target renders masked vector loads (VECTORIZE makes them of loads gated along the lanes)."""
     rng = _range(ast, opt.axis)
     if rng.src[0].op is not Ops.CONST: raise ValueError(f"{opt}: range {opt.axis} has a symbolic size")
     size = int(rng.src[0].arg)
+    if opt.op in ("UPCAST", "TILE") and 1 < opt.amount < size and size % opt.amount and rng.arg[1] == "global":
+        # an amount that doesn't divide: the last trip (block) clamps its rows to n-1, where that is safe
+        if not clamped_upcast_ok(ast):
+            raise ValueError(f"{opt}: amount must divide the range size {size} in a kernel that reads what it writes")
+        if opt.op == "UPCAST": return upcast_global(ast, rng, opt.amount)
+        next_id = max(n.arg[0] for n in ast.toposort() if n.op is Ops.RANGE) + 1
+        idx = UOp.range(-(-size // opt.amount), rng.arg[0], "global") * opt.amount + \
+            UOp.range(opt.amount, next_id, "global")
+        return substitute(ast, {rng: idx.lt(size).where(idx, size - 1)})
     if opt.op != "SWAP" and (opt.amount < 1 or size % opt.amount):
         raise ValueError(f"{opt}: amount must divide the range size {size}")
     if opt.op == "UPCAST":
@@ -178,28 +202,54 @@ def vector_registers(renderer: Renderer | None) -> int:
 
 
 def tile_registers(tile: list[int]) -> int:
-    """Vector registers a k1 x k2 register tile keeps live in its reduce loop: k1*k2 accumulators and the k1 + k2
-    operands of a step (GCC loads a step's operands ahead of its FMAs: on AVX2 a 6 x 2 tile, 20, spills where 3 x 4,
-    19, got by on memory operands). A 1-axis tile k is k x 1."""
+    """Vector registers a k1 x k2 register tile keeps live in its reduce loop: k1*k2 accumulators, the k2 operands
+    shared along the first axis (loaded once per step, used by every row) and one operand of the first axis at a time.
+    The linearizer updates each accumulator right after its product (codegen/linearize.py), so a row's broadcast is
+    dead after its k2 FMAs: on AVX2 a 6 x 2 tile needs 15 of the 16 registers and GCC keeps it off the stack (before
+    that order, all six broadcasts were live at once and it spilled). A 1-axis tile k is k x 1."""
     k1, k2 = (list(tile) + [1, 1])[:2]
-    return k1 * k2 + k1 + k2
+    return k1 * k2 + k2 + 1
 
 
-def register_tile(sizes: list[int], registers: int) -> list[int]:
+def register_tile(sizes: list[int], registers: int, clamp_threads: int = 0) -> list[int]:
     """The UPCAST amounts (at most 8 each) of up to two output ranges of these sizes (the first the better to share):
-    the first gets the largest divisor <= 8, the second what is left of MAX_ACCUMULATORS. When that tile doesn't leave
-    a register free (tile_registers < registers; AVX2's 16 registers and an 8 x 2 tile: 26), the tile with the most
-    accumulators that does, then the fewest operand loads per step (4 x 2 before 8 x 1). AVX-512's 32 registers hold
-    every tile of up to 16 accumulators."""
+    the first gets the largest divisor <= 8, the second what is left of MAX_ACCUMULATORS. When that tile doesn't fit
+    (tile_registers <= registers; AVX2's 16 registers and an 8 x 2 tile: 19), the tile with the most accumulators that
+    does, then one whose amounts divide, then the fewest operand loads per step (6 x 2 when the rows divide by 6, 4 x 3
+    when the vectors divide by 3, else 4 x 2 before 8 x 1). AVX-512's 32 registers hold every tile of up to 16
+    accumulators. `clamp_threads` > 0: the first amount may also leave a remainder (upcast_global clamps the last
+    trip) when that wastes at most 1/64 of the rows and the trips fall into cache blocks (`cache_block`, which may
+    clamp the last block too) of at least 8 trips that split evenly over that many threads (AVX2, 2 threads: 2048 rows
+    6 x 2, 342 trips in 18 blocks of 19; 1024 rows 6 x 2, 171 trips in 6 blocks of 29; 256 rows: 6 makes 43 trips,
+    no such blocks, so 5 x 2, 52 trips in 4 blocks of 13)."""
     def divisors(n: int, cap: int) -> list[int]: return [a for a in range(min(cap, 8), 0, -1) if n % a == 0]
     if not sizes: return []
     first = divisors(sizes[0], MAX_ACCUMULATORS // 2 if len(sizes) > 1 else MAX_ACCUMULATORS)[0]
     tile = [first] + ([divisors(sizes[1], MAX_ACCUMULATORS // first)[0]] if len(sizes) > 1 else [])
-    if tile_registers(tile) < registers: return tile
-    cands = [[a] + ([b] if len(sizes) > 1 else []) for a in divisors(sizes[0], 8)
+    if tile_registers(tile) <= registers: return tile
+    firsts = divisors(sizes[0], 8)
+    if clamp_threads:
+        def blocks_split(trips: int) -> bool:   # TILE's blocks of at least 8 trips, as many per thread
+            return (k := cache_block(trips, clamp_threads, True)) >= 8 and -(-trips // k) % clamp_threads == 0
+        n = sizes[0]
+        firsts += [a for a in range(2, min(n, 8) + 1) if n % a and (-n) % a * 64 <= n and blocks_split(-(-n // a))]
+    cands = [[a] + ([b] if len(sizes) > 1 else []) for a in firsts
              for b in (divisors(sizes[1], 8) if len(sizes) > 1 else [1])
-             if a * b <= MAX_ACCUMULATORS and tile_registers([a, b]) < registers]
-    return max(cands, key=lambda t: (prod(t), -sum(t), t[0]), default=[1] * len(sizes))
+             if a * b <= MAX_ACCUMULATORS and tile_registers([a, b]) <= registers]
+    return max(cands, key=lambda t: (prod(t), sizes[0] % t[0] == 0, -sum(t), t[0]), default=[1] * len(sizes))
+
+
+def cache_block(trips: int, threads: int, clamp: bool = False) -> int:
+    """TILE's amount for an outer loop of `trips` iterations: its largest divisor up to 32 that leaves every thread at
+    least two blocks (1: none). `clamp` (the kernel allows a remainder, see apply_opt): when that divisor is below 8 or
+    its blocks don't split evenly over the threads, the largest k of 8..32 whose ceil(trips/k) blocks do, wasting at
+    most 1/32 of the trips (171 trips on 2 threads: 6 blocks of 29, not 9 of 19)."""
+    threads = max(threads, 1)
+    cap = min(32, trips // threads // 2)
+    k = next((k for k in range(cap, 1, -1) if trips % k == 0), 1)
+    if clamp and (k < 8 or trips // k % threads):
+        k = next((c for c in range(cap, 7, -1) if -(-trips // c) % threads == 0 and (-trips) % c * 32 <= trips), k)
+    return k
 
 
 def hand_coded_opts(ast: UOp, renderer: Renderer | None = None) -> list[Opt]:
@@ -253,19 +303,21 @@ def hand_coded_opts(ast: UOp, renderer: Renderer | None = None) -> list[Opt]:
     # loads saved per step ~ reuse score x the tile size the axis allows: a row of 5 shares less than a block of 8
     picked = sorted((r for r in glob if reuse_score(r) > 0), key=lambda r: -reuse_score(r) * amount(r, 8))[:2]
     regs = vector_registers(renderer)
-    tile = register_tile([sizes[r] for r in picked], regs)
+    # a first amount that leaves a remainder (the last trip clamped) where it is safe: see register_tile
+    clamp = max(renderer.threads, 1) if renderer is not None and picked and clamped_upcast_ok(ast) else 0
+    tile = register_tile([sizes[r] for r in picked], regs, clamp)
     # the vectorized range in place of an equal second axis that gets the same amount and whose loads it moves lie far
     # apart: the vectors loaded along it are then adjacent (a 32-float panel row: one or two cache lines, not two
     # panels 128 KiB apart; 2048 matmul +5-10%)
     if len(picked) == 2 and vec_rng in glob and vec_rng not in picked and \
             reuse_score(vec_rng) == reuse_score(picked[1]) and \
-            register_tile([sizes[picked[0]], sizes[vec_rng]], regs) == tile and \
+            register_tile([sizes[picked[0]], sizes[vec_rng]], regs, clamp) == tile and \
             all((st := _stride(a.src[1], picked[1])) == 0 or (st is not None and abs(st) >= 64 * width) for a in loads):
         picked[1] = vec_rng
     for r, k in zip(picked, tile):
         if k > 1:
             opts.append(Opt("UPCAST", r.arg[0], k))
-            sizes[r] //= k
+            sizes[r] = -(-sizes[r] // k)
     budget = MAX_ACCUMULATORS // prod(tile)
     # cache blocking: an input that each iteration of the outermost output loop reads in full (b in a @ b) and that
     # doesn't fit in the cache is read in blocks: the outermost loop is TILEd, so a block of its iterations runs
@@ -276,9 +328,7 @@ def hand_coded_opts(ast: UOp, renderer: Renderer | None = None) -> list[Opt]:
         o = outs[0]
         big = [a for a in loads if _stride(a.src[1], o) == 0 and
                a.src[0].dtype.size * a.src[0].dtype.itemsize > renderer.cache_bytes]
-        cap = min(32, sizes[o] // max(renderer.threads, 1) // 2)
-        k = next((k for k in range(cap, 1, -1) if sizes[o] % k == 0), 1)
-        if big and k > 1: opts.append(Opt("TILE", o.arg[0], k))
+        if big and (k := cache_block(sizes[o], renderer.threads, clamp > 0)) > 1: opts.append(Opt("TILE", o.arg[0], k))
     for key in dict.fromkeys(n.src[1:] for n in nodes if n.op is Ops.REDUCE):
         r = key[-1]
         if r is vec_rng or r not in sizes or sizes[r] <= 1: continue

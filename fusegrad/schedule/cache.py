@@ -85,6 +85,9 @@ _plain_args: dict = {}
 _PLAIN_ARGS_MAX = 1 << 14
 
 
+_PLAIN_CONSTS = frozenset({int, bool})   # constant classes the key takes as they are (a float unless it is a zero)
+
+
 def _not_buffer(u: UOp) -> bool: return u.op is not Ops.BUFFER
 def _always(_: Any) -> bool: return True
 
@@ -93,14 +96,15 @@ _ALL_OPS = frozenset(Ops)
 
 
 def normalize(sink: UOp, cached: Callable[[UOp], UOp | None], executed: Any,
-              maybe_cached: tuple[Callable[[Any], Any], frozenset[Ops]] | None = None) -> Normalized:
+              maybe_cached: tuple[Callable[[Any], Any], frozenset[Ops], frozenset[Ops]] | None = None) -> Normalized:
     """One walk over the graph to realize, stopping at BUFFERs and at nodes computed before (`cached(n)`: the buffer
     view holding n's value, read instead). It writes down the normalized graph (module docstring) as a tuple of
     (op, dtype, arg, source positions), children first, and on the way strips custom backwards (DETACH with a GradFn is
     its forward value; its other sources are not walked) and unbinds variables (variables.py). Raises when the graph
     would run an ASSIGN again (`executed`) whose result was dropped from the cache because its memory was written since.
-    `maybe_cached` (storage.CACHED_VALUE_FILTER): a lookup by weak reference and a set of ops such that `cached(n)` is
-    None wherever the lookup gives None and n's op is not in the set; it saves a Python call per node.
+    `maybe_cached` (storage.CACHED_VALUE_FILTER): a lookup by weak reference and two sets of ops such that `cached(n)`
+    is None wherever the lookup gives None and n's op is not in the first set or its first source's op not in the
+    second (a relayout reads movement ops of a buffer); it saves a Python call per node.
 
     The key is plain data, not nodes, on purpose: a normalized node without buffers below it (a constant's
     `.contiguous()`) *is* the real node, and a key that kept it alive would keep its entry in the result cache alive,
@@ -139,7 +143,9 @@ def normalize(sink: UOp, cached: Callable[[UOp], UOp | None], executed: Any,
         _SPECIAL_ARGS
     plain, gate = _plain_args, _not_buffer
     plain_get = plain.get
-    rget, cached_ops, wref = (maybe_cached if maybe_cached is not None else (_always, _ALL_OPS)) + (weakref.ref,)
+    rget, cached_ops, cached_src_ops, wref = \
+        (maybe_cached if maybe_cached is not None else (_always, _ALL_OPS, _ALL_OPS)) + (weakref.ref,)
+    contiguous_op, const_op, plain_consts = Ops.CONTIGUOUS, Ops.CONST, _PLAIN_CONSTS
     push, pop, append = (stack := [(sink, False)]).append, stack.pop, enc.append
     while stack:
         n, expanded = pop()
@@ -153,6 +159,9 @@ def normalize(sink: UOp, cached: Callable[[UOp], UOp | None], executed: Any,
                         continue
                     if len(plain) >= _PLAIN_ARGS_MAX: plain.clear()
                     plain[arg] = arg
+            elif op is contiguous_op and n.arg is None: arg = None   # (a tagged one is renumbered by `one`)
+            # a number with nothing hidden from ==: no symbolic value to unbind, no zero whose sign to key
+            elif op is const_op and ((arg := n.arg).__class__ in plain_consts or (arg.__class__ is float and arg)): pass
             elif op is buffer_op or op is detach_op or op in special:
                 one(n)
                 continue
@@ -161,7 +170,8 @@ def normalize(sink: UOp, cached: Callable[[UOp], UOp | None], executed: Any,
             append((op._value_, n.dtype, arg, (pos[src[0]],) if len(src) == 1 else tuple([pos[s] for s in src])))
             continue
         # computed before: read its buffer. (`cached` is called only where `maybe_cached` can't rule a node out)
-        if n is not sink and (rget(wref(n)) is not None or n.op in cached_ops) and (r := cached(n)) is not None:
+        if n is not sink and (rget(wref(n)) is not None or (n.op in cached_ops and n.src[0].op in cached_src_ops)) \
+                and (r := cached(n)) is not None:
             for x in r.toposort(gate=gate):
                 if x not in pos: one(x)
             pos[n] = pos[r]
