@@ -13,6 +13,7 @@ from fusegrad.dtype import dtypes
 from fusegrad.ir import build
 from fusegrad.ir.ops import GroupOp, Ops, UOp
 from fusegrad.ir.pattern import PatternMatcher, UPat
+from fusegrad.sharding import multi_grad
 
 
 def _c(like: UOp, val: float) -> UOp:
@@ -155,7 +156,6 @@ pm_gradient = PatternMatcher([
 
 
 def _multi_grad(ret: UOp, ctx: UOp) -> Any:
-    from fusegrad.sharding import multi_grad
     return multi_grad(ret, ctx)
 
 

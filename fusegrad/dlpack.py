@@ -18,6 +18,7 @@ from fusegrad import storage
 from fusegrad.device import Buffer, Device
 from fusegrad.dtype import DType, dtypes
 from fusegrad.helpers import prod
+from fusegrad.runtime.ops_cpu import CPUAllocator
 from fusegrad.views import sole_holder
 
 if TYPE_CHECKING:
@@ -135,7 +136,6 @@ def make_capsule(address: int, shape: tuple[int, ...], dtype: DType, keepalive: 
 
 def host_address(buf: Buffer) -> int | None:
     """The host address of `buf`'s memory when its device keeps buffers in host memory (CPU, LLVM), else None."""
-    from fusegrad.runtime.ops_cpu import CPUAllocator
     return buf.opaque if isinstance(Device[buf.device].allocator, CPUAllocator) else None
 
 
@@ -267,7 +267,6 @@ def import_dlpack(obj: Any, device: str, copy: bool | None) -> Tensor:
 
 
 def _cpu_allocator() -> type:
-    from fusegrad.runtime.ops_cpu import CPUAllocator
     return CPUAllocator
 
 

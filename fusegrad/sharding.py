@@ -18,6 +18,7 @@ from fusegrad.device import Buffer, canonical_devices
 from fusegrad.dtype import DType
 from fusegrad.ir import build
 from fusegrad.ir.ops import Ops, UOp
+from fusegrad.storage import buffer_uop
 
 if TYPE_CHECKING:
     from fusegrad.tensor import Tensor
@@ -53,14 +54,12 @@ def _copy(u: UOp, device: str) -> UOp:
 
 def from_bytes(data: bytes, dtype: DType, shape: tuple[int, ...], devices: tuple[str, ...]) -> UOp:
     """A replicated tensor made from host data: one buffer per device."""
-    from fusegrad.storage import buffer_uop
     n = len(data) // dtype.itemsize
     return UOp(Ops.MULTI, dtype, tuple(build.reshape(buffer_uop(Buffer(d, n, dtype).copyin(data)), shape)
                                        for d in devices), None)
 
 
 def empty(shape: tuple[int, ...], dtype: DType, devices: tuple[str, ...]) -> UOp:
-    from fusegrad.storage import buffer_uop
     n = 1
     for s in shape: n *= s
     return UOp(Ops.MULTI, dtype, tuple(build.reshape(buffer_uop(Buffer(d, n, dtype)), shape) for d in devices), None)
@@ -68,7 +67,6 @@ def empty(shape: tuple[int, ...], dtype: DType, devices: tuple[str, ...]) -> UOp
 
 def empty_like(u: UOp) -> UOp:
     """New memory for a multi-device value: a buffer per shard, split like `u` (a MULTI) or whole on each device."""
-    from fusegrad.storage import buffer_uop
     assert u.shape is not None and isinstance(u.device, tuple)
     if u.op is not Ops.MULTI: return empty(tuple(int(s) for s in u.shape), u.dtype, u.device)
     parts = []

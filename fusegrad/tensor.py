@@ -383,8 +383,8 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
 
     def contiguous_backward(self) -> "Tensor":
         """The same values; its gradient is made contiguous (materialized) on the way back."""
-        from fusegrad.mixin.nn import _custom_grad
-        return _custom_grad(self.detach(), [self], lambda g, x: (g.contiguous(),), "contiguous_backward")
+        from fusegrad.mixin.nn import custom_grad
+        return custom_grad(self.detach(), [self], lambda g, x: (g.contiguous(),), "contiguous_backward")
 
     def shard(self, devices: Any, axis: int | None = None) -> "Tensor":
         """This tensor on several devices: split along `axis` into one slice per device, or whole on each (None).

@@ -305,12 +305,12 @@ def disk_assign(target: "Tensor", x: Any) -> "Tensor":
     """`target.assign(x)` for a DISK tensor: x is computed on its device and its bytes written into the file range
     `target` views (one contiguous range: a slice of whole rows, a reshape). Cached reads of the file are dropped."""
     from fusegrad.device import Device
-    from fusegrad.runtime.ops_disk import _region, is_disk, region_of
+    from fusegrad.runtime.ops_disk import disk_region, is_disk, region_of
     from fusegrad.tensor import Tensor
     if not isinstance(x, Tensor): x = Tensor(x, dtype=target.dtype)
     if x.shape != target.shape: x = x.expand(target.shape) if x.ndim <= target.ndim else x
     if x.shape != target.shape: raise RuntimeError(f"assign shape mismatch {x.shape} != {target.shape}")
-    if (r := _region(target.uop)) is None:
+    if (r := disk_region(target.uop)) is None:
         raise RuntimeError(f"assign into {target.device}: the target must be one contiguous byte range of the file "
                            "(a slice of whole rows, a reshape), not a strided view")
     buf, offset, _ = r

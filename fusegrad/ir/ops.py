@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import hashlib
 import math
 import operator
 import weakref
@@ -243,7 +244,6 @@ class UOp(metaclass=UOpMetaClass):
     @_cached_from_src
     def key(self) -> bytes:
         """A structural hash stable across processes (for disk caches and process replay)."""
-        import hashlib
         h = hashlib.sha256(f"{self.op}|{self.dtype}|{self.arg!r}".encode())
         for s in self.src: h.update(s.key)
         return h.digest()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 from typing import TYPE_CHECKING, Any, Sequence, Union
+from fusegrad.dtype import dtypes
 
 
 if TYPE_CHECKING:
@@ -25,7 +26,6 @@ def all_static(shape: Sequence[Any]) -> bool: return all(isinstance(s, int) for 
 
 def is_sym_int(x: Any) -> bool:
     """A symbolic size: an int-typed UOp (a bound Variable, or an expression of one)."""
-    from fusegrad.dtype import dtypes
     from fusegrad.ir.ops import UOp
     return isinstance(x, UOp) and dtypes.is_int(x.dtype)
 
@@ -188,5 +188,4 @@ def canonical_shape(shape: Sequence[sint]) -> tuple[sint, ...]:
 def sym_value_dtype(x: "UOp") -> Any:
     """The dtype of a tensor holding the value of a symbolic int (`Tensor(v)`, `Tensor.full(shape, v)`): the default
     int, or int64 for a variable whose range needs 64 bits."""
-    from fusegrad.dtype import dtypes
     return dtypes.int64 if x.dtype.itemsize > 4 else dtypes.default_int

@@ -158,8 +158,8 @@ class ALUMixin:
             if not (a.requires_grad or b.requires_grad): return q
             # a rounded quotient is piecewise constant: zero gradient for both operands (torch too), never the NaN
             # that differentiating through a / b would give where b == 0
-            from fusegrad.mixin.nn import _custom_grad
-            return _custom_grad(q, [a, b], lambda g, a_, b_: (a_.zeros_like(), b_.zeros_like()), f"div_{rounding_mode}")
+            from fusegrad.mixin.nn import custom_grad
+            return custom_grad(q, [a, b], lambda g, a_, b_: (a_.zeros_like(), b_.zeros_like()), f"div_{rounding_mode}")
         if rounding_mode is not None:
             raise RuntimeError(f"div expected rounding_mode to be one of None, 'trunc', or 'floor' but found "
                                f"{rounding_mode!r}")

@@ -234,8 +234,8 @@ class MathMixin:
         if dtypes.is_int(b.dtype) and dtypes.is_int(e.dtype): return _int_pow(b, e)
         b, e = b._float_or_self(), e._float_or_self()
         if not (b.requires_grad or e.requires_grad): return _pow_value(b, e)
-        from fusegrad.mixin.nn import _custom_grad
-        return _custom_grad(_pow_value(b.detach(), e.detach()), [b, e], _pow_backward, "pow")
+        from fusegrad.mixin.nn import custom_grad
+        return custom_grad(_pow_value(b.detach(), e.detach()), [b, e], _pow_backward, "pow")
 
     def copysign(self: "Tensor", other: "Tensor | ConstType") -> "Tensor":
         a, b = self._broadcasted(other)

@@ -38,7 +38,7 @@ def _reduction(x: "Tensor", reduction: str) -> "Tensor":
     raise ValueError(f"reduction must be 'none', 'mean' or 'sum', got {reduction!r}")
 
 
-def _custom_grad(value: "Tensor | UOp", inputs: list["Tensor"], backward: Callable, name: str) -> "Tensor":
+def custom_grad(value: "Tensor | UOp", inputs: list["Tensor"], backward: Callable, name: str) -> "Tensor":
     """`value` (a Tensor or its node) going forward; backward(grad, *inputs) -> one gradient Tensor per input (see
     autograd.GradFn)."""
     from fusegrad.autograd import GradFn
@@ -181,12 +181,12 @@ class NNMixin:
 
         if any(p < 0 for pp in pads for p in pp) or not dtypes.is_float(self.dtype): out = forward(self, weight)
         elif dtype is None and all_static(self.shape) and self.numel() and weight.numel():
-            out = _custom_grad(forward_uop(UOp(Ops.DETACH, self.dtype, (self.uop,)),
+            out = custom_grad(forward_uop(UOp(Ops.DETACH, self.dtype, (self.uop,)),
                                            UOp(Ops.DETACH, weight.dtype, (weight.uop,))), [self, weight],
                                functools.partial(_conv_backward, k=k, st=st, dl=dl, pads=pads, groups=groups,
                                                  unfold=unfold), "conv")
         else:  # the generic backward of the unfold is a scatter through every window; give it a transposed conv
-            out = _custom_grad(forward(self.detach(), weight.detach()), [self, weight],
+            out = custom_grad(forward(self.detach(), weight.detach()), [self, weight],
                                functools.partial(_conv_backward, k=k, st=st, dl=dl, pads=pads, groups=groups,
                                                  unfold=unfold), "conv")
         return out if bias is None else out + bias.reshape((1, cout) + (1,) * nd)
@@ -703,5 +703,5 @@ def _svd_attach_grads(A: "Tensor", U: "Tensor", S: "Tensor", Vh: "Tensor") -> "t
         inner = s.unsqueeze(-1) * (F * skew(vtg))
         return [Uk.matmul(inner).matmul(Vk.transpose(-2, -1)) + Uk.matmul(
             ((gv - Vk.matmul(vtg)) / s.unsqueeze(-2)).transpose(-2, -1))]
-    return (_custom_grad(U, [A], grad_u, "svd_u"), _custom_grad(S, [A], grad_s, "svd_s"),
-            _custom_grad(Vh, [A], grad_vh, "svd_vh"))
+    return (custom_grad(U, [A], grad_u, "svd_u"), custom_grad(S, [A], grad_s, "svd_s"),
+            custom_grad(Vh, [A], grad_vh, "svd_vh"))
