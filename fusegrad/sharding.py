@@ -31,11 +31,10 @@ def split_sizes(n: int, parts: int) -> list[int]:
 
 def shard(t: Tensor, devices: Any, axis: int | None = None) -> Tensor:
     """`t` on every device of `devices`: whole (axis None) or split along `axis` into one slice per device."""
-    from fusegrad.tensor import Tensor
     devs = canonical_devices(devices, "shard")
     if isinstance(t.device, tuple): t = t.to(t.device[0])     # resharding: gather first
     if axis is None:
-        return Tensor._wrap(UOp(Ops.MULTI, t.dtype, tuple(_copy(t.uop, d) for d in devs), None), t)
+        return t._wrap(UOp(Ops.MULTI, t.dtype, tuple(_copy(t.uop, d) for d in devs), None), t)
     ax = t._axis(axis)
     size = t.shape[ax]
     if not isinstance(size, int): raise TypeError("shard: a symbolic axis can't be sharded")
@@ -45,7 +44,7 @@ def shard(t: Tensor, devices: Any, axis: int | None = None) -> Tensor:
         piece = build.shrink(t.uop, [(b, b + n) if i == ax else (0, s) for i, s in enumerate(t.shape)])
         parts.append(_copy(piece, d))
         b += n
-    return Tensor._wrap(UOp(Ops.MULTI, t.dtype, tuple(parts), ax), t)
+    return t._wrap(UOp(Ops.MULTI, t.dtype, tuple(parts), ax), t)
 
 
 def _copy(u: UOp, device: str) -> UOp:

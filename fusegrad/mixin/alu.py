@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from fusegrad.dtype import ConstType, DType, DTypeLike, dtypes, least_upper_dtype, least_upper_float, to_dtype
 from fusegrad.ir import build
 from fusegrad.ir.ops import Ops, UOp
+from fusegrad.mixin.nn import custom_grad
 from fusegrad.mixin.nodes import broadcast_static, expand_to, on_nodes, usable
 
 if TYPE_CHECKING:
@@ -158,7 +159,6 @@ class ALUMixin:
             if not (a.requires_grad or b.requires_grad): return q
             # a rounded quotient is piecewise constant: zero gradient for both operands (torch too), never the NaN
             # that differentiating through a / b would give where b == 0
-            from fusegrad.mixin.nn import custom_grad
             return custom_grad(q, [a, b], lambda g, a_, b_: (a_.zeros_like(), b_.zeros_like()), f"div_{rounding_mode}")
         if rounding_mode is not None:
             raise RuntimeError(f"div expected rounding_mode to be one of None, 'trunc', or 'floor' but found "

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from fusegrad.dtype import ConstType, dtypes
 from fusegrad.ir.ops import Ops
 from fusegrad.mixin.alu import _float_fast
+from fusegrad.mixin.nn import custom_grad
 from fusegrad.mixin.nodes import on_nodes, usable
 
 if TYPE_CHECKING:
@@ -168,7 +169,6 @@ class MathMixin:
         """Python-style modulo: the result has the sign of the divisor."""
         a, b = self._broadcasted(x, reverse)
         if dtypes.is_float(a.dtype): return a - (a / b).floor() * b
-        from fusegrad.ir.ops import Ops
         r = a._alu(Ops.MOD, b)
         return ((r != 0) & ((r < 0) != (b < 0))).where(r + b, r)
 
@@ -178,7 +178,6 @@ class MathMixin:
         if dtypes.is_float(a.dtype):
             q = (a / b).trunc()
             return (q == 0).where(a, a - q * b)   # |a| < |b|: a itself (also for b = +-inf, where q * b is NaN)
-        from fusegrad.ir.ops import Ops
         return a._alu(Ops.MOD, b)
 
     def bitwise_and(self: "Tensor", x: Any, reverse: bool = False) -> "Tensor": return self.__and__(x)
@@ -234,7 +233,6 @@ class MathMixin:
         if dtypes.is_int(b.dtype) and dtypes.is_int(e.dtype): return _int_pow(b, e)
         b, e = b._float_or_self(), e._float_or_self()
         if not (b.requires_grad or e.requires_grad): return _pow_value(b, e)
-        from fusegrad.mixin.nn import custom_grad
         return custom_grad(_pow_value(b.detach(), e.detach()), [b, e], _pow_backward, "pow")
 
     def copysign(self: "Tensor", other: "Tensor | ConstType") -> "Tensor":

@@ -5,21 +5,21 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Sequence, TYPE_CHECKING
 
-from fusegrad.dtype import DTypeLike, dtypes
-from fusegrad.helpers import ShapeError, make_tuple, prod
+from fusegrad import storage
+from fusegrad.autograd import GradFn
+from fusegrad.dtype import DTypeLike, dtypes, least_upper_dtype, sum_acc_dtype
+from fusegrad.helpers import ShapeError, TRAINING, make_tuple, prod
+from fusegrad.ir import build
 from fusegrad.ir.ops import Ops, UOp
 from fusegrad.ir.shape import all_static
+from fusegrad.mixin.movement import pool_uop
 from fusegrad.mixin.nodes import on_nodes, usable
+from fusegrad.storage import is_contiguous_buffer
 
 if TYPE_CHECKING:
     from fusegrad.tensor import Tensor
-
-
-def _T() -> Any:
-    from fusegrad.tensor import Tensor
-    return Tensor
 
 
 def _pad_pairs(padding: int | Sequence[int], dims: int) -> list[tuple[int, int]]:
@@ -41,8 +41,7 @@ def _reduction(x: "Tensor", reduction: str) -> "Tensor":
 def custom_grad(value: "Tensor | UOp", inputs: list["Tensor"], backward: Callable, name: str) -> "Tensor":
     """`value` (a Tensor or its node) going forward; backward(grad, *inputs) -> one gradient Tensor per input (see
     autograd.GradFn)."""
-    from fusegrad.autograd import GradFn
-    T = _T()
+    T = storage.tensor_class
     v = value if isinstance(value, UOp) else value.uop
 
     def bw(ctx: Any, node: Any) -> tuple[Any, ...]:
@@ -155,11 +154,7 @@ class NNMixin:
         def forward_uop(x: "UOp", wt: "UOp") -> "UOp":
             """`forward` of detached operands on the graph nodes: the same nodes, with one Tensor for the result, not
             about fifteen (a third of an eager EfficientNet call's graph building went to conv intermediates)."""
-            from fusegrad.dtype import least_upper_dtype, sum_acc_dtype
-            from fusegrad.ir import build
-            from fusegrad.mixin.movement import _pool_uop
-            from fusegrad.mixin.realize import _is_contiguous_buffer
-            xu, _ = _pool_uop(build.pad(x, [(0, 0), (0, 0)] + pads), k, st, dl)          # (N, Cin, *O, *K)
+            xu, _ = pool_uop(build.pad(x, [(0, 0), (0, 0)] + pads), k, st, dl)          # (N, Cin, *O, *K)
             o = xu.shape[2:2 + nd]
             xu = build.permute(build.reshape(xu, (n, groups, 1, cg) + o + k),
                                [0, 1, 2] + [4 + i for i in range(nd)] + [3] + [4 + nd + i for i in range(nd)])
@@ -167,7 +162,7 @@ class NNMixin:
             last = xu.shape[2 + nd]
             if (last % 8 or cg >= 16) and (cout // groups) % 8 == 0:   # as in forward: a channels-last weight copy
                 w = build.permute(w, [0] + [2 + i for i in range(nd + 1)] + [1])
-                if not _is_contiguous_buffer(w): w = UOp(Ops.CONTIGUOUS, w.dtype, (w,))
+                if not is_contiguous_buffer(w): w = UOp(Ops.CONTIGUOUS, w.dtype, (w,))
                 w = build.permute(w, [0, nd + 2] + list(range(1, nd + 2)))
             w = build.reshape(w, (1, groups, cout // groups) + (1,) * nd + (cg,) + k)
             dt = least_upper_dtype(xu.dtype, w.dtype)          # the multiply's promotion and broadcast
@@ -239,7 +234,7 @@ class NNMixin:
         red = [-1 - i for i in range(len(k))]
         vals = w.max(red)
         if not return_indices: return vals
-        Tensor = _T()
+        Tensor = type(self)
         sp = self.shape[-len(k):]
         pos = Tensor.arange(prod(sp), device=self.device).reshape(sp)
         pw = pos.pad(pads, value=-1)._pool(k, st, dl)                          # (*O, *K) flat input positions
@@ -260,7 +255,7 @@ class NNMixin:
         lead = [(0, 0)] * (self.ndim - len(k))
         red = [-1 - i for i in range(len(k))]
         total = self._float_or_self().pad(lead + pads)._pool(k, st, dl).sum(red)
-        Tensor = _T()
+        Tensor = type(self)
         ones = Tensor.ones(self.shape[-len(k):], device=self.device)
         if count_include_pad:  # the user's padding counts, ceil_mode's extra doesn't
             ones = ones.pad(user, value=1.0)
@@ -278,7 +273,7 @@ class NNMixin:
             output_size = tuple((i - 1) * s - 2 * p + d * (kk - 1) + 1
                                 for i, s, p, d, kk in zip(self.shape[-2:], st, pd, dl, k))
         osz = tuple(output_size)[-2:]
-        Tensor = _T()
+        Tensor = type(self)
         lead = self.shape[:-2]
         out = Tensor.zeros(lead + (prod(osz),), dtype=self.dtype, device=self.device)
         idx, vals = indices.reshape(lead + (-1,)), self.reshape(lead + (-1,))
@@ -312,8 +307,7 @@ class NNMixin:
 
     def dropout(self: "Tensor", p: float = 0.5) -> "Tensor":
         if not 0 <= p <= 1: raise ValueError(f"dropout probability must be in [0, 1], got {p}")
-        Tensor = _T()
-        from fusegrad.helpers import TRAINING
+        Tensor = type(self)
         if not (Tensor.training or TRAINING) or p == 0: return self  # `with Tensor.train():` or Context(TRAINING=1)
         if p == 1: return self.zeros_like()
         return (Tensor.rand(*self.shape, device=self.device) >= p).where(self, 0) * (1 / (1 - p))
@@ -330,7 +324,7 @@ class NNMixin:
             rep = q.shape[-3] // key.shape[-3]
             key, value = key.repeat_interleave(rep, dim=-3), value.repeat_interleave(rep, dim=-3)
         scores = q.matmul(key.transpose(-2, -1)) * (1 / math.sqrt(q.shape[-1]))
-        Tensor = _T()
+        Tensor = type(self)
         if is_causal:
             L, S = q.shape[-2], key.shape[-2]
             causal = Tensor.ones(L, S, dtype=dtypes.bool, device=q.device).tril()
@@ -474,7 +468,7 @@ class NNMixin:
             lo, hi = (0, 1) if dtypes.is_bool(self.dtype) else (dtypes.min(self.dtype), dtypes.max(self.dtype))
             out = self.cast(dtypes.float32).interpolate(size, mode, align_corners).round().clamp(lo, hi)
             return out.cast(self.dtype)
-        Tensor = _T()
+        Tensor = type(self)
         x = self
         for i, out_n in enumerate(size):
             ax = self.ndim - len(size) + i
@@ -507,7 +501,7 @@ class NNMixin:
         >>> [round(x, 4) for x in R.numpy().ravel().tolist()]
         [-5.0, -2.2, 0.0, 0.4]
         """
-        Tensor = _T()
+        Tensor = type(self)
         m, n = self.shape[-2], self.shape[-1]
         R = self._float_or_self()
         dev, dt = self.device, R.dtype
@@ -614,7 +608,7 @@ def _jacobi_round(W: "Tensor", rows: int) -> "Tensor":
 
 def _jacobi(Y: "Tensor") -> "tuple[Tensor, Tensor]":
     """One-sided Jacobi on the columns of Y (..., C, C): W = Y @ Vj with W's columns orthogonal, Vj orthogonal."""
-    T = _T()
+    T = type(Y)
     cols = Y.shape[-1]
     eye = T.eye(cols, dtype=Y.dtype, device=Y.device).expand(Y.shape)
     if cols == 1: return Y, eye
@@ -637,7 +631,7 @@ def _orthonormal_columns(V: "Tensor") -> "Tensor":
 
 def _svd_tall(X: "Tensor", full_matrices: bool) -> "tuple[Tensor, Tensor, Tensor]":
     """X (..., R, C) with R >= C, nonempty: (U, S, V) with X = U @ diag(S) @ V^T, S descending."""
-    T = _T()
+    T = type(X)
     rows, cols = X.shape[-2], X.shape[-1]
     # (..., 1, 1): no overflow or underflow in the squares. At least the smallest normal number, so 1/scale is finite
     scale = X.abs().max((-2, -1), keepdim=True).maximum(2.0 ** -1022 if X.dtype == dtypes.float64 else 2.0 ** -126)
@@ -660,7 +654,7 @@ def _svd_tall(X: "Tensor", full_matrices: bool) -> "tuple[Tensor, Tensor, Tensor
 
 def _svd_empty(x: "Tensor", full_matrices: bool) -> "tuple[Tensor, Tensor, Tensor]":
     """A zero-size input: like torch, the full factors are identities and everything else is empty."""
-    T = _T()
+    T = type(x)
     batch, (m, n) = x.shape[:-2], x.shape[-2:]
     k = min(m, n)
 
@@ -682,7 +676,7 @@ def _svd_attach_grads(A: "Tensor", U: "Tensor", S: "Tensor", Vh: "Tensor") -> "t
     s = S.detach()
     sq = s.square()
     diff = sq.unsqueeze(-2) - sq.unsqueeze(-1)                              # [i, j] = s_j^2 - s_i^2
-    eye = _T().eye(k, dtype=S.dtype, device=S.device)
+    eye = type(S).eye(k, dtype=S.dtype, device=S.device)
     F = (eye == 1).where(0.0, 1 / (eye + diff))  # eye + diff: no 1/0 on the diagonal, which is masked anyway
 
     def skew(m: "Tensor") -> "Tensor": return m - m.transpose(-2, -1)
