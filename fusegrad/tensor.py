@@ -17,7 +17,7 @@ from fusegrad.dtype import ConstType, DType, DTypeLike, dtypes, float_to_bf16_bi
     least_upper_dtype, strong_dtype, to_dtype, to_np_dtype, weak_dtype
 from fusegrad.helpers import ShapeError, TRAINING, argfix, make_tuple, prod
 from fusegrad.ir import build
-from fusegrad.ir.ops import Ops, UOp, sym_infer
+from fusegrad.ir.ops import OpMixin, Ops, UOp, sym_infer
 from fusegrad.ir.pattern import substitute, substitute_memo
 from fusegrad.ir.shape import all_static, broadcast_shape, canonical_shape, is_sym_int as _is_sym_int, sle, smax, \
     sprod, sym_eq, sym_value_dtype
@@ -25,7 +25,8 @@ from fusegrad.mixin.alu import ALUMixin
 from fusegrad.mixin.creation import CreationMixin
 from fusegrad.mixin.math import MathMixin
 from fusegrad.mixin.movement import MovementMixin
-from fusegrad.mixin.nn import NNMixin, custom_grad
+from fusegrad.autograd import custom_grad
+from fusegrad.mixin.nn import NNMixin
 from fusegrad.mixin.realize import RealizeMixin
 from fusegrad.mixin.reduce import ReduceMixin
 
@@ -128,7 +129,7 @@ class _TensorMeta(type):
     def training(cls, v: bool) -> None: TRAINING.value = int(bool(v))
 
 
-class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNMixin, RealizeMixin,
+class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNMixin, RealizeMixin, OpMixin,
              metaclass=_TensorMeta):
     """A lazy n-dimensional array with autograd.
 
@@ -453,6 +454,8 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
         shape = broadcast_shape(x.shape, yt.shape)
         return x._broadcast_to(shape), yt._broadcast_to(shape)
 
+    _pair = _broadcasted   # (OpMixin's primitive: two operands, broadcast and promoted)
+
     def _broadcast_to(self, shape: tuple[int, ...]) -> "Tensor":
         s = self.shape
         if s == shape: return self
@@ -461,7 +464,7 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
             # for the reshape and expand together; what reshape() then expand() would check and record, for less
             old = (1,) * (len(shape) - len(s)) + s
             if all(o.__class__ is int and n.__class__ is int and (o == n or o == 1) for o, n in zip(old, shape)):
-                t = Tensor._wrap(build.expand(build.reshape(self.uop, old), shape), self)
+                t = Tensor._wrap(self.uop.broadcast_to(shape), self)
                 if t._view is None: mark_view(t, self)
                 return t
         x = self.reshape((1,) * (len(shape) - self.ndim) + self.shape) if self.ndim < len(shape) else self

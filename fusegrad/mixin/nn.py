@@ -7,15 +7,14 @@ import functools
 import math
 from typing import Any, Callable, Sequence, TYPE_CHECKING
 
-from fusegrad import storage
-from fusegrad.autograd import GradFn
+from fusegrad.autograd import custom_grad
 from fusegrad.dtype import DTypeLike, dtypes, least_upper_dtype, sum_acc_dtype
 from fusegrad.helpers import ShapeError, TRAINING, make_tuple, prod
 from fusegrad.ir import build
-from fusegrad.ir.ops import Ops, UOp
+from fusegrad.ir.ops import OpMixin, Ops, UOp
 from fusegrad.ir.shape import all_static
 from fusegrad.mixin.movement import pool_uop
-from fusegrad.mixin.nodes import on_nodes, usable
+from fusegrad.mixin.alu import on_nodes
 from fusegrad.storage import is_contiguous_buffer
 
 if TYPE_CHECKING:
@@ -36,17 +35,6 @@ def _reduction(x: "Tensor", reduction: str) -> "Tensor":
     if reduction == "sum": return x.sum()
     if reduction == "none": return x
     raise ValueError(f"reduction must be 'none', 'mean' or 'sum', got {reduction!r}")
-
-
-def custom_grad(value: "Tensor | UOp", inputs: list["Tensor"], backward: Callable, name: str) -> "Tensor":
-    """`value` (a Tensor or its node) going forward; backward(grad, *inputs) -> one gradient Tensor per input (see
-    autograd.GradFn)."""
-    T = storage.tensor_class
-    v = value if isinstance(value, UOp) else value.uop
-
-    def bw(ctx: Any, node: Any) -> tuple[Any, ...]:
-        return tuple(g.uop for g in backward(T._wrap(ctx), *[T._wrap(s) for s in node.src[1:]]))
-    return T._wrap(UOp(Ops.DETACH, v.dtype, (v, *[t.uop for t in inputs]), GradFn(bw, name)), *inputs)
 
 
 def _samples_per_group(n: int, sample_bytes: int, out_bytes: int, target: int = 1 << 20) -> int:
@@ -101,11 +89,6 @@ def _conv_backward(g: "Tensor", x: "Tensor", w: "Tensor", k: tuple[int, ...], st
         dw = prod_.sum([1] + [4 + i for i in range(nd)]).sum(0).reshape(w.shape)
     else: dw = prod_.sum([0] + [3 + i for i in range(nd)]).reshape(w.shape)
     return [dx.cast(x.dtype), dw.cast(w.dtype)]
-
-
-def _layernorm(self: Any, axis: Any, eps: float) -> Any:
-    y = self - self.mean(axis, keepdim=True)
-    return y.mul((y * y).mean(axis, keepdim=True).add(eps).rsqrt())
 
 
 class NNMixin:
@@ -293,7 +276,7 @@ class NNMixin:
         return functools.reduce(lambda x, f: f(x), ll, self)
 
     def layernorm(self: "Tensor", axis: int | tuple[int, ...] = -1, eps: float = 1e-5) -> "Tensor":
-        return on_nodes(self, _layernorm, axis, eps) if usable(self) else _layernorm(self, axis, eps)
+        return on_nodes(self, OpMixin._layernorm, axis, eps)
 
     def batchnorm(self: "Tensor", weight: "Tensor | None", bias: "Tensor | None", mean: "Tensor", invstd: "Tensor",
                   axis: int | tuple[int, ...] = 1) -> "Tensor":

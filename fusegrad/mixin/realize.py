@@ -8,16 +8,17 @@ from __future__ import annotations
 import struct
 from typing import Any, Sequence, TYPE_CHECKING
 
+import fusegrad.schedule as scheduler
 from fusegrad import storage
 from fusegrad.device import Buffer, canonical_device as _canonical_device
 from fusegrad.dlpack import export, import_dlpack
 from fusegrad.dtype import ConstType, DType, bf16_to_float, dtypes, fp8_to_float, to_np_dtype
 from fusegrad.engine.capture import JitError, capturing, note_relayout
-from fusegrad.engine.realize import run_schedule
+from fusegrad.engine import realize as engine   # (engine.run_schedule, scheduler.create_schedule at call time:
+                                               # tests replace them)
 from fusegrad.helpers import PROFILE, VIZ, dedup, prod
 from fusegrad.ir.ops import Ops, UOp, VarVals
 from fusegrad.ir.shape import all_static
-from fusegrad.schedule import create_schedule
 from fusegrad.storage import buffers, is_contiguous_buffer, is_realized, leaf_of
 from fusegrad.views import assign_owner, preserve_old_values, refresh_views, substitute_outside_assigns, view_bases
 
@@ -51,7 +52,7 @@ class RealizeMixin:
 
     def schedule(self: "Tensor", *lst: "Tensor") -> list[Any]:
         """The kernels realize() would run, without running them."""
-        return create_schedule([t.uop for t in (self,) + lst])[0]
+        return scheduler.create_schedule([t.uop for t in (self,) + lst])[0]
 
     def schedule_linear(self: "Tensor", *lst: "Tensor") -> list[Any]:
         """The kernels (in run order) that realize() would run for this tensor and `lst`, without running them."""
@@ -91,8 +92,8 @@ class RealizeMixin:
         try:
             if traced:
                 from fusegrad.viz.recorder import traced_schedule
-                sched, results = traced_schedule(create_schedule, uops)
-            else: sched, results = create_schedule(uops)
+                sched, results = traced_schedule(scheduler.create_schedule, uops)
+            else: sched, results = scheduler.create_schedule(uops)
         except Exception:
             # nothing ran; a pending write that can't be scheduled (it reads a value a later write destroyed) raises
             # again when its tensor is read, but is no longer run on behalf of other code (TinyJit runs every live
@@ -104,7 +105,7 @@ class RealizeMixin:
         # the buffers each target's graph reads (for the result cache and autograd history), walked now: after the
         # kernels ran, the graph is out of the CPU caches and the same walk takes about twice as long
         reads = {id(u): storage.buffers_read(u) for u in uops if u.op is not Ops.ASSIGN and id(u) not in snap_ids}
-        run_schedule(sched)
+        engine.run_schedule(sched)
         written = {id(si.bufs[0]): si.bufs[0] for si in sched if si.inplace}
         for b in written.values(): storage.written(b)   # cached results computed from the old contents are void
         written_now = {storage.memory_of(b) for b in written.values()}

@@ -9,9 +9,9 @@ from typing import Any, Sequence, TYPE_CHECKING
 from fusegrad.dtype import ConstType, DTypeLike, dtypes, least_upper_dtype, sum_acc_dtype, to_dtype
 from fusegrad.helpers import ShapeError, prod
 from fusegrad.ir import build
-from fusegrad.ir.ops import GroupOp, Ops, UOp, ssimplify
+from fusegrad.ir.ops import GroupOp, OpMixin, Ops, UOp, ssimplify
 from fusegrad.ir.shape import all_static, sprod, ssub
-from fusegrad.mixin.nodes import on_nodes, usable
+from fusegrad.mixin.alu import on_nodes
 
 if TYPE_CHECKING:
     from fusegrad.tensor import Tensor
@@ -98,21 +98,10 @@ def _is_buffer_view(u: UOp) -> bool:
     return u.op is Ops.BUFFER
 
 
-def _softmax_parts(self: Any, axis: int, dtype: DTypeLike | None) -> Any:
-    x = self.cast(to_dtype(dtype)) if dtype is not None else self._float_or_self()
-    m = x - x.max(axis=axis, keepdim=True).detach()
-    e = m.exp()
-    return m, e, e.sum(axis=axis, keepdim=True)
-
-
-def _softmax(self: Any, axis: int, dtype: DTypeLike | None) -> Any:
-    _, e, ss = _softmax_parts(self, axis, dtype)
-    return e.div(ss)
-
-
-def _log_softmax(self: Any, axis: int, dtype: DTypeLike | None) -> Any:
-    m, _, ss = _softmax_parts(self, axis, dtype)
-    return m - ss.log()
+def _softmax_on_nodes(x: "Tensor", dtype: DTypeLike | None) -> bool:
+    """Whether softmax of x may run on its node: no cast to another dtype first (a half softmax sums in float32), and
+    no input that max() would store first for its gradient (`_fma_hazard`)."""
+    return (dtype is None or to_dtype(dtype) == x.dtype) and not (x.requires_grad and _fma_hazard(x.uop))
 
 
 class ReduceMixin:
@@ -300,13 +289,15 @@ class ReduceMixin:
 
     # ----- softmax family -----
     def softmax(self: "Tensor", axis: int = -1, dtype: DTypeLike | None = None) -> "Tensor":
-        return on_nodes(self, _softmax, axis, dtype) if usable(self) else _softmax(self, axis, dtype)
+        if _softmax_on_nodes(self, dtype): return on_nodes(self, OpMixin._softmax, axis, dtype)
+        return OpMixin._softmax(self, axis, dtype)
 
     def softmin(self: "Tensor", axis: int = -1, dtype: DTypeLike | None = None) -> "Tensor":
         return (-self).softmax(axis, dtype)
 
     def log_softmax(self: "Tensor", axis: int = -1, dtype: DTypeLike | None = None) -> "Tensor":
-        return on_nodes(self, _log_softmax, axis, dtype) if usable(self) else _log_softmax(self, axis, dtype)
+        if _softmax_on_nodes(self, dtype): return on_nodes(self, OpMixin._log_softmax, axis, dtype)
+        return OpMixin._log_softmax(self, axis, dtype)
 
     def logsumexp(self: "Tensor", axis: Any = None, keepdim: bool = False) -> "Tensor":
         x = self._float_or_self()

@@ -20,7 +20,7 @@ from typing import Any
 
 from fusegrad.dtype import dtypes
 from fusegrad.helpers import TRAINING, make_tuple, prod
-from fusegrad.mixin.nn import custom_grad
+from fusegrad.autograd import custom_grad
 from fusegrad.nn import datasets, optim, state
 from fusegrad.tensor import Tensor
 
