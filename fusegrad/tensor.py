@@ -454,7 +454,11 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
         shape = broadcast_shape(x.shape, yt.shape)
         return x._broadcast_to(shape), yt._broadcast_to(shape)
 
-    _pair = _broadcasted   # (OpMixin's primitive: two operands, broadcast and promoted)
+    _pair = _broadcasted   # (OpMixin's primitives: two operands, broadcast and promoted; and the ALU op of them)
+
+    def _binop(self, op: Ops, y: "Tensor | ConstType", reverse: bool = False) -> "Tensor":
+        a, b = self._broadcasted(y, reverse)
+        return a._alu(op, b)
 
     def _broadcast_to(self, shape: tuple[int, ...]) -> "Tensor":
         s = self.shape

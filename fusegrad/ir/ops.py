@@ -4,10 +4,10 @@ The same node type serves every level: the lazy tensor graph, kernel ASTs and th
 Because nodes are hash-consed, structural equality is identity: `UOp(...) is UOp(...)` for equal arguments.
 
 `OpMixin` holds the math that a `Tensor` and a tensor-level node share: each method is written once against a few
-primitives (`_pair`: two operands broadcast to one shape and dtype; `_alu`: one ALU node; `cast`, `where`, `detach`,
-`_reduce`) that `Tensor` (with its dtype promotion, checks and autograd) and `UOp` (tensor-level nodes of one dtype,
-a Python number taking that dtype, as the Tensor frontend would promote it) each implement. A composite such as
-softmax then runs on the nodes of one float tensor and makes the very graph the Tensor steps would make, without a
+primitives (`_pair`: two operands broadcast to one shape and dtype; `_alu`: one ALU node; `_binop`: both in one step;
+`cast`, `where`, `detach`, `_reduce`) that `Tensor` (with its dtype promotion, checks and autograd) and `UOp`
+(tensor-level nodes of one dtype; a Python number takes that dtype, as the Tensor frontend promotes it) each
+implement. A composite such as softmax then runs on the nodes of one float tensor and makes the very graph the Tensor steps would make, without a
 Tensor per step (the frontend wraps only the result: mixin/alu.py `on_nodes`).
 """
 from __future__ import annotations
@@ -169,18 +169,15 @@ class OpMixin:
     __slots__ = ()
 
     # ----- elementwise arithmetic -----
-    def add(self, y: Any, reverse: bool = False) -> Any:
-        a, b = self._pair(y, reverse)  # type: ignore[attr-defined]
-        return a._alu(Ops.ADD, b)
-    def mul(self, y: Any, reverse: bool = False) -> Any:
-        a, b = self._pair(y, reverse)  # type: ignore[attr-defined]
-        return a._alu(Ops.MUL, b)
+    def add(self, y: Any, reverse: bool = False) -> Any: return self._binop(Ops.ADD, y, reverse)  # type: ignore
+    def mul(self, y: Any, reverse: bool = False) -> Any: return self._binop(Ops.MUL, y, reverse)  # type: ignore
     def sub(self, y: Any, reverse: bool = False) -> Any:
         a, b = self._pair(y, reverse)  # type: ignore[attr-defined]
         return a._alu(Ops.ADD, b.neg())
     def div(self, y: Any, reverse: bool = False) -> Any:
         a, b = self._pair(y, reverse)  # type: ignore[attr-defined]
-        return a._float_or_self()._alu(Ops.MUL, b._float_or_self().reciprocal())
+        if not dtypes.is_float(a.dtype): a, b = a._float_or_self(), b._float_or_self()
+        return a._alu(Ops.MUL, b._alu(Ops.RECIPROCAL))
     def neg(self) -> Any: return self._alu(Ops.NEG)  # type: ignore[attr-defined]
     def __add__(self, y: Any) -> Any: return self.add(y)
     def __radd__(self, y: Any) -> Any: return self.add(y, True)
@@ -193,24 +190,14 @@ class OpMixin:
     def __neg__(self) -> Any: return self.neg()
 
     # ----- comparisons and masks (named: `==` on a node is identity) -----
-    def lt(self, y: Any) -> Any:
-        a, b = self._pair(y)  # type: ignore[attr-defined]
-        return a._alu(Ops.CMPLT, b)
-    def gt(self, y: Any) -> Any:
-        a, b = self._pair(y, True)  # type: ignore[attr-defined]
-        return a._alu(Ops.CMPLT, b)
-    def ne(self, y: Any) -> Any:
-        a, b = self._pair(y)  # type: ignore[attr-defined]
-        return a._alu(Ops.CMPNE, b)
+    def lt(self, y: Any) -> Any: return self._binop(Ops.CMPLT, y)  # type: ignore[attr-defined]
+    def gt(self, y: Any) -> Any: return self._binop(Ops.CMPLT, y, True)  # type: ignore[attr-defined]
+    def ne(self, y: Any) -> Any: return self._binop(Ops.CMPNE, y)  # type: ignore[attr-defined]
     def eq(self, y: Any) -> Any: return self.ne(y).logical_not()
     def ge(self, y: Any) -> Any: return self.gt(y) | self.eq(y)   # NaN compares False
     def le(self, y: Any) -> Any: return self.lt(y) | self.eq(y)
-    def logical_not(self) -> Any:
-        a, b = self._pair(True)  # type: ignore[attr-defined]
-        return a._alu(Ops.CMPNE, b)
-    def __or__(self, y: Any) -> Any:
-        a, b = self._pair(y)  # type: ignore[attr-defined]
-        return a._alu(Ops.OR, b)
+    def logical_not(self) -> Any: return self._binop(Ops.CMPNE, True)  # type: ignore[attr-defined]
+    def __or__(self, y: Any) -> Any: return self._binop(Ops.OR, y)  # type: ignore[attr-defined]
     def isnan(self) -> Any: return self.ne(self)
 
     # ----- unary math -----
@@ -240,7 +227,7 @@ class OpMixin:
     # ----- composites -----
     def relu(self) -> Any:
         """max(x, 0) of a float: relu(NaN) is NaN, relu'(0) = 0."""
-        return (self.gt(0) | self.isnan()).where(self, 0)  # type: ignore[attr-defined]
+        return (self.gt(0) | self.ne(self)).where(self, 0)  # type: ignore[attr-defined]
 
     def relu6(self) -> Any: return self.ge(6).where(6, self.relu())
 
@@ -510,22 +497,32 @@ class UOp(OpMixin, metaclass=UOpMetaClass):
         self's dtype: a scalar for a kernel-level or symbolic value (shape None), else a tensor constant on self's
         device at self's shape, as the Tensor frontend makes it. Two tensor-level nodes of one dtype broadcast to one
         shape (`broadcast_shape`); nodes don't promote dtypes (a Tensor does)."""
-        s = self.shape
-        if y.__class__ is UOp:
+        s, cls = self.shape, y.__class__
+        if cls is UOp:
             b: UOp = y  # type: ignore[assignment]
             if s is not None and (bs := b.shape) != s:
                 if b.dtype != self.dtype: raise TypeError(f"node operands of {self.dtype} and {b.dtype}: cast first")
                 if bs is None: raise TypeError(f"a tensor-level node of shape {s} with a scalar node {b.op}")
-                shape = broadcast_shape(*((bs, s) if reverse else (s, bs)))
+                shape = broadcast_shape(bs, s) if reverse else broadcast_shape(s, bs)
                 return (b.broadcast_to(shape), self.broadcast_to(shape)) if reverse else \
                     (self.broadcast_to(shape), b.broadcast_to(shape))
         elif s is None: b = UOp.const(self.dtype, y)  # type: ignore[arg-type]
-        elif y.__class__ in (int, float, bool): b = tensor_const(y, self.dtype, self.device, s)  # type: ignore[arg-type]
+        elif cls is float or cls is int or cls is bool: b = tensor_const(y, self.dtype, self.device, s)  # type: ignore
         else: raise TypeError(f"unsupported operand type {type(y).__name__} for a node")
         return (b, self) if reverse else (self, b)
 
-    def _alu(self, op: Ops, *srcs: "UOp") -> "UOp":
-        return UOp(op, dtypes.bool if op in GroupOp.Comparison else self.dtype, (self,) + srcs)
+    def _alu(self, op: Ops, *srcs: "UOp", _cmp: frozenset = frozenset(GroupOp.Comparison)) -> "UOp":
+        return UOp(op, dtypes.bool if op in _cmp else self.dtype, (self,) + srcs)
+
+    def _binop(self, op: Ops, y: "UOp | ConstType", reverse: bool = False,
+               _cmp: frozenset = frozenset(GroupOp.Comparison)) -> "UOp":
+        """`_alu(op)` of the `_pair` (one step: most node arithmetic is this). The common tensor-level cases, a number
+        or a node of the same shape, without the `_pair` call."""
+        if (s := self.shape) is not None and ((cls := y.__class__) is float or cls is int or cls is bool):
+            b = tensor_const(y, self.dtype, self.device, s)  # type: ignore[arg-type]
+            return UOp(op, dtypes.bool if op in _cmp else self.dtype, (b, self) if reverse else (self, b))
+        a, b = self._pair(y, reverse)
+        return UOp(op, dtypes.bool if op in _cmp else a.dtype, (a, b))
 
     def __sub__(self, x: "UOp | ConstType") -> "UOp":
         # a kernel-level value minus a number adds its negation (one constant, as index math has always built it)
@@ -541,11 +538,13 @@ class UOp(OpMixin, metaclass=UOpMetaClass):
             av = _as_uop(a, b.dtype if isinstance(b, UOp) else dtypes.int32)
             return UOp(Ops.WHERE, av.dtype, (self, av, _as_uop(b, av.dtype)))
         if self.dtype != dtypes.bool: raise TypeError(f"where needs a bool condition node, got {self.dtype}")
-        if isinstance(a, UOp): a, b = a._pair(b)
-        elif isinstance(b, UOp): b, a = b._pair(a)
+        if a.__class__ is UOp: a, b = a._pair(b)  # type: ignore[union-attr]
+        elif b.__class__ is UOp: b, a = b._pair(a)  # type: ignore[union-attr]
         else: raise TypeError("a tensor-level where needs a node for a or b")
-        shape = broadcast_shape(self.shape, a.shape)  # type: ignore[arg-type]
-        return UOp(Ops.WHERE, b.dtype, (self.broadcast_to(shape), a.broadcast_to(shape), b.broadcast_to(shape)))
+        if (s := self.shape) != (xs := a.shape):  # type: ignore[union-attr]
+            s = broadcast_shape(s, xs)  # type: ignore[arg-type]
+            return UOp(Ops.WHERE, b.dtype, (self.broadcast_to(s), a.broadcast_to(s), b.broadcast_to(s)))  # type: ignore
+        return UOp(Ops.WHERE, b.dtype, (self, a, b))  # type: ignore[union-attr]
 
     def detach(self) -> "UOp": return UOp(Ops.DETACH, self.dtype, (self,))
 
@@ -555,11 +554,13 @@ class UOp(OpMixin, metaclass=UOpMetaClass):
         s = self.shape
         assert s is not None, "reduce of a kernel-level node"
         n = len(s)
-        axes = tuple(range(n)) if axis is None else (axis,) if isinstance(axis, int) else tuple(axis)
-        if any(not isinstance(a, int) or not -max(n, 1) <= a < max(n, 1) for a in axes) or len(set(axes)) != len(axes):
-            raise IndexError(f"reduce axes {axis} for shape {s}")
-        axes = () if n == 0 else tuple(a + n if a < 0 else a for a in axes)
-        if len(set(axes)) != len(axes): raise IndexError(f"reduce axes {axis} for shape {s}: an axis twice")
+        if axis is None: axes: tuple = tuple(range(n))
+        else:
+            axes = tuple(a + n if a.__class__ is int and -n <= a < 0 else a for a in ((axis,) if axis.__class__ is int
+                                                                                      else axis))
+            if n == 0 and axes in ((0,), (-1,)): axes = ()
+            if any(a.__class__ is not int or not 0 <= a < n for a in axes) or len(set(axes)) != len(axes):
+                raise IndexError(f"reduce axes {axis} for shape {s}")
         if any(s[a] == 0 for a in axes): raise ValueError(f"reduce over an empty axis of {s}")
         if any(s[a] != 1 for a in axes): out = self.reduce_axis(op, axes)
         elif op is Ops.ADD and dtypes.is_float(self.dtype): out = self + 0.0
@@ -589,7 +590,8 @@ class UOp(OpMixin, metaclass=UOpMetaClass):
         if any(shape[a] == 0 for a in axes):  # reducing nothing gives the identity
             assert self.device is not None
             ident = {Ops.ADD: 0, Ops.MUL: 1, Ops.MAX: dtypes.min(self.dtype)}[op]
-            return tensor_const(ident, self.dtype, self.device, tuple(1 if i in axes else d for i, d in enumerate(shape)))
+            kept = tuple(1 if i in axes else d for i, d in enumerate(shape))
+            return tensor_const(ident, self.dtype, self.device, kept)
         return UOp(Ops.REDUCE_AXIS, self.dtype, (self,), (op, axes))
 
     # ----- symbolic bounds (integers and bools) -----
@@ -706,4 +708,5 @@ def iter_nodes(roots: list[UOp]) -> Iterator[UOp]:
                 yield n
 
 
-__all__ = ["Ops", "GroupOp", "OpMixin", "UOp", "tensor_const", "BindError", "VarVals", "PtrDType", "print_tree", "pretty", "sym_infer", "math"]
+__all__ = ["Ops", "GroupOp", "OpMixin", "UOp", "tensor_const", "BindError", "VarVals", "PtrDType", "print_tree", "pretty",
+           "sym_infer", "math"]

@@ -111,6 +111,12 @@ def broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
         a, b = shapes
         if a == b or not b: return a
         if not a: return b
+        k = len(a) - len(b)   # static sizes in one pass (symbolic ones and errors: below)
+        out = []
+        for p, q in zip(((1,) * -k + a) if k < 0 else a, ((1,) * k + b) if k > 0 else b):
+            if p.__class__ is not int or q.__class__ is not int or (p != q and p != 1 and q != 1): break
+            out.append(q if p == 1 else p)
+        else: return tuple(out)
     elif all(s == shapes[0] for s in shapes): return shapes[0]
     n = max(len(s) for s in shapes)
     padded = [(1,) * (n - len(s)) + s for s in shapes]

@@ -180,8 +180,9 @@ class ALUMixin:
         return t - ((self < t).cast(self.dtype))
 
     def relu(self: "Tensor") -> "Tensor":
-        if dtypes.is_float(self.dtype): return on_nodes(self, OpMixin.relu, reduces=False)
-        return self.gt(0).where(self, 0)
+        if not dtypes.is_float(self.dtype): return self.gt(0).where(self, 0)
+        # (relu on the node can't refuse its one float operand: no need for on_nodes' fallback)
+        return type(self)._wrap(self.uop.relu(), self) if nodes_ok(self, False) else OpMixin.relu(self)
 
     def sigmoid(self: "Tensor") -> "Tensor": return on_nodes(self, OpMixin.sigmoid)
     def tanh(self: "Tensor") -> "Tensor": return on_nodes(self, OpMixin.tanh)
@@ -216,7 +217,8 @@ class ALUMixin:
 
     # comparisons return bool tensors (eq, ge, le: OpMixin's, from these)
     def lt(self: "Tensor", x: "Tensor | ConstType") -> "Tensor": return self._cmp(*self._broadcasted(x), Ops.CMPLT)
-    def gt(self: "Tensor", x: "Tensor | ConstType") -> "Tensor": return self._cmp(*self._broadcasted(x, True), Ops.CMPLT)
+    def gt(self: "Tensor", x: "Tensor | ConstType") -> "Tensor":
+        return self._cmp(*self._broadcasted(x, True), Ops.CMPLT)
     def ne(self: "Tensor", x: "Tensor | ConstType") -> "Tensor": return self._cmp(*self._broadcasted(x), Ops.CMPNE)
     def __lt__(self: "Tensor", x: "Tensor | ConstType") -> "Tensor": return self.lt(x)
     def __gt__(self: "Tensor", x: "Tensor | ConstType") -> "Tensor": return self.gt(x)

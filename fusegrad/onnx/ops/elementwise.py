@@ -8,7 +8,8 @@ import math
 import numpy as np
 
 from fusegrad.dtype import dtypes
-from fusegrad.onnx.ops.base import EXOTIC, OPS, cast_like, is_str_array, as_str_array, onnx_dtype, op, to_exotic, to_tensor
+from fusegrad.onnx.ops.base import EXOTIC, OPS, as_str_array, cast_like, is_str_array, onnx_dtype, op, to_exotic, \
+    to_tensor
 from fusegrad.tensor import Tensor
 
 # ---------------------------------------------------------------- elementwise
@@ -126,7 +127,8 @@ OPS.update(
         "Add": _binop(lambda a, b: cast_like(a + b, a)),
         "Sub": _binop(lambda a, b: cast_like(a - b, a)),
         "Mul": _binop(lambda a, b: cast_like(a * b, a)),
-        "Equal": _binop(lambda a, b: Tensor(np.equal(as_str_array(a), as_str_array(b)).astype(bool)) if is_str_array(a) else a == b),
+        "Equal": _binop(lambda a, b: Tensor(np.equal(as_str_array(a), as_str_array(b)).astype(bool)) if is_str_array(a)
+                        else a == b),
         "Less": _binop(lambda a, b: a < b),
         "Greater": _binop(lambda a, b: a > b),
         "LessOrEqual": _binop(lambda a, b: a <= b),
@@ -176,7 +178,8 @@ def _bitshift(ctx, a, b, direction="LEFT"):
     if direction == "LEFT":
         return out_of_range.where(0, cast_like(a.lshift(safe), a))
     fill = (a < 0).where(-1, 0) if not dtypes.is_unsigned(a.dtype) else 0
-    return out_of_range.where(cast_like(Tensor(fill) if isinstance(fill, int) else fill, a), cast_like(a.rshift(safe), a))
+    return out_of_range.where(cast_like(Tensor(fill) if isinstance(fill, int) else fill, a),
+                              cast_like(a.rshift(safe), a))
 
 
 def _variadic(f):

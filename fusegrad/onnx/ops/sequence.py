@@ -199,7 +199,8 @@ def _strconcat(ctx, a, b):
 def _regex(ctx, x, pattern=""):
 
     rx = re.compile(pattern)
-    return Tensor(np.vectorize(lambda s: rx.fullmatch(s) is not None, otypes=[bool])(as_str_array(x)).reshape(np.shape(x)))
+    match = np.vectorize(lambda s: rx.fullmatch(s) is not None, otypes=[bool])
+    return Tensor(match(as_str_array(x)).reshape(np.shape(x)))
 
 
 @op("StringSplit")
