@@ -2,17 +2,23 @@
 
 `pm_gradient` maps a node `ret` and the gradient flowing into it (`ctx`) to one gradient per source (None where a source
 gets no gradient). Everything the Tensor frontend builds is made of these few ops, so this table is all of autograd.
+`custom_grad` gives a Tensor computation a backward of its own (a DETACH node carrying a `GradFn`).
 """
 from __future__ import annotations
 
 import math
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
+from fusegrad import storage
 from fusegrad.dtype import dtypes
 from fusegrad.ir import build
 from fusegrad.ir.ops import GroupOp, Ops, UOp
 from fusegrad.ir.pattern import PatternMatcher, UPat
+from fusegrad.sharding import multi_grad
+
+if TYPE_CHECKING:
+    from fusegrad.tensor import Tensor
 
 
 def _c(like: UOp, val: float) -> UOp:
@@ -155,7 +161,6 @@ pm_gradient = PatternMatcher([
 
 
 def _multi_grad(ret: UOp, ctx: UOp) -> Any:
-    from fusegrad.sharding import multi_grad
     return multi_grad(ret, ctx)
 
 
@@ -213,3 +218,14 @@ def compute_gradient(root: UOp, root_grad: UOp, targets: set[UOp], topo: list[UO
             if g.shape != s.shape: raise RuntimeError(f"gradient shape {g.shape} != {s.shape} for {n.op}")
             grads[s] = _add(grads[s], g) if s in grads else g
     return grads
+
+
+def custom_grad(value: "Tensor | UOp", inputs: list["Tensor"], backward: Callable, name: str) -> "Tensor":
+    """`value` (a Tensor or its node) going forward; backward(grad, *inputs) -> one gradient Tensor per input (see
+    autograd.GradFn)."""
+    T = storage.tensor_class   # (the frontend's Tensor, registered by tensor.py)
+    v = value if isinstance(value, UOp) else value.uop
+
+    def bw(ctx: Any, node: Any) -> tuple[Any, ...]:
+        return tuple(g.uop for g in backward(T._wrap(ctx), *[T._wrap(s) for s in node.src[1:]]))
+    return T._wrap(UOp(Ops.DETACH, v.dtype, (v, *[t.uop for t in inputs]), GradFn(bw, name)), *inputs)

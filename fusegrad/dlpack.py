@@ -18,6 +18,7 @@ from fusegrad import storage
 from fusegrad.device import Buffer, Device
 from fusegrad.dtype import DType, dtypes
 from fusegrad.helpers import prod
+from fusegrad.runtime.ops_cpu import CPUAllocator
 from fusegrad.views import sole_holder
 
 if TYPE_CHECKING:
@@ -135,14 +136,12 @@ def make_capsule(address: int, shape: tuple[int, ...], dtype: DType, keepalive: 
 
 def host_address(buf: Buffer) -> int | None:
     """The host address of `buf`'s memory when its device keeps buffers in host memory (CPU, LLVM), else None."""
-    from fusegrad.runtime.ops_cpu import CPUAllocator
     return buf.opaque if isinstance(Device[buf.device].allocator, CPUAllocator) else None
 
 
 def export(t: Tensor, max_version: tuple[int, int] | None, copy: bool | None) -> Any:
     """`t.__dlpack__(...)`: share `t`'s buffer when it is a whole realized buffer in host memory, else a copy."""
-    from fusegrad.tensor import _is_contiguous_buffer
-    whole = _is_contiguous_buffer(t.realize().uop)
+    whole = storage.is_contiguous_buffer(t.realize().uop)
     if whole and copy is not True: sole_holder(t)
     buf = t._buffer()
     shape = t._concrete_shape()
@@ -245,7 +244,7 @@ def _is_compact(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
 
 def import_dlpack(obj: Any, device: str, copy: bool | None) -> Tensor:
     """The Tensor for `Tensor.from_dlpack(obj, device, copy)` (see the module docstring for when it shares memory)."""
-    from fusegrad.tensor import Tensor
+    Tensor = storage.tensor_class
     imp, shared = _Imported(obj), False
     try:
         shape, strides, dtype = _layout(imp.tensor)
@@ -267,14 +266,13 @@ def import_dlpack(obj: Any, device: str, copy: bool | None) -> Tensor:
 
 
 def _cpu_allocator() -> type:
-    from fusegrad.runtime.ops_cpu import CPUAllocator
     return CPUAllocator
 
 
 def _copy_strided(address: int, shape: tuple[int, ...], strides: tuple[int, ...], dtype: DType,
                   device: str) -> Tensor:
     """A new buffer holding the elements; a strided source is read as the span it covers and gathered by a kernel."""
-    from fusegrad.tensor import Tensor
+    Tensor = storage.tensor_class
     n = prod(shape)
     if n == 0: return Tensor.empty(*shape, dtype=dtype, device=device)
     lo = sum(s * (d - 1) for d, s in zip(shape, strides) if s < 0)

@@ -22,6 +22,14 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+import fusegrad
+from fusegrad import diskcache
+from fusegrad.device import Device
+from fusegrad.helpers import CACHE_MAX_MB, cache_dir
+from fusegrad.runtime.machine import machine
+from fusegrad.runtime.ops_cpu import find_compiler
+from fusegrad.runtime.ops_cuda import find_nvrtc
+
 PACKAGE_DIR = pathlib.Path(__file__).resolve().parent
 
 # the child process of one device check: open the device, run (x*2+1) on three floats, compare, print one JSON line
@@ -78,7 +86,6 @@ def check_devices(names: list[str], timeout: float) -> dict[str, DeviceCheck]:
 
 def compiler_line() -> tuple[str, bool]:
     """(what the CPU device would compile with, whether one was found)."""
-    from fusegrad.runtime.ops_cpu import find_compiler
     cc = find_compiler(raise_error=False)
     if cc is None and os.environ.get("CC"):
         return f"none: CC={os.environ['CC']!r} is not a program on PATH; fix: unset CC, or install it", False
@@ -93,8 +100,6 @@ def compiler_line() -> tuple[str, bool]:
 
 def machine_line() -> str:
     """What the CPU device's kernels are built for (runtime/machine.py): ISA, vector width and registers, caches."""
-    from fusegrad.runtime.machine import machine
-    from fusegrad.runtime.ops_cpu import find_compiler
     if (cc := find_compiler(raise_error=False)) is None: return "none (no C compiler)"
     try: return machine(cc).describe()
     except (RuntimeError, ValueError) as e: return f"unusable: {e}"
@@ -127,7 +132,6 @@ def _files(*patterns: str) -> str | None:
 
 def backends() -> list[Backend]:
     """Each optional backend's pieces: found or missing, and the package that provides it."""
-    from fusegrad.runtime.ops_cuda import find_nvrtc
     return [
         Backend("OpenCL", "CL", [
             Part("ICD loader libOpenCL", ctypes.util.find_library("OpenCL"), "apt-get install ocl-icd-libopencl1"),
@@ -231,10 +235,6 @@ def _size(n: float) -> str:
 
 def report(timeout: float) -> int:
     """Print the report; 0 when the default device works, else 1."""
-    import fusegrad
-    from fusegrad.device import Device
-    from fusegrad import diskcache
-    from fusegrad.helpers import CACHE_MAX_MB, cache_dir
     try: version = importlib.metadata.version("fusegrad")
     except importlib.metadata.PackageNotFoundError: version = "not installed (imported from source)"
     print(f"fusegrad   {version} ({pathlib.Path(fusegrad.__file__).parent})")

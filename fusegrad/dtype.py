@@ -247,7 +247,7 @@ def truncate_float(x: float, d: DType) -> float:
 
 
 # per fp8 dtype: (exponent bias, mantissa bits, largest finite value)
-_FP8: dict[DType, tuple[int, int, float]] = {dtypes.fp8e4m3: (7, 3, 448.0), dtypes.fp8e5m2: (15, 2, 57344.0)}
+FP8_FORMATS: dict[DType, tuple[int, int, float]] = {dtypes.fp8e4m3: (7, 3, 448.0), dtypes.fp8e5m2: (15, 2, 57344.0)}
 
 
 def float_to_fp8(x: float, dtype: DType) -> int:
@@ -257,7 +257,7 @@ def float_to_fp8(x: float, dtype: DType) -> int:
     >>> [hex(float_to_fp8(v, dtypes.fp8e4m3)) for v in (1.0, -2.5, 449.0, 1e9)]
     ['0x38', '0xc2', '0x7e', '0x7f']
     """
-    bias, mbits, max_finite = _FP8[dtype]
+    bias, mbits, max_finite = FP8_FORMATS[dtype]
     sign = 0x80 if math.copysign(1.0, x) < 0 else 0
     if math.isnan(x): return sign | (0x7F if dtype == dtypes.fp8e4m3 else 0x7E)
     a = abs(x)
@@ -275,7 +275,7 @@ def float_to_fp8(x: float, dtype: DType) -> int:
 
 def fp8_to_float(b: int, dtype: DType) -> float:
     """The value of fp8 bit pattern `b` (exact in a Python float)."""
-    bias, mbits, _ = _FP8[dtype]
+    bias, mbits, _ = FP8_FORMATS[dtype]
     ebits = 7 - mbits
     sign = -1.0 if b & 0x80 else 1.0
     e, m = (b >> mbits) & ((1 << ebits) - 1), b & ((1 << mbits) - 1)

@@ -4,16 +4,29 @@ Nothing here imports another fusegrad module, so every stage may use it.
 """
 from __future__ import annotations
 
+import cProfile
 import contextlib
 import contextvars
 import functools
+import getpass
+import gzip
 import hashlib
+import importlib
 import math
 import os
 import pathlib
 import platform
+import pstats
+import re
+import shutil
 import sys
+import tempfile
+import threading
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import zlib
 from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
 
 T = TypeVar("T")
@@ -249,8 +262,6 @@ def polyN(x: Any, coeffs: Sequence[float]) -> Any:
 
 def temp(name: str, append_user: bool = False) -> str:
     """A path in the system temp dir (optionally suffixed with the user name)."""
-    import getpass
-    import tempfile
     return os.path.join(tempfile.gettempdir(), f"{name}.{getpass.getuser()}" if append_user else name)
 
 
@@ -258,7 +269,6 @@ def is_numpy_ndarray(x: Any) -> bool: return type(x).__module__ == "numpy" and t
 
 
 def fromimport(mod: str, frm: str) -> Any:
-    import importlib
     return getattr(importlib.import_module(mod), frm)
 
 
@@ -297,7 +307,6 @@ def colored(st: str, color: str | None, background: bool = False) -> str:
 
 
 def ansistrip(s: str) -> str:
-    import re
     return re.sub(r"\x1b\[(K|.*?m)", "", s)
 
 
@@ -365,7 +374,6 @@ class Profiling(contextlib.ContextDecorator):
         self.enabled, self.sort, self.frac, self.fn, self.ts = enabled, sort, frac, fn, ts
 
     def __enter__(self) -> "Profiling":
-        import cProfile
         self.pr = cProfile.Profile()
         if self.enabled: self.pr.enable()
         return self
@@ -374,7 +382,6 @@ class Profiling(contextlib.ContextDecorator):
         if not self.enabled: return
         self.pr.disable()
         if self.fn: self.pr.dump_stats(self.fn)
-        import pstats
         stats = pstats.Stats(self.pr).strip_dirs().sort_stats(self.sort)
         stats.print_stats(self.frac)
 
@@ -444,7 +451,6 @@ class DownloadError(OSError):
 
 
 def _is_url(s: str) -> bool:
-    import re
     return re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", s) is not None
 
 
@@ -453,8 +459,6 @@ def _local_path(url: str | os.PathLike) -> pathlib.Path | None:
     if isinstance(url, os.PathLike): return pathlib.Path(url)
     if not isinstance(url, str): raise TypeError(f"fetch: expected a URL or a path, got {type(url).__name__}")
     if url.startswith("file://"):
-        import urllib.parse
-        import urllib.request
         return pathlib.Path(urllib.request.url2pathname(urllib.parse.urlparse(url).path))
     return None if _is_url(url) else pathlib.Path(url)
 
@@ -483,10 +487,6 @@ def _file_sha256(path: pathlib.Path) -> str:
 
 def _gunzip_to(src: pathlib.Path, dest: pathlib.Path, what: str) -> None:
     """Decompress `src` into `dest` through a temporary file next to it."""
-    import gzip
-    import shutil
-    import tempfile
-    import zlib
     fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
     try:
         with os.fdopen(fd, "wb") as out, gzip.open(src, "rb") as f: shutil.copyfileobj(f, out, 1 << 20)
@@ -502,10 +502,6 @@ def _open_within(request: Any, timeout: float) -> Any:
     """urlopen(request) that gives up after `timeout` seconds in all. urlopen's own timeout bounds each socket
     operation but not the name lookup, which can block for minutes on a machine with no DNS server answering; so the
     opening runs in a thread that is abandoned (and closes what it opened, if it ever gets an answer) at the deadline."""
-    import threading
-    import urllib.error
-    import urllib.parse
-    import urllib.request
     result: dict[str, Any] = {}
     gave_up = threading.Event()
 
@@ -530,8 +526,6 @@ def _stream_to(url: str, dest: pathlib.Path, label: str, headers: dict[str, str]
                sha256: str | None) -> None:
     """Download `url` into `dest` through a temporary file in the same folder, renamed into place only once complete
     (and, given `sha256`, checked)."""
-    import tempfile
-    import urllib.request
     h = hashlib.sha256()
     with _open_within(urllib.request.Request(url, headers=headers) if headers else url, timeout) as r:
         total = int(r.headers.get("Content-Length") or 0)
@@ -604,7 +598,6 @@ def fetch(url: str | os.PathLike, name: str | os.PathLike | None = None, subdir:
     try:
         _stream_to(url, raw, fp.name if name is not None else last, headers, timeout, sha256)
     except OSError as e:
-        import urllib.error
         why = f"HTTP {e.code} {e.reason}" if isinstance(e, urllib.error.HTTPError) else str(getattr(e, "reason", e))
         raise DownloadError(f"fetch: could not download {url} ({why}). If you have the file, pass its path instead of "
                             f"the URL, or put it at {fp}", why) from None

@@ -18,6 +18,7 @@ from fusegrad.device import Buffer, canonical_devices
 from fusegrad.dtype import DType
 from fusegrad.ir import build
 from fusegrad.ir.ops import Ops, UOp
+from fusegrad.storage import buffer_uop
 
 if TYPE_CHECKING:
     from fusegrad.tensor import Tensor
@@ -30,11 +31,10 @@ def split_sizes(n: int, parts: int) -> list[int]:
 
 def shard(t: Tensor, devices: Any, axis: int | None = None) -> Tensor:
     """`t` on every device of `devices`: whole (axis None) or split along `axis` into one slice per device."""
-    from fusegrad.tensor import Tensor
     devs = canonical_devices(devices, "shard")
     if isinstance(t.device, tuple): t = t.to(t.device[0])     # resharding: gather first
     if axis is None:
-        return Tensor._wrap(UOp(Ops.MULTI, t.dtype, tuple(_copy(t.uop, d) for d in devs), None), t)
+        return t._wrap(UOp(Ops.MULTI, t.dtype, tuple(_copy(t.uop, d) for d in devs), None), t)
     ax = t._axis(axis)
     size = t.shape[ax]
     if not isinstance(size, int): raise TypeError("shard: a symbolic axis can't be sharded")
@@ -44,7 +44,7 @@ def shard(t: Tensor, devices: Any, axis: int | None = None) -> Tensor:
         piece = build.shrink(t.uop, [(b, b + n) if i == ax else (0, s) for i, s in enumerate(t.shape)])
         parts.append(_copy(piece, d))
         b += n
-    return Tensor._wrap(UOp(Ops.MULTI, t.dtype, tuple(parts), ax), t)
+    return t._wrap(UOp(Ops.MULTI, t.dtype, tuple(parts), ax), t)
 
 
 def _copy(u: UOp, device: str) -> UOp:
@@ -53,14 +53,12 @@ def _copy(u: UOp, device: str) -> UOp:
 
 def from_bytes(data: bytes, dtype: DType, shape: tuple[int, ...], devices: tuple[str, ...]) -> UOp:
     """A replicated tensor made from host data: one buffer per device."""
-    from fusegrad.storage import buffer_uop
     n = len(data) // dtype.itemsize
     return UOp(Ops.MULTI, dtype, tuple(build.reshape(buffer_uop(Buffer(d, n, dtype).copyin(data)), shape)
                                        for d in devices), None)
 
 
 def empty(shape: tuple[int, ...], dtype: DType, devices: tuple[str, ...]) -> UOp:
-    from fusegrad.storage import buffer_uop
     n = 1
     for s in shape: n *= s
     return UOp(Ops.MULTI, dtype, tuple(build.reshape(buffer_uop(Buffer(d, n, dtype)), shape) for d in devices), None)
@@ -68,7 +66,6 @@ def empty(shape: tuple[int, ...], dtype: DType, devices: tuple[str, ...]) -> UOp
 
 def empty_like(u: UOp) -> UOp:
     """New memory for a multi-device value: a buffer per shard, split like `u` (a MULTI) or whole on each device."""
-    from fusegrad.storage import buffer_uop
     assert u.shape is not None and isinstance(u.device, tuple)
     if u.op is not Ops.MULTI: return empty(tuple(int(s) for s in u.shape), u.dtype, u.device)
     parts = []

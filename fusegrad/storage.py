@@ -90,6 +90,16 @@ class LiveTensors:
 
 
 live_tensors = LiveTensors()
+# the frontend's Tensor class, registered by tensor.py as it is defined (`register_tensor_class`): the modules below the
+# frontend that make or realize tensors (views, sharding, dlpack, TinyJit) reach it here instead of importing tensor.py
+tensor_class: Any = None
+# tags for CONTIGUOUS nodes that hash-consing must not share (a trainable leaf, a clone, a snapshot before a write)
+unique_ids = iter(range(1, 1 << 62))
+
+
+def register_tensor_class(cls: type) -> None:
+    global tensor_class
+    tensor_class = cls
 
 
 def buffer_uop(buf: Buffer) -> UOp:
@@ -105,6 +115,30 @@ def buffer_view(bu: UOp, shape: tuple[Any, ...]) -> UOp:
     if all_static(shape): return build.reshape(bu, shape)
     flat = build.shrink(bu, ((0, sprod(shape)),))
     return flat if len(shape) == 1 else build.reshape(flat, shape)
+
+
+def is_contiguous_buffer(u: UOp) -> bool:
+    """A whole buffer (under reshapes), or one per device: reading it needs no kernel."""
+    if u.op is Ops.MULTI: return all(is_contiguous_buffer(s) for s in u.src)   # one buffer per device
+    while u.op is Ops.RESHAPE: u = u.src[0]
+    if u.op is Ops.SHRINK and u.src[0].op is Ops.BUFFER and u.arg[0][0] == 0 and isinstance(u.arg[0][1], UOp):
+        return True  # a symbolic shape: a prefix of a buffer allocated at its largest size
+    return u.op is Ops.BUFFER
+
+
+def is_realized(u: UOp) -> bool:
+    """Already computed: a whole buffer, or a constant broadcast to a shape (never materialized)."""
+    if is_contiguous_buffer(u): return True
+    # stops at the first other op (a lazy graph's root, usually): no walk of the whole graph on every realize
+    stack, seen = [u], {u}
+    while stack:
+        x = stack.pop()
+        if x.op not in (Ops.RESHAPE, Ops.EXPAND, Ops.CONST, Ops.DEVICE): return False
+        for s in x.src:
+            if s not in seen:
+                seen.add(s)
+                stack.append(s)
+    return True
 
 
 def target_buffer(u: UOp) -> UOp:

@@ -10,29 +10,32 @@ import threading
 import weakref
 from typing import Any, Callable, ClassVar, Sequence, cast  # noqa: F401 - tinygrad's tensor module exports cast
 
-from fusegrad import autograd
+from fusegrad import autograd, sharding
 from fusegrad.device import Buffer, Device, canonical_device as _canonical_device, single_device as _single_device
-from fusegrad.dtype import ConstType, DType, DTypeLike, dtypes, least_upper_dtype, \
-    strong_dtype, to_dtype, weak_dtype
-from fusegrad.helpers import TRAINING, ShapeError, argfix, make_tuple, prod
+from fusegrad.dlpack import import_dlpack
+from fusegrad.dtype import ConstType, DType, DTypeLike, dtypes, float_to_bf16_bits, float_to_fp8, from_np_dtype, \
+    least_upper_dtype, strong_dtype, to_dtype, to_np_dtype, weak_dtype
+from fusegrad.helpers import ShapeError, TRAINING, argfix, make_tuple, prod
 from fusegrad.ir import build
-from fusegrad.ir.ops import Ops, UOp, sym_infer
+from fusegrad.ir.ops import OpMixin, Ops, UOp, sym_infer
 from fusegrad.ir.pattern import substitute, substitute_memo
-from fusegrad.ir.shape import (all_static, canonical_shape, is_sym_int as _is_sym_int, sle, smax, sprod, sym_eq,
-                               sym_value_dtype)
+from fusegrad.ir.shape import all_static, broadcast_shape, canonical_shape, is_sym_int as _is_sym_int, sle, smax, \
+    sprod, sym_eq, sym_value_dtype
 from fusegrad.mixin.alu import ALUMixin
 from fusegrad.mixin.creation import CreationMixin
 from fusegrad.mixin.math import MathMixin
 from fusegrad.mixin.movement import MovementMixin
+from fusegrad.autograd import custom_grad
 from fusegrad.mixin.nn import NNMixin
-from fusegrad.mixin.realize import RealizeMixin, _is_contiguous_buffer, _is_realized  # noqa: F401 - re-exported
+from fusegrad.mixin.realize import RealizeMixin
 from fusegrad.mixin.reduce import ReduceMixin
 
 # the buffer registry and result cache live below the frontend (storage.py); re-exported here for older imports
 from fusegrad import storage  # noqa: E402
-from fusegrad.storage import buffer_uop, buffer_view, buffers, lazy_of, leaf_of, realized  # noqa: E402,F401
-from fusegrad.views import _VIEW_OPS, _ViewRefs, _assign_owner, _mark_view, _preserve_old_values, _refresh_views, \
-    _substitute_outside_assigns, _view_bases, _view_chain, _write_through  # noqa: E402,F401
+from fusegrad.storage import buffer_uop, buffer_view, buffers, is_contiguous_buffer, is_realized, lazy_of, leaf_of, \
+    realized, unique_ids  # noqa: E402,F401
+from fusegrad.views import VIEW_OPS, ViewRefs, assign_owner, mark_view, preserve_old_values, refresh_views, \
+    substitute_outside_assigns, view_bases, view_chain, write_through  # noqa: E402,F401
 
 
 def _with_history(u: UOp) -> tuple[UOp, dict[UOp, UOp]]:
@@ -87,15 +90,14 @@ Variable = UOp.variable  # `from fusegrad.tensor import Variable` as in tinygrad
 
 # every live tensor: backward() fills .grad for those in the graph that require a gradient
 _all_tensors = storage.live_tensors   # every live Tensor (weakly)
-_unique_ids = iter(range(1, 1 << 62))
 
 
 def _make_unique(u: UOp) -> UOp:
     """Nodes are hash-consed, so two Tensor.zeros(3) share a node (and would share a gradient). A tensor that asks for
     its own gradient gets a node of its own: a CONTIGUOUS with a unique tag (it is materialized on first use)."""
-    if u.op is Ops.BUFFER or (u.op is Ops.RESHAPE and u.src[0].op is Ops.BUFFER) or _is_contiguous_buffer(u): return u
+    if u.op is Ops.BUFFER or (u.op is Ops.RESHAPE and u.src[0].op is Ops.BUFFER) or is_contiguous_buffer(u): return u
     if u.op is Ops.CONTIGUOUS and isinstance(u.arg, int): return u  # already unique
-    return UOp(Ops.CONTIGUOUS, u.dtype, (u,), next(_unique_ids))
+    return UOp(Ops.CONTIGUOUS, u.dtype, (u,), next(unique_ids))
 
 
 def _flatten_list(data: Any) -> tuple[list[Any], tuple[int, ...]]:
@@ -119,42 +121,17 @@ def _int_width(values: list[Any], hi: int = 2**63) -> DType | None:
     return dtypes.int64 if all(v.__class__ in (int, bool) for v in values) else None
 
 
-
-
 # ml_dtypes (numpy extension) dtype name -> ours: such arrays are read as their raw bytes
 _ML_DTYPES = {"bfloat16": dtypes.bfloat16, "float8_e4m3fn": dtypes.fp8e4m3, "float8_e5m2": dtypes.fp8e5m2}
 
 
 def _pack(values: list[Any], dtype: DType) -> bytes:
     if dtype in dtypes.fp8s:
-        from fusegrad.dtype import float_to_fp8
         return bytes(float_to_fp8(float(v), dtype) for v in values)
     if dtype == dtypes.bfloat16:
-        from fusegrad.dtype import float_to_bf16_bits
         return struct.pack(f"{len(values)}H", *(float_to_bf16_bits(float(v)) for v in values))
     assert dtype.fmt is not None
     return struct.pack(f"{len(values)}{dtype.fmt}", *(dtypes.as_const(v, dtype) for v in values))
-
-
-def _broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
-    if len(shapes) == 2:   # the common cases at once: equal shapes, or a 0-d operand (a scalar)
-        a, b = shapes
-        if a == b or not b: return a
-        if not a: return b
-    elif all(s == shapes[0] for s in shapes): return shapes[0]
-    n = max(len(s) for s in shapes)
-    padded = [(1,) * (n - len(s)) + s for s in shapes]
-    out = []
-    for i, dims in enumerate(zip(*padded)):
-        non1: set[Any] = set()
-        for d in dims:   # symbolic sizes that are equal as expressions count once (sym_eq)
-            if d != 1 and not any(sym_eq(d, e) for e in non1): non1.add(d)
-        if len(non1) > 1:
-            a, b = [d for d in dims if d != 1][:2]
-            raise ShapeError(f"The size of tensor a ({a}) must match the size of tensor b ({b}) at non-singleton "
-                             f"dimension {i}: shapes {' and '.join(str(s) for s in shapes)} can't broadcast")
-        out.append(non1.pop() if non1 else 1)
-    return tuple(out)
 
 
 class _TensorMeta(type):
@@ -167,7 +144,7 @@ class _TensorMeta(type):
     def training(cls, v: bool) -> None: TRAINING.value = int(bool(v))
 
 
-class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNMixin, RealizeMixin,
+class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNMixin, RealizeMixin, OpMixin,
              metaclass=_TensorMeta):
     """A lazy n-dimensional array with autograd.
 
@@ -210,7 +187,6 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
             self.uop = self._from_bytes(_pack(flat, d), d, shape, dev)
         elif type(data).__module__ == "numpy" and hasattr(data, "shape"):
             import numpy as np
-            from fusegrad.dtype import from_np_dtype, to_np_dtype
             arr = np.asarray(data)
             if (own := _ML_DTYPES.get(arr.dtype.name)) is not None:  # an ml_dtypes array (bfloat16, fp8): its bytes
                 arr, d = arr.view(f"u{own.itemsize}"), own
@@ -220,7 +196,6 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
             arr = np.ascontiguousarray(arr).reshape(arr.shape)
             self.uop = self._from_bytes(arr.tobytes(), d, arr.shape, dev)
         elif hasattr(data, "__dlpack__") and not isinstance(data, Tensor):   # torch.Tensor, jax arrays, ...: a copy
-            from fusegrad.dlpack import import_dlpack
             if getattr(data, "requires_grad", False) and hasattr(data, "detach"): data = data.detach()
             if hasattr(data, "__dlpack_device__") and int(data.__dlpack_device__()[0]) != 1 and hasattr(data, "cpu"):
                 data = data.cpu()   # kDLCPU is 1; a GPU array comes through host memory
@@ -240,7 +215,7 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
         # a 0-d tensor made from a bare Python scalar (no dtype given) is weakly typed in promotion, like the scalar
         self._no_graph = False
         self._view: tuple[Tensor, UOp] | None = None   # (base tensor, its node this view's movement ops start from)
-        self._views: _ViewRefs | None = None   # live views (they see its writes)
+        self._views: ViewRefs | None = None   # live views (they see its writes)
         self._weak = dt is None and isinstance(data, (int, float)) and not isinstance(data, bool)
         if requires_grad: self.uop = _make_unique(self.uop)
         _all_tensors.add(self)
@@ -251,8 +226,7 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
         n = prod(shape)
         if len(data) != n * dtype.itemsize: raise ValueError(f"{len(data)} bytes don't make {n} elements of {dtype}")
         if isinstance(device, tuple):   # one copy per device
-            from fusegrad.sharding import from_bytes
-            return from_bytes(data, dtype, shape, device)
+            return sharding.from_bytes(data, dtype, shape, device)
         if device.startswith("DISK:"):   # data for a file: written (by a COPY) only if it is realized there
             return UOp(Ops.COPY, dtype, (Tensor._from_bytes(data, dtype, shape, Device.DEFAULT),), device)
         buf = Buffer(device, n, dtype).copyin(data)
@@ -387,19 +361,18 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
     def contiguous(self, **kwargs: Any) -> "Tensor":
         """A tensor whose data is materialized in row-major order (a realize point for the scheduler).
         Keyword arguments (tinygrad's kernel options) are accepted and ignored."""
-        if _is_contiguous_buffer(self.uop): return self
+        if is_contiguous_buffer(self.uop): return self
         return Tensor._wrap(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)), self)
 
     def detach(self) -> "Tensor":
         """The same values with no autograd history. Like torch, it shares the memory: writes through it reach self."""
         t = Tensor._wrap(UOp(Ops.DETACH, self.dtype, (self.uop,)))
-        _mark_view(t, self)
+        mark_view(t, self)
         return t
 
     def contiguous_backward(self) -> "Tensor":
         """The same values; its gradient is made contiguous (materialized) on the way back."""
-        from fusegrad.mixin.nn import _custom_grad
-        return _custom_grad(self.detach(), [self], lambda g, x: (g.contiguous(),), "contiguous_backward")
+        return custom_grad(self.detach(), [self], lambda g, x: (g.contiguous(),), "contiguous_backward")
 
     def shard(self, devices: Any, axis: int | None = None) -> "Tensor":
         """This tensor on several devices: split along `axis` into one slice per device, or whole on each (None).
@@ -408,8 +381,7 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
         >>> (t.device, (t + 1).tolist())
         (('CPU', 'CPU:1'), [[2, 3], [4, 5]])
         """
-        from fusegrad.sharding import shard
-        return shard(self, devices, axis)
+        return sharding.shard(self, devices, axis)
     def shard_(self, devices: Any, axis: int | None = None) -> "Tensor":
         """`shard` in place: this tensor now lives on `devices`."""
         self.uop = self.shard(devices, axis).uop
@@ -441,7 +413,7 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
         # a clone is a new tensor with an identity of its own: two clones of equal constants (hash-consed to one node)
         # made trainable must not share a gradient
         return self.to(device) if device is not None and device != self.device \
-            else Tensor._wrap(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,), next(_unique_ids)), self)
+            else Tensor._wrap(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,), next(unique_ids)), self)
 
     # ----- internal helpers -----
     def _axis(self, axis: int, ndim: int | None = None) -> int:
@@ -461,7 +433,7 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
         """A movement op: the result is a view of self, also when the op changes nothing (a reshape to the same
         shape, a full slice), as in torch."""
         t = self._apply(fn)
-        if t._view is None: _mark_view(t, self)
+        if t._view is None: mark_view(t, self)
         return t
 
     def _broadcasted(self, y: "Tensor | ConstType", reverse: bool = False,
@@ -494,8 +466,14 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
             dt = least_upper_dtype(x.dtype, yt.dtype)
             x, yt = x.cast(dt), yt.cast(dt)
         if reverse: x, yt = yt, x
-        shape = _broadcast_shape(x.shape, yt.shape)
+        shape = broadcast_shape(x.shape, yt.shape)
         return x._broadcast_to(shape), yt._broadcast_to(shape)
+
+    _pair = _broadcasted   # (OpMixin's primitives: two operands, broadcast and promoted; and the ALU op of them)
+
+    def _binop(self, op: Ops, y: "Tensor | ConstType", reverse: bool = False) -> "Tensor":
+        a, b = self._broadcasted(y, reverse)
+        return a._alu(op, b)
 
     def _broadcast_to(self, shape: tuple[int, ...]) -> "Tensor":
         s = self.shape
@@ -505,8 +483,8 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
             # for the reshape and expand together; what reshape() then expand() would check and record, for less
             old = (1,) * (len(shape) - len(s)) + s
             if all(o.__class__ is int and n.__class__ is int and (o == n or o == 1) for o, n in zip(old, shape)):
-                t = Tensor._wrap(build.expand(build.reshape(self.uop, old), shape), self)
-                if t._view is None: _mark_view(t, self)
+                t = Tensor._wrap(self.uop.broadcast_to(shape), self)
+                if t._view is None: mark_view(t, self)
                 return t
         x = self.reshape((1,) * (len(shape) - self.ndim) + self.shape) if self.ndim < len(shape) else self
         return x.expand(shape)
@@ -733,6 +711,8 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
     class test(train):
         def __init__(self) -> None: super().__init__(False)
 
+
+storage.register_tensor_class(Tensor)   # (lower modules make tensors through storage.tensor_class)
 
 
 def wrap_node(u: UOp, *parents: Tensor) -> Tensor:

@@ -13,35 +13,32 @@ from fusegrad.helpers import prod
 from fusegrad.ir import build
 from fusegrad.ir.ops import Ops, UOp, live_assigns
 from fusegrad.ir.shape import ssub, sym_eq
-from fusegrad.storage import lazy_of, realized
+from fusegrad.device import Device
+from fusegrad.runtime.ops_disk import disk_region, is_disk, region_of
+from fusegrad.storage import is_realized, lazy_of, realized, unique_ids
 
 if TYPE_CHECKING:
     from fusegrad.tensor import Tensor
 
 # a pending ASSIGN -> the tensor it was made for (which takes the buffer once the write ran)
-_assign_owner: "weakref.WeakKeyDictionary[UOp, weakref.ref[Tensor]]" = weakref.WeakKeyDictionary()
+assign_owner: "weakref.WeakKeyDictionary[UOp, weakref.ref[Tensor]]" = weakref.WeakKeyDictionary()
 
 
-def _T() -> type:
-    from fusegrad.tensor import Tensor
-    return Tensor
+VIEW_OPS = {Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.SHRINK, Ops.FLIP, Ops.BITCAST, Ops.DETACH}
 
 
-_VIEW_OPS = {Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.SHRINK, Ops.FLIP, Ops.BITCAST, Ops.DETACH}
-
-
-def _mark_view(t: Tensor, src: Tensor) -> None:
+def mark_view(t: Tensor, src: Tensor) -> None:
     """Record that `t` (whose node is view ops over src's node) is a view of src's base."""
-    if src._view is not None and _view_chain(src.uop, src._view[1]) is not None: base, b0 = src._view
+    if src._view is not None and view_chain(src.uop, src._view[1]) is not None: base, b0 = src._view
     else: base, b0 = src, src.uop
     t._view = (base, b0)
     views = base._views
-    if views is None: views = base._views = _ViewRefs()
+    if views is None: views = base._views = ViewRefs()
     views.append(weakref.ref(t))
     if len(views) > views.limit: views.prune()
 
 
-class _ViewRefs(list):
+class ViewRefs(list):
     """A base tensor's views, as weak references without callbacks (a WeakValueDictionary entry costs a Python-level
     keyed reference and a removal callback per view, and nearly every op makes a view). Dead references are dropped
     when the list has doubled since the last pruning, and skipped when the views are read."""
@@ -65,17 +62,17 @@ class _ViewRefs(list):
         return out
 
 
-def _view_chain(u: UOp, b0: UOp) -> list[UOp] | None:
+def view_chain(u: UOp, b0: UOp) -> list[UOp] | None:
     """The view ops from `u` down to `b0`, outermost first (None when u is not a view of b0)."""
     ops = []
     while u is not b0:
-        if (u.op not in _VIEW_OPS and u.op is not Ops.PAD) or not u.src: return None
+        if (u.op not in VIEW_OPS and u.op is not Ops.PAD) or not u.src: return None
         ops.append(u)
         u = u.src[0]
     return ops
 
 
-def _refresh_views(base: Tensor, realized_now: bool = False) -> None:
+def refresh_views(base: Tensor, realized_now: bool = False) -> None:
     """After `base` got a new node (a write, a realize), its views are rebuilt on it, so they read the new value.
     After a realize (same value, now in a buffer) a view with autograd history keeps its lazy graph for backward."""
     if not base._views: return
@@ -83,7 +80,7 @@ def _refresh_views(base: Tensor, realized_now: bool = False) -> None:
         if v._view is None or v._view[0] is not base: continue
         b0 = v._view[1]
         if b0 is base.uop: continue
-        chain = _view_chain(v.uop, b0)
+        chain = view_chain(v.uop, b0)
         if chain is None:   # the view was given another value (realized into its own memory): it no longer aliases
             v._view = None
             continue
@@ -104,14 +101,14 @@ def _overlaps(chain: list[UOp], b0: UOp) -> bool:
     pos = build.reshape(build.alu(Ops.ADD, iota, build.const(1, dtypes.int32, b0.device, (n,))), b0.shape)
     for op in reversed(chain):
         pos = op.replace(dtype=dtypes.int32, src=(pos,) + op.src[1:]) if op.op is not Ops.BITCAST else pos
-    vals = _T()(UOp(Ops.CONTIGUOUS, dtypes.int32, (pos,))).tolist()
+    vals = storage.tensor_class(UOp(Ops.CONTIGUOUS, dtypes.int32, (pos,))).tolist()
     flat = vals if isinstance(vals, list) else [vals]
     while flat and isinstance(flat[0], list): flat = [x for row in flat for x in row]
     flat = [x for x in flat if x]   # 0: padding (a strided slice's), not memory
     return len(set(flat)) != len(flat)
 
 
-def _write_through(chain: list[UOp], val: UOp, b0: UOp, what: tuple[int, ...]) -> UOp:
+def write_through(chain: list[UOp], val: UOp, b0: UOp, what: tuple[int, ...]) -> UOp:
     """The base's new value after writing `val` through the view `chain` (outermost first) over base node `b0`: each
     view op is undone on (value, written-mask), and the base keeps its old value where the mask is False."""
     mask = build.const(True, dtypes.bool, val.device, val.shape)
@@ -149,25 +146,22 @@ def _write_through(chain: list[UOp], val: UOp, b0: UOp, what: tuple[int, ...]) -
     return build.alu(Ops.WHERE, mask, val, b0)
 
 
-
-def _view_bases(todo: Sequence[Tensor]) -> list[Tensor]:
+def view_bases(todo: Sequence[Tensor]) -> list[Tensor]:
     """Realizing a view realizes its base (the view stays a view of the base's memory)."""
-    from fusegrad.tensor import _is_realized
     out = []
     for t in todo:
-        if t._view is not None and _view_chain(t.uop, t._view[1]) is not None:
-            if not _is_realized(t._view[0].uop): out.append(t._view[0])
+        if t._view is not None and view_chain(t.uop, t._view[1]) is not None:
+            if not is_realized(t._view[0].uop): out.append(t._view[0])
         else: out.append(t)
     return out
 
 
-def _preserve_old_values(todo: Sequence[Tensor], readers: list[Tensor]) -> list[UOp]:
+def preserve_old_values(todo: Sequence[Tensor], readers: list[Tensor]) -> list[UOp]:
     """Before memory is overwritten by an ASSIGN in `todo`, every live tensor that reads its current contents (a lazy
     tensor built before the write, one sharing the memory without being a view of it, or a graph in `todo` that reads
     it outside the ASSIGN itself) is pointed at a snapshot of them: a copy scheduled before the write. Views are left
     alone (they see the write). Returns the snapshot nodes, to be realized with `todo`; the tensors pointed at them
     are appended to `readers`."""
-    from fusegrad.tensor import _all_tensors, _unique_ids
     # what the scheduler reads instead of computing a node: the result cache, but while TinyJit captures only identities
     # (storage.derived_off): a snapshot of a derived value cached before the capture would make the capture copy that
     # old buffer on every replay
@@ -208,12 +202,12 @@ def _preserve_old_values(todo: Sequence[Tensor], readers: list[Tensor]) -> list[
     def snapshot(n: UOp) -> UOp:
         if n not in snaps:
             r = done(n)
-            snaps[n] = UOp(Ops.CONTIGUOUS, n.dtype, (r if r is not None else n,), next(_unique_ids))
+            snaps[n] = UOp(Ops.CONTIGUOUS, n.dtype, (r if r is not None else n,), next(unique_ids))
         return snaps[n]
 
-    for t in list(_all_tensors):
+    for t in list(storage.live_tensors):
         u = t.uop
-        if t._view is not None and _view_chain(u, t._view[1]) is not None: continue   # a view sees the write
+        if t._view is not None and view_chain(u, t._view[1]) is not None: continue   # a view sees the write
         if u.op is Ops.ASSIGN:
             # the write itself reads its own target in place; a value that reads another version this schedule
             # overwrites first (w += 1 then w.assign(a value built before)) reads a snapshot
@@ -225,9 +219,9 @@ def _preserve_old_values(todo: Sequence[Tensor], readers: list[Tensor]) -> list[
                        if reach.get(n, False) and is_old(n) and n is not own and storage.target_buffer(
                            done(n) or n) is mem}
             if not mapping: continue
-            t.uop = UOp(Ops.ASSIGN, u.dtype, (u.src[0], _substitute_outside_assigns(val, mapping, done)), u.arg)
-            if (ref := _assign_owner.pop(u, None)) is not None: _assign_owner[t.uop] = ref
-            _refresh_views(t)
+            t.uop = UOp(Ops.ASSIGN, u.dtype, (u.src[0], substitute_outside_assigns(val, mapping, done)), u.arg)
+            if (ref := assign_owner.pop(u, None)) is not None: assign_owner[t.uop] = ref
+            refresh_views(t)
             continue
         if not reads_old(u): continue
         if u in in_todo and done(u) is None and not is_old(u.base):
@@ -240,18 +234,18 @@ def _preserve_old_values(todo: Sequence[Tensor], readers: list[Tensor]) -> list[
             continue
         mapping = {n: snapshot(n) for n in u.toposort(gate=lambda x: reach.get(x, False) and not is_old(x))
                    if reach.get(n, False) and is_old(n)}
-        t.uop = _substitute_outside_assigns(u, mapping, done)
-        _refresh_views(t)   # its views (`x.sum(1)` is a reshape of a reduce) read the snapshot too
+        t.uop = substitute_outside_assigns(u, mapping, done)
+        refresh_views(t)   # its views (`x.sum(1)` is a reshape of a reduce) read the snapshot too
         readers.append(t)
     # in an order that depends on the graphs, not on where the live tensors happen to sit in memory (the order of
-    # _all_tensors): the targets are part of the schedule cache's key, and every eager train step missed it
+    # storage.live_tensors): the targets are part of the schedule cache's key, and every eager train step missed it
     def rank(n: UOp) -> tuple:
         if n in in_todo: return (0, in_todo[n], ())
         return (1, n.op.value, (n.arg if n.op is Ops.BUFFER else (), str(n.shape)))
     return [snaps[n] for n in sorted(snaps, key=rank)] + sorted(dict.fromkeys(whole), key=rank)
 
 
-def _substitute_outside_assigns(root: UOp, mapping: dict[UOp, UOp], done: Any = None) -> UOp:
+def substitute_outside_assigns(root: UOp, mapping: dict[UOp, UOp], done: Any = None) -> UOp:
     """substitute(), leaving ASSIGN nodes (their target and value) and computed nodes (`done`, the result cache's get
     by default) as they are."""
     if done is None: done = realized.get
@@ -274,12 +268,12 @@ def sole_holder(t: "Tensor") -> None:
     others = []
     for o in storage.live_tensors:
         if o is t or storage.held_memory(o.uop) is not mem: continue
-        if o._view is not None and _view_chain(o.uop, o._view[1]) is not None: continue   # follows its base
+        if o._view is not None and view_chain(o.uop, o._view[1]) is not None: continue   # follows its base
         others.append(o)
     for o in others:
         o.uop = o.clone().realize().uop
         storage.claim(o)
-        _refresh_views(o)
+        refresh_views(o)
     storage.claim(t)
 
 
@@ -288,29 +282,25 @@ def sole_holder(t: "Tensor") -> None:
 def realize_readers(mems: set[int]) -> None:
     """Realize the live lazy tensors that read memory in `mems` (storage.memory_of: what a TinyJit replay or a write
     into a file is about to overwrite, where no schedule orders the reads first), so they keep the value they were built
-    with, as a realize's write leaves them (_preserve_old_values). Views of that memory are left alone: they see the
+    with, as a realize's write leaves them (preserve_old_values). Views of that memory are left alone: they see the
     write. One pass over the live tensors: the common realized ones cost one test."""
-    from fusegrad.tensor import Tensor, _is_realized
     if not mems: return
     lazy = []
     for t in storage.live_tensors:
         u = t.uop
         if u.op is Ops.BUFFER or (u.op is Ops.RESHAPE and u.src[0].op is Ops.BUFFER): continue
-        if _is_realized(u) or (t._view is not None and _view_chain(u, t._view[1]) is not None): continue
+        if is_realized(u) or (t._view is not None and view_chain(u, t._view[1]) is not None): continue
         if any(storage.memory_of(b) in mems for b in storage.buffers_read(u)): lazy.append(t)
-    if lazy: Tensor.realize(*lazy)
+    if lazy: lazy[0].realize(*lazy[1:])
 
 
 def disk_assign(target: "Tensor", x: Any) -> "Tensor":
     """`target.assign(x)` for a DISK tensor: x is computed on its device and its bytes written into the file range
     `target` views (one contiguous range: a slice of whole rows, a reshape). Cached reads of the file are dropped."""
-    from fusegrad.device import Device
-    from fusegrad.runtime.ops_disk import _region, is_disk, region_of
-    from fusegrad.tensor import Tensor
-    if not isinstance(x, Tensor): x = Tensor(x, dtype=target.dtype)
+    if not isinstance(x, type(target)): x = type(target)(x, dtype=target.dtype)
     if x.shape != target.shape: x = x.expand(target.shape) if x.ndim <= target.ndim else x
     if x.shape != target.shape: raise RuntimeError(f"assign shape mismatch {x.shape} != {target.shape}")
-    if (r := _region(target.uop)) is None:
+    if (r := disk_region(target.uop)) is None:
         raise RuntimeError(f"assign into {target.device}: the target must be one contiguous byte range of the file "
                            "(a slice of whole rows, a reshape), not a strided view")
     buf, offset, _ = r

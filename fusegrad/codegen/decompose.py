@@ -10,7 +10,7 @@ import functools
 import math
 from typing import Callable
 
-from fusegrad.dtype import DType, PtrDType, dtypes
+from fusegrad.dtype import DType, PtrDType, FP8_FORMATS, dtypes
 from fusegrad.ir.ops import GroupOp, Ops, UOp
 from fusegrad.ir.pattern import PatternMatcher, UPat, graph_rewrite
 
@@ -51,8 +51,7 @@ def bf16_store_bits(x: UOp) -> UOp:
 # fp8 (e4m3 "fn" and e5m2) as float32 values: rounding, encoding and decoding with integer ops on the float32 bits
 
 def _fp8_params(dt: DType) -> tuple[int, int, float]:
-    from fusegrad.dtype import _FP8
-    return _FP8[dt]
+    return FP8_FORMATS[dt]
 
 
 def _f32_bits(x: UOp) -> tuple[UOp, UOp]:

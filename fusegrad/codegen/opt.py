@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fusegrad.codegen.group import group_opt, group_reduce
 from fusegrad.ir.ops import Ops, UOp
 from fusegrad.ir.pattern import graph_rewrite, substitute, substitute_each
 from fusegrad.dtype import dtypes
@@ -124,7 +125,6 @@ def apply_opt(ast: UOp, opt: Opt, masked_loads: bool = False) -> UOp:
         return vectorize_range(ast, rng, opt.amount, masked_loads)
     if opt.op == "GROUP":  # GPU-style targets: the workgroup's lanes share the reduce (codegen/group.py)
         if rng.arg[1] != "reduce": raise ValueError(f"{opt}: GROUP needs a reduce range, {opt.axis} is an output")
-        from fusegrad.codegen.group import group_reduce
         return group_reduce(ast, rng, opt.amount)
     if opt.op == "UNROLL":
         if rng.arg[1] != "reduce": raise ValueError(f"{opt}: UNROLL needs a reduce range, {opt.axis} is an output")
@@ -265,7 +265,6 @@ def hand_coded_opts(ast: UOp, renderer: Renderer | None = None) -> list[Opt]:
     nodes = list(ast.toposort())
     if not any(n.op is Ops.REDUCE for n in nodes): return elementwise_opts(nodes, renderer)
     if renderer is not None and renderer.has_local:
-        from fusegrad.codegen.group import group_opt
         if (g := group_opt(ast, renderer)) is not None: return [Opt("GROUP", *g)]
     # ranges of symbolic size (variables) are left alone: amounts must divide the size for every value
     sizes = {n: int(n.src[0].arg) for n in nodes if n.op is Ops.RANGE and n.src[0].op is Ops.CONST}

@@ -17,7 +17,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from fusegrad import codegen   # (codegen.to_program at call time: tests replace it)
 from fusegrad.codegen.opt import Opt, apply_opts, hand_coded_opts
+from fusegrad.device import Buffer, Device
 from fusegrad.helpers import BEAM_BUDGET, BEAM_ROUNDS, DEBUG, IGNORE_BEAM_CACHE, cache_dir, getenv, tqdm
 from fusegrad.ir.ops import Ops, UOp
 from fusegrad.ir.pattern import graph_rewrite
@@ -45,7 +47,6 @@ def _db() -> sqlite3.Connection:
 
 def _cache_key(ast: UOp, device: str, amt: int) -> str:
     """Kernel + device + the compiler's identity (for CPU: compiler version, CPU model and flags) + beam width."""
-    from fusegrad.device import Device
     return f"{ast_key(ast)}:{device}:{Device[device].compiler.cachekey}:{amt}"
 
 
@@ -106,7 +107,6 @@ class _Timer:
     """Compiles candidates and times them on zero-filled scratch buffers of the kernel's parameter sizes."""
 
     def __init__(self, ast: UOp, device: str):
-        from fusegrad.device import Buffer, Device
         self.ast, self.dev = ast, Device[device]
         params = sorted((n for n in ast.toposort() if n.op is Ops.PARAM), key=lambda p: p.arg)
         self.bufs = []
@@ -116,8 +116,7 @@ class _Timer:
             self.bufs.append(b)
 
     def compile(self, opts: list[Opt]) -> Any:
-        from fusegrad.codegen import to_program
-        spec = to_program(self.ast, self.dev.renderer, opts)
+        spec = codegen.to_program(self.ast, self.dev.renderer, opts)
         return self.dev.runtime(spec, self.dev.compiler.compile_cached(spec.src))
 
     def time(self, prg: Any, best: float, runs: int = 3) -> float:
@@ -188,5 +187,4 @@ last_search: dict[str, Any] = {}  # the latest search's candidates and times (fo
 
 
 def Device_renderer(device: str) -> Any:
-    from fusegrad.device import Device
     return Device[device].renderer

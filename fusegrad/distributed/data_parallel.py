@@ -15,6 +15,8 @@ import numpy as np
 
 from fusegrad.distributed import mpi
 from fusegrad.dtype import dtypes
+from fusegrad.engine import realize as engine
+from fusegrad.storage import buffers
 from fusegrad.tensor import Tensor
 
 
@@ -136,8 +138,6 @@ class DataParallel:
         last gradient of a bucket, packs that bucket on the host and starts its Iallreduce while the remaining backward
         kernels run (and polls the started requests after every kernel: Open MPI advances them only inside MPI calls).
         `overlap` records, per bucket, the schedule item it started after and the number of items in all."""
-        from fusegrad.engine import realize as engine
-        from fusegrad.storage import buffers
         world = mpi.world_size()
         if world > 1: mpi.check_metadata("sync_grads", "mean", dtypes.float32, (len(self.buckets), sum(self.sizes)))
         dst = self._grad_buffers()

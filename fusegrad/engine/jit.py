@@ -23,7 +23,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Generic, Iterator, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Generic, Iterator, TypeVar
 
 from fusegrad import storage
 from fusegrad.device import Buffer
@@ -35,8 +35,11 @@ from fusegrad.ir.pattern import substitute
 from fusegrad.ir.shape import all_static
 from fusegrad.schedule import ScheduleItem
 from fusegrad.storage import buffer_uop, buffer_view, buffers
-from fusegrad.tensor import Tensor, _is_contiguous_buffer, _is_realized
-from fusegrad.views import _assign_owner, realize_readers
+from fusegrad.storage import is_contiguous_buffer, is_realized
+from fusegrad.views import assign_owner, realize_readers
+
+if TYPE_CHECKING:
+    from fusegrad.tensor import Tensor
 
 ReturnType = TypeVar("ReturnType")
 
@@ -47,7 +50,7 @@ def _collect(args: tuple, kwargs: dict) -> tuple[list[Any], list[Any]]:
     others: list[Any] = []
 
     def visit(x: Any, depth: int) -> None:
-        if isinstance(x, Tensor): tensors.append(x)
+        if isinstance(x, storage.tensor_class): tensors.append(x)
         elif depth == 0 and isinstance(x, (list, tuple)):
             for v in x: visit(v, 1)
         elif depth == 0 and isinstance(x, dict):
@@ -258,7 +261,8 @@ class TinyJit(Generic[ReturnType]):
         if self.expected is not None and sig != self.expected:
             raise JitError(f"TinyJit inputs changed since capture: expected {self.expected}, got {sig} "
                            "(shapes, dtypes and devices must stay the same; call .reset() to recapture)")
-        frozen = (_frozen(others, var_vals), ("training", bool(Tensor.training)), ("no_grad", bool(Tensor.no_grad)))
+        T = storage.tensor_class
+        frozen = (_frozen(others, var_vals), ("training", bool(T.training)), ("no_grad", bool(T.no_grad)))
         if self.expected_others is not None and frozen != self.expected_others:
             raise JitError(f"TinyJit non-Tensor arguments or the mode (Tensor.training, Tensor.no_grad) changed since "
                            f"capture ({self.expected_others} -> {frozen}); they are baked into the captured kernels. "
@@ -272,9 +276,9 @@ class TinyJit(Generic[ReturnType]):
         if (multi := [t for t in tensors if isinstance(t.device, tuple)]):
             raise JitError(f"TinyJit inputs on several devices ({multi[0].device}) are not supported yet: pass the "
                            "one-device tensor and shard it inside the function, or run the step without TinyJit")
-        Tensor.realize(*tensors) if tensors else None
-        whole = [t if _is_contiguous_buffer(t.uop) else t.contiguous() for t in tensors]
-        Tensor.realize(*whole) if whole else None
+        storage.tensor_class.realize(*tensors) if tensors else None
+        whole = [t if is_contiguous_buffer(t.uop) else t.contiguous() for t in tensors]
+        storage.tensor_class.realize(*whole) if whole else None
         self._whole = whole
         bufs = [buffers[t.uop.base] for t in whole]
         if len({id(b) for b in bufs}) != len(bufs):
@@ -316,9 +320,9 @@ class TinyJit(Generic[ReturnType]):
                 # state: tensors that lived before the call (one the function makes and writes is an output)
                 self._state = [r for r in capturing.assigns[-1] if id(r()) in before_ids]
                 written = [t for r in capturing.assigns[-1] if (t := r()) is not None]
-                if out_tensors or written: Tensor.realize(*out_tensors, *written)
+                if out_tensors or written: storage.tensor_class.realize(*out_tensors, *written)
                 for t in out_tensors:  # outputs must own plain buffers (a view of an input is copied)
-                    if not _is_contiguous_buffer(t.uop): t.uop = t.contiguous().realize().uop
+                    if not is_contiguous_buffer(t.uop): t.uop = t.contiguous().realize().uop
             finally:
                 relayouts = capturing.relayouts[-1]
                 capturing.pop()
@@ -338,7 +342,7 @@ class TinyJit(Generic[ReturnType]):
         _realize_pending()   # a replay reads memory as it is now: a pending `w += 1` on a tensor it reads runs first
         in_bufs = self._prepare_inputs(tensors)
         # lazy tensors built before this call that read memory the replay writes keep the value they were built with
-        # (as the eager call's realize keeps it: views.py _preserve_old_values)
+        # (as the eager call's realize keeps it: views.py preserve_old_values)
         realize_readers(self.captured.written_memory(in_bufs))
         if self.verified < (self.verify if self.verify is not None else JIT_VERIFY.value):
             self.verified += 1
@@ -354,7 +358,7 @@ class TinyJit(Generic[ReturnType]):
         aside), or JitError names the first that differs. The eager call's results are the ones kept."""
         assert self.captured is not None
         import numpy as np
-        state = [t for r in self._state if (t := r()) is not None and _is_contiguous_buffer(t.uop)]
+        state = [t for r in self._state if (t := r()) is not None and is_contiguous_buffer(t.uop)]
         mems = self.captured.written_memory(in_bufs) | {storage.memory_of(buffers[t.uop.base]) for t in state}
         written = {storage.memory_of(b): b for b in [*in_bufs, *(it.bufs[0] for it in self.captured.items)]
                    if storage.memory_of(b) in mems}
@@ -369,7 +373,7 @@ class TinyJit(Generic[ReturnType]):
         with not_capturing():
             ret = self.fxn(*args, **kwargs)
             outs = _flatten_ret(ret)
-            Tensor.realize(*outs, *state) if outs or state else None
+            storage.tensor_class.realize(*outs, *state) if outs or state else None
         want = [t.numpy() for t in outs] + [t.numpy() for t in state]
         names = [f"output {i}" for i in range(len(outs))] + \
                 [f"state tensor {i} {tuple(t.shape)} written in place" for i, t in enumerate(state)]
@@ -402,7 +406,7 @@ class TinyJit(Generic[ReturnType]):
             if id(t) in self._ret_input: mapping[id(t)] = tensors[self._ret_input[id(t)]]
             elif nb is None: mapping[id(t)] = t
             else:
-                mapping[id(t)] = Tensor._wrap(buffer_view(buffer_uop(nb), _rebind(t.shape, var_vals)))
+                mapping[id(t)] = storage.tensor_class._wrap(buffer_view(buffer_uop(nb), _rebind(t.shape, var_vals)))
         return _map_ret(self.captured.ret_struct, mapping)
 
 
@@ -411,10 +415,10 @@ def _realize_pending(collect: bool = False) -> None:
     memory they would read eagerly. `collect` (before a capture): garbage is collected first, so the pending write of
     a tensor nothing reaches any more (kept alive by a reference cycle: one left behind by an earlier realize that
     raised) is not run here, where its error would be blamed on this function."""
-    if not _assign_owner: return
+    if not assign_owner: return
     if collect: gc.collect()
-    pending = [t for r in list(_assign_owner.values()) if (t := r()) is not None and t.uop.op is Ops.ASSIGN]
-    if pending: Tensor.realize(*pending)
+    pending = [t for r in list(assign_owner.values()) if (t := r()) is not None and t.uop.op is Ops.ASSIGN]
+    if pending: storage.tensor_class.realize(*pending)
 
 
 def _rebind(shape: tuple[Any, ...], var_vals: dict[Any, int]) -> tuple[Any, ...]:
@@ -440,7 +444,7 @@ def _dedup_bufs(bufs: list[Buffer]) -> list[Buffer]:
 
 def _flatten_ret(ret: Any) -> list[Any]:
     if ret is None: return []
-    if isinstance(ret, Tensor): return [ret]
+    if isinstance(ret, storage.tensor_class): return [ret]
     if isinstance(ret, (list, tuple)): return [t for r in ret for t in _flatten_ret(r)]
     if isinstance(ret, dict): return [t for k in sorted(ret) for t in _flatten_ret(ret[k])]
     if isinstance(ret, (int, float, bool, str)):
@@ -451,7 +455,7 @@ def _flatten_ret(ret: Any) -> list[Any]:
 
 def _map_ret(ret: Any, mapping: dict[int, Any]) -> Any:
     if ret is None: return None
-    if isinstance(ret, Tensor): return mapping[id(ret)]
+    if isinstance(ret, storage.tensor_class): return mapping[id(ret)]
     if isinstance(ret, tuple): return tuple(_map_ret(r, mapping) for r in ret)
     if isinstance(ret, list): return [_map_ret(r, mapping) for r in ret]
     if isinstance(ret, dict): return {k: _map_ret(v, mapping) for k, v in ret.items()}

@@ -3,14 +3,19 @@ compiler caches binaries on disk). Updates GlobalCounters and prints the DEBUG=1
 """
 from __future__ import annotations
 
+import contextvars
 import functools
 import hashlib
 import json
 import os
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from fusegrad import codegen   # (codegen.to_program at call time: tests replace it)
+from fusegrad.codegen import kernel_name
+from fusegrad.codegen.search import ast_key, beam_search
 from fusegrad.device import Device, diskcache_get, diskcache_put
 from fusegrad.renderer import ProgramSpec
 from fusegrad.helpers import BEAM, CACHELEVEL, DEBUG, JITBEAM, MERGE_RANGES, NOOPT, PROFILE, SPEC, VIZ, GlobalCounters, \
@@ -19,6 +24,7 @@ from fusegrad.helpers import CAPTURE_PROCESS_REPLAY  # process replay (fusegrad/
 from fusegrad.dtype import dtypes
 from fusegrad.engine.capture import capturing
 from fusegrad.ir.ops import Ops, UOp
+from fusegrad.replay import capture_kernel
 from fusegrad.schedule import ScheduleItem
 
 _programs: dict[tuple[UOp, str], Any] = {}
@@ -45,7 +51,6 @@ def _renderer_state(r: Any) -> str:
 def _load_spec(ast: UOp, device: str, amt: int) -> tuple[str, ProgramSpec | None]:
     """The rendered program from the disk cache (keyed by kernel, device, compiler, optimization mode and code
     version), so a warm process skips codegen as well as compilation."""
-    from fusegrad.codegen.search import ast_key
     dev = Device[device]
     if dev.compiler.cachekey is None or not CACHELEVEL or DEBUG >= 3 or SPEC: return "", None  # run codegen to show/check it
     key = hashlib.sha256(f"{ast_key(ast)}:{device}:{dev.compiler.cachekey}:{amt}:{int(NOOPT.value)}:{int(MERGE_RANGES.value)}:"
@@ -71,7 +76,6 @@ def _vars_json(spec: ProgramSpec) -> list | None:
 
 def _get_spec(ast: UOp, device: str) -> ProgramSpec:
     """The rendered program of a kernel: from the program disk cache, else by codegen (BEAM search first when asked)."""
-    from fusegrad.codegen import to_program
     dev = Device[device]
     opts = None
     amt = int(BEAM.value) or (int(JITBEAM.value) if capturing else 0)
@@ -80,19 +84,16 @@ def _get_spec(ast: UOp, device: str) -> ProgramSpec:
     dkey, spec = ("", None) if CAPTURE_PROCESS_REPLAY or VIZ else _load_spec(ast, device, amt)
     if spec is None:
         if amt and not NOOPT:
-            from fusegrad.codegen.search import beam_search
-            from fusegrad.codegen import kernel_name
             opts = beam_search(ast, device, amt, kernel_name(ast))
         if VIZ.value or PROFILE.value:
-            from fusegrad.viz.recorder import traced_to_program
+            from fusegrad.viz.recorder import traced_to_program   # (VIZ only: unset, the recorder is never imported)
             spec = traced_to_program(ast, device, dev.renderer, opts)
-        else: spec = to_program(ast, dev.renderer, opts)
+        else: spec = codegen.to_program(ast, dev.renderer, opts)
         if dkey and (variables := _vars_json(spec)) is not None:
             diskcache_put("program", dkey, json.dumps({**{k: getattr(spec, k) for k in (
                 "name", "src", "nbufs", "ops", "mem", "global_size", "local_size", "display_name",
                 "thread_size")}, "vars": variables}).encode())
         if CAPTURE_PROCESS_REPLAY:  # process replay: record the AST, renderer, flags and source
-            from fusegrad.replay import capture_kernel
             capture_kernel(ast, device, dev.renderer, opts, spec)
     return spec
 
@@ -129,8 +130,6 @@ def _prepare_runners(new: list[tuple[UOp, str]]) -> None:
     (CPUCompiler.compile_batch: one compiler run for many kernels) go to a thread pool in groups as codegen produces
     them (sized by batch_full), so the compiler runs on the other cores while codegen continues here; the rest compile
     in the pool one by one."""
-    import contextvars
-    from concurrent.futures import ThreadPoolExecutor
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     pending: dict[str, list[tuple[tuple[UOp, str], ProgramSpec]]] = {}
     futs = []

@@ -2,19 +2,28 @@
 
 The same node type serves every level: the lazy tensor graph, kernel ASTs and the linear program.
 Because nodes are hash-consed, structural equality is identity: `UOp(...) is UOp(...)` for equal arguments.
+
+`OpMixin` holds the math that a `Tensor` and a tensor-level node share: each method is written once against a few
+primitives (`_pair`: two operands broadcast to one shape and dtype; `_alu`: one ALU node; `_binop`: both in one step;
+`cast`, `where`, `detach`, `_reduce`) that `Tensor` (with its dtype promotion, checks and autograd) and `UOp`
+(tensor-level nodes of one dtype; a Python number takes that dtype, as the Tensor frontend promotes it) each
+implement. A composite such as softmax then runs on the nodes of one float tensor and makes the very graph the Tensor steps would make, without a
+Tensor per step (the frontend wraps only the result: mixin/alu.py `on_nodes`).
 """
 from __future__ import annotations
 
 import enum
 import functools
+import hashlib
 import math
 import operator
 import weakref
 from _weakref import _remove_dead_weakref  # type: ignore[attr-defined]
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
-from fusegrad.dtype import ConstType, DType, PtrDType, dtypes
-from fusegrad.ir.shape import infer_shape, sprod   # (shape.py reaches this module only inside its functions)
+from fusegrad.dtype import ConstType, DType, DTypeLike, PtrDType, dtypes, least_upper_float, to_dtype
+from fusegrad.ir.shape import broadcast_shape, canonical_shape, infer_shape, sprod   # (shape.py: no module-level
+                                                                                    # import of this one)
 
 if TYPE_CHECKING:
     _cached_property = functools.cached_property
@@ -152,6 +161,107 @@ class GroupOp:
               Ops.GEP} | ALU
 
 
+class OpMixin:
+    """The ops `Tensor` and `UOp` share, each written once against the primitives listed in the module docstring.
+    `Tensor` overrides the primitives and the few ops it checks or promotes further (add, mul, comparisons, where,
+    reductions, ...); the composites below (sigmoid, tanh, relu, relu6, GELU, softmax, layernorm, exp, log, ...) are
+    inherited as they are, so the graph they build is the same on either."""
+    __slots__ = ()
+
+    # ----- elementwise arithmetic -----
+    def add(self, y: Any, reverse: bool = False) -> Any: return self._binop(Ops.ADD, y, reverse)  # type: ignore
+    def mul(self, y: Any, reverse: bool = False) -> Any: return self._binop(Ops.MUL, y, reverse)  # type: ignore
+    def sub(self, y: Any, reverse: bool = False) -> Any:
+        a, b = self._pair(y, reverse)  # type: ignore[attr-defined]
+        return a._alu(Ops.ADD, b.neg())
+    def div(self, y: Any, reverse: bool = False) -> Any:
+        a, b = self._pair(y, reverse)  # type: ignore[attr-defined]
+        if not dtypes.is_float(a.dtype): a, b = a._float_or_self(), b._float_or_self()
+        return a._alu(Ops.MUL, b._alu(Ops.RECIPROCAL))
+    def neg(self) -> Any: return self._alu(Ops.NEG)  # type: ignore[attr-defined]
+    def __add__(self, y: Any) -> Any: return self.add(y)
+    def __radd__(self, y: Any) -> Any: return self.add(y, True)
+    def __sub__(self, y: Any) -> Any: return self.sub(y)
+    def __rsub__(self, y: Any) -> Any: return self.sub(y, True)
+    def __mul__(self, y: Any) -> Any: return self.mul(y)
+    def __rmul__(self, y: Any) -> Any: return self.mul(y, True)
+    def __truediv__(self, y: Any) -> Any: return self.div(y)
+    def __rtruediv__(self, y: Any) -> Any: return self.div(y, True)
+    def __neg__(self) -> Any: return self.neg()
+
+    # ----- comparisons and masks (named: `==` on a node is identity) -----
+    def lt(self, y: Any) -> Any: return self._binop(Ops.CMPLT, y)  # type: ignore[attr-defined]
+    def gt(self, y: Any) -> Any: return self._binop(Ops.CMPLT, y, True)  # type: ignore[attr-defined]
+    def ne(self, y: Any) -> Any: return self._binop(Ops.CMPNE, y)  # type: ignore[attr-defined]
+    def eq(self, y: Any) -> Any: return self.ne(y).logical_not()
+    def ge(self, y: Any) -> Any: return self.gt(y) | self.eq(y)   # NaN compares False
+    def le(self, y: Any) -> Any: return self.lt(y) | self.eq(y)
+    def logical_not(self) -> Any: return self._binop(Ops.CMPNE, True)  # type: ignore[attr-defined]
+    def __or__(self, y: Any) -> Any: return self._binop(Ops.OR, y)  # type: ignore[attr-defined]
+    def isnan(self) -> Any: return self.ne(self)
+
+    # ----- unary math -----
+    def _float_or_self(self) -> Any:
+        dt = self.dtype  # type: ignore[attr-defined]
+        return self if dtypes.is_float(dt) else self.cast(least_upper_float(dt))  # type: ignore[attr-defined]
+    def reciprocal(self) -> Any: return self._float_or_self()._alu(Ops.RECIPROCAL)
+    def sqrt(self) -> Any: return self._float_or_self()._alu(Ops.SQRT)
+    def rsqrt(self) -> Any: return self.sqrt().reciprocal()
+    def exp2(self) -> Any: return self._float_or_self()._alu(Ops.EXP2)
+    def log2(self) -> Any: return self._float_or_self()._alu(Ops.LOG2)
+    def exp(self) -> Any: return (self._float_or_self() * (1 / math.log(2))).exp2()
+    def log(self) -> Any: return self.log2() * math.log(2)
+    def sin(self) -> Any: return self._float_or_self()._alu(Ops.SIN)
+    def cos(self) -> Any: return ((math.pi / 2) - self._float_or_self()).sin()
+    def square(self) -> Any: return self * self
+
+    # ----- reductions (over `_reduce`) -----
+    def sum(self, axis: Any = None, keepdim: bool = False) -> Any:
+        return self._reduce(Ops.ADD, axis, keepdim)  # type: ignore[attr-defined]
+    def max(self, axis: Any = None, keepdim: bool = False) -> Any:
+        return self._reduce(Ops.MAX, axis, keepdim)  # type: ignore[attr-defined]
+    def mean(self, axis: Any = None, keepdim: bool = False) -> Any:
+        s = self.sum(axis, keepdim)
+        return s * (1 / (sprod(self.shape) // max(sprod(s.shape), 1)))  # type: ignore[attr-defined,operator]
+
+    # ----- composites -----
+    def relu(self) -> Any:
+        """max(x, 0) of a float: relu(NaN) is NaN, relu'(0) = 0."""
+        return (self.gt(0) | self.ne(self)).where(self, 0)  # type: ignore[attr-defined]
+
+    def relu6(self) -> Any: return self.ge(6).where(6, self.relu())
+
+    def sigmoid(self) -> Any:
+        # each branch only sees inputs where its exp can't overflow, so values and gradients never meet inf*0
+        x = self._float_or_self()
+        pos = x.ge(0)
+        ep, en = (-pos.where(x, 0)).exp(), pos.where(0, x).exp()
+        return pos.where(1 / (1 + ep), en / (1 + en))
+
+    def tanh(self) -> Any: return 2.0 * (2.0 * self._float_or_self()).sigmoid() - 1.0
+
+    def _gelu_tanh(self) -> Any:
+        return 0.5 * self * (1 + (math.sqrt(2 / math.pi) * (self + 0.044715 * self * self * self)).tanh())
+
+    def _layernorm(self, axis: Any, eps: float) -> Any:
+        y = self - self.mean(axis, keepdim=True)
+        return y.mul((y * y).mean(axis, keepdim=True).add(eps).rsqrt())
+
+    def _softmax_parts(self, axis: int, dtype: DTypeLike | None) -> Any:
+        x = self.cast(to_dtype(dtype)) if dtype is not None else self._float_or_self()  # type: ignore[attr-defined]
+        m = x - x.max(axis=axis, keepdim=True).detach()
+        e = m.exp()
+        return m, e, e.sum(axis=axis, keepdim=True)
+
+    def _softmax(self, axis: int, dtype: DTypeLike | None) -> Any:
+        _, e, ss = self._softmax_parts(axis, dtype)
+        return e.div(ss)
+
+    def _log_softmax(self, axis: int, dtype: DTypeLike | None) -> Any:
+        m, _, ss = self._softmax_parts(axis, dtype)
+        return m - ss.log()
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 
 # (op, dtype, ids of src, arg) -> a weak reference to the live node (the key: UOpMetaClass.__call__); a node's
@@ -215,7 +325,7 @@ def _as_uop(x: "UOp | ConstType", dtype: DType) -> "UOp":
     return x if isinstance(x, UOp) else UOp.const(dtype, x)
 
 
-class UOp(metaclass=UOpMetaClass):
+class UOp(OpMixin, metaclass=UOpMetaClass):
     """An IR node. Immutable; identity is structure (hash-consed), so nodes are usable as dict keys."""
     __slots__ = ("op", "dtype", "src", "arg", "__weakref__", "__dict__")
 
@@ -252,7 +362,6 @@ class UOp(metaclass=UOpMetaClass):
     @_cached_from_src
     def key(self) -> bytes:
         """A structural hash stable across processes (for disk caches and process replay)."""
-        import hashlib
         h = hashlib.sha256(f"{self.op}|{self.dtype}|{self.arg!r}".encode())
         for s in self.src: h.update(s.key)
         return h.digest()
@@ -391,26 +500,108 @@ class UOp(metaclass=UOpMetaClass):
     def bitcast(self, dtype: DType) -> "UOp":
         return UOp(Ops.BITCAST, dtype, (self,))
 
-    def where(self, a: "UOp | ConstType", b: "UOp | ConstType") -> "UOp":
-        av = _as_uop(a, b.dtype if isinstance(b, UOp) else dtypes.int32)
-        return UOp(Ops.WHERE, av.dtype, (self, av, _as_uop(b, av.dtype)))
+    # ----- OpMixin's primitives: arithmetic on nodes (`x * 2 + y` in index math and rules; composites on tensor nodes)
+    def _pair(self, y: "UOp | ConstType", reverse: bool = False) -> tuple["UOp", "UOp"]:
+        """(self, y) as two operands of one ALU node (swapped if `reverse`). A Python number becomes a constant of
+        self's dtype: a scalar for a kernel-level or symbolic value (shape None), else a tensor constant on self's
+        device at self's shape, as the Tensor frontend makes it. Two tensor-level nodes of one dtype broadcast to one
+        shape (`broadcast_shape`); nodes don't promote dtypes (a Tensor does)."""
+        s, cls = self.shape, y.__class__
+        if cls is UOp:
+            b: UOp = y  # type: ignore[assignment]
+            if s is not None and (bs := b.shape) != s:
+                if b.dtype != self.dtype: raise TypeError(f"node operands of {self.dtype} and {b.dtype}: cast first")
+                if bs is None: raise TypeError(f"a tensor-level node of shape {s} with a scalar node {b.op}")
+                shape = broadcast_shape(bs, s) if reverse else broadcast_shape(s, bs)
+                return (b.broadcast_to(shape), self.broadcast_to(shape)) if reverse else \
+                    (self.broadcast_to(shape), b.broadcast_to(shape))
+        elif s is None: b = UOp.const(self.dtype, y)  # type: ignore[arg-type]
+        elif cls is float or cls is int or cls is bool: b = tensor_const(y, self.dtype, self.device, s)  # type: ignore
+        else: raise TypeError(f"unsupported operand type {type(y).__name__} for a node")
+        return (b, self) if reverse else (self, b)
 
-    # arithmetic sugar, used by symbolic index math and by rules (`x * 2 + y`)
-    def __add__(self, x: "UOp | ConstType") -> "UOp": return self.alu(Ops.ADD, x)
-    def __radd__(self, x: "UOp | ConstType") -> "UOp": return _as_uop(x, self.dtype).alu(Ops.ADD, self)
-    def __mul__(self, x: "UOp | ConstType") -> "UOp": return self.alu(Ops.MUL, x)
-    def __rmul__(self, x: "UOp | ConstType") -> "UOp": return _as_uop(x, self.dtype).alu(Ops.MUL, self)
-    def __sub__(self, x: "UOp | ConstType") -> "UOp": return self.alu(Ops.ADD, -x if not isinstance(x, UOp) else x.neg())
-    def __rsub__(self, x: "UOp | ConstType") -> "UOp": return _as_uop(x, self.dtype).alu(Ops.ADD, self.neg())
+    def _alu(self, op: Ops, *srcs: "UOp", _cmp: frozenset = frozenset(GroupOp.Comparison)) -> "UOp":
+        return UOp(op, dtypes.bool if op in _cmp else self.dtype, (self,) + srcs)
+
+    def _binop(self, op: Ops, y: "UOp | ConstType", reverse: bool = False,
+               _cmp: frozenset = frozenset(GroupOp.Comparison)) -> "UOp":
+        """`_alu(op)` of the `_pair` (one step: most node arithmetic is this). The common tensor-level cases, a number
+        or a node of the same shape, without the `_pair` call."""
+        if (s := self.shape) is not None and ((cls := y.__class__) is float or cls is int or cls is bool):
+            b = tensor_const(y, self.dtype, self.device, s)  # type: ignore[arg-type]
+            return UOp(op, dtypes.bool if op in _cmp else self.dtype, (b, self) if reverse else (self, b))
+        a, b = self._pair(y, reverse)
+        return UOp(op, dtypes.bool if op in _cmp else a.dtype, (a, b))
+
+    def __sub__(self, x: "UOp | ConstType") -> "UOp":
+        # a kernel-level value minus a number adds its negation (one constant, as index math has always built it)
+        return self.alu(Ops.ADD, -x) if self.shape is None and not isinstance(x, UOp) else self.sub(x)
     def __floordiv__(self, x: "UOp | ConstType") -> "UOp": return self.alu(Ops.IDIV, x)
     def __mod__(self, x: "UOp | ConstType") -> "UOp": return self.alu(Ops.MOD, x)
-    def __neg__(self) -> "UOp": return self.neg()
-    def neg(self) -> "UOp":
-        return self.alu(Ops.MUL, -1) if dtypes.is_int(self.dtype) else self.alu(Ops.NEG)
-    def lt(self, x: "UOp | ConstType") -> "UOp": return self.alu(Ops.CMPLT, x)
-    def ne(self, x: "UOp | ConstType") -> "UOp": return self.alu(Ops.CMPNE, x)
+    def neg(self) -> "UOp": return self * -1 if dtypes.is_int(self.dtype) else self._alu(Ops.NEG)
     def maximum(self, x: "UOp | ConstType") -> "UOp": return self.alu(Ops.MAX, x)
     def logical_and(self, x: "UOp") -> "UOp": return self.alu(Ops.AND, x)
+
+    def where(self, a: "UOp | ConstType", b: "UOp | ConstType") -> "UOp":
+        if self.shape is None:   # kernel level
+            av = _as_uop(a, b.dtype if isinstance(b, UOp) else dtypes.int32)
+            return UOp(Ops.WHERE, av.dtype, (self, av, _as_uop(b, av.dtype)))
+        if self.dtype != dtypes.bool: raise TypeError(f"where needs a bool condition node, got {self.dtype}")
+        if a.__class__ is UOp: a, b = a._pair(b)  # type: ignore[union-attr]
+        elif b.__class__ is UOp: b, a = b._pair(a)  # type: ignore[union-attr]
+        else: raise TypeError("a tensor-level where needs a node for a or b")
+        if (s := self.shape) != (xs := a.shape):  # type: ignore[union-attr]
+            s = broadcast_shape(s, xs)  # type: ignore[arg-type]
+            return UOp(Ops.WHERE, b.dtype, (self.broadcast_to(s), a.broadcast_to(s), b.broadcast_to(s)))  # type: ignore
+        return UOp(Ops.WHERE, b.dtype, (self, a, b))  # type: ignore[union-attr]
+
+    def detach(self) -> "UOp": return UOp(Ops.DETACH, self.dtype, (self,))
+
+    def _reduce(self, op: Ops, axis: Any, keepdim: bool) -> "UOp":
+        """A reduction as the Tensor frontend makes it for a float of one dtype: reducing only size-1 axes is a new
+        value (x + 0.0 for a sum: a sum starts from +0.0), and axes that are gone unless `keepdim`."""
+        s = self.shape
+        assert s is not None, "reduce of a kernel-level node"
+        n = len(s)
+        if axis is None: axes: tuple = tuple(range(n))
+        else:
+            axes = tuple(a + n if a.__class__ is int and -n <= a < 0 else a for a in ((axis,) if axis.__class__ is int
+                                                                                      else axis))
+            if n == 0 and axes in ((0,), (-1,)): axes = ()
+            if any(a.__class__ is not int or not 0 <= a < n for a in axes) or len(set(axes)) != len(axes):
+                raise IndexError(f"reduce axes {axis} for shape {s}")
+        if any(s[a] == 0 for a in axes): raise ValueError(f"reduce over an empty axis of {s}")
+        if any(s[a] != 1 for a in axes): out = self.reduce_axis(op, axes)
+        elif op is Ops.ADD and dtypes.is_float(self.dtype): out = self + 0.0
+        else: out = self
+        return out if keepdim else out.reshape(tuple(d for i, d in enumerate(s) if i not in axes))
+
+    # ----- tensor-level constructors (ir/build.py names them for the frontend and the gradient rules) -----
+    def reshape(self, shape: "Sequence[int | UOp]") -> "UOp":
+        shape = canonical_shape(shape)
+        return self if self.shape == shape else UOp(Ops.RESHAPE, self.dtype, (self,), shape)
+
+    def expand(self, shape: "Sequence[int | UOp]") -> "UOp":
+        shape = canonical_shape(shape)
+        return self if self.shape == shape else UOp(Ops.EXPAND, self.dtype, (self,), shape)
+
+    def broadcast_to(self, shape: tuple) -> "UOp":
+        """This node reshaped to the rank of `shape` (leading 1s), then expanded to it."""
+        s = self.shape
+        if s == shape: return self
+        return self.reshape((1,) * (len(shape) - len(s)) + s).expand(shape)  # type: ignore[arg-type,operator]
+
+    def reduce_axis(self, op: Ops, axes: "Sequence[int]") -> "UOp":
+        assert op in GroupOp.Reduce and self.shape is not None
+        shape = self.shape
+        axes = tuple(sorted(a for a in axes if shape[a] != 1))
+        if not axes: return self
+        if any(shape[a] == 0 for a in axes):  # reducing nothing gives the identity
+            assert self.device is not None
+            ident = {Ops.ADD: 0, Ops.MUL: 1, Ops.MAX: dtypes.min(self.dtype)}[op]
+            kept = tuple(1 if i in axes else d for i, d in enumerate(shape))
+            return tensor_const(ident, self.dtype, self.device, kept)
+        return UOp(Ops.REDUCE_AXIS, self.dtype, (self,), (op, axes))
 
     # ----- symbolic bounds (integers and bools) -----
     @_cached_from_src
@@ -427,6 +618,33 @@ class UOp(metaclass=UOpMetaClass):
     @property
     def const_arg(self) -> ConstType | None:
         return self.arg if self.op is Ops.CONST else None
+
+
+# (value, its type, the sign of a float zero, dtype, device, shape) -> the constant's node: plain numbers at static
+# shapes, the constants of every elementwise op with a Python scalar (three nodes each, built again on every eager
+# call otherwise). The entries keep their nodes alive; cleared when full, so it stays small
+_consts: dict[tuple, UOp] = {}
+_CONSTS_MAX = 4096
+
+
+def tensor_const(val: "ConstType | UOp", dtype: DType, device: str | tuple[str, ...], shape: tuple = ()) -> UOp:
+    """A tensor constant broadcast to `shape` (`build.const`). `val` may be a symbolic int (a bound Variable, or an
+    expression of one): the kernel then reads the variable's value. A tuple of devices makes it for each of them."""
+    if ((cls := val.__class__) is float or cls is int or cls is bool) and shape.__class__ is tuple:
+        key = (val, cls, cls is float and val == 0.0 and math.copysign(1.0, val) < 0, dtype, device, shape)
+        if (ret := _consts.get(key)) is not None: return ret
+        if all(s.__class__ is int for s in shape):
+            ret = _tensor_const(val, dtype, device, shape)
+            if len(_consts) >= _CONSTS_MAX: _consts.clear()
+            _consts[key] = ret
+            return ret
+    return _tensor_const(val, dtype, device, shape)
+
+
+def _tensor_const(val: "ConstType | UOp", dtype: DType, device: str | tuple[str, ...], shape: tuple) -> UOp:
+    arg = val if isinstance(val, UOp) else dtypes.as_const(val, dtype)
+    c = UOp(Ops.CONST, dtype, (UOp(Ops.DEVICE, arg=device),), arg)
+    return c.reshape((1,) * len(shape)).expand(shape) if shape else c
 
 
 def pretty(u: UOp, max_depth: int = 3) -> str:
@@ -499,4 +717,5 @@ def iter_nodes(roots: list[UOp]) -> Iterator[UOp]:
                 yield n
 
 
-__all__ = ["Ops", "GroupOp", "UOp", "BindError", "VarVals", "PtrDType", "print_tree", "pretty", "sym_infer", "math"]
+__all__ = ["Ops", "GroupOp", "OpMixin", "UOp", "tensor_const", "BindError", "VarVals", "PtrDType", "print_tree", "pretty",
+           "sym_infer", "math"]

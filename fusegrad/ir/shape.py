@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import functools
 from typing import TYPE_CHECKING, Any, Sequence, Union
+from fusegrad.dtype import dtypes
+from fusegrad.helpers import ShapeError
 
 
 if TYPE_CHECKING:
@@ -25,7 +27,6 @@ def all_static(shape: Sequence[Any]) -> bool: return all(isinstance(s, int) for 
 
 def is_sym_int(x: Any) -> bool:
     """A symbolic size: an int-typed UOp (a bound Variable, or an expression of one)."""
-    from fusegrad.dtype import dtypes
     from fusegrad.ir.ops import UOp
     return isinstance(x, UOp) and dtypes.is_int(x.dtype)
 
@@ -101,6 +102,35 @@ def sle(a: sint, b: sint) -> bool:
     """a <= b for every value of the variables (False when that can't be proven)."""
     if isinstance(a, int) and isinstance(b, int): return a <= b
     return sym_eq(a, b) or smax(a) <= smin(b) or smax(ssub(a, b)) <= 0
+
+
+def broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape `shapes` broadcast to (numpy's rule; symbolic sizes equal as expressions count as one); ShapeError
+    if they don't broadcast."""
+    if len(shapes) == 2:   # the common cases at once: equal shapes, or a 0-d operand (a scalar)
+        a, b = shapes
+        if a == b or not b: return a
+        if not a: return b
+        k = len(a) - len(b)   # static sizes in one pass (symbolic ones and errors: below)
+        out = []
+        for p, q in zip(((1,) * -k + a) if k < 0 else a, ((1,) * k + b) if k > 0 else b):
+            if p.__class__ is not int or q.__class__ is not int or (p != q and p != 1 and q != 1): break
+            out.append(q if p == 1 else p)
+        else: return tuple(out)
+    elif all(s == shapes[0] for s in shapes): return shapes[0]
+    n = max(len(s) for s in shapes)
+    padded = [(1,) * (n - len(s)) + s for s in shapes]
+    out = []
+    for i, dims in enumerate(zip(*padded)):
+        non1: set[Any] = set()
+        for d in dims:   # symbolic sizes that are equal as expressions count once (sym_eq)
+            if d != 1 and not any(sym_eq(d, e) for e in non1): non1.add(d)
+        if len(non1) > 1:
+            a, b = [d for d in dims if d != 1][:2]
+            raise ShapeError(f"The size of tensor a ({a}) must match the size of tensor b ({b}) at non-singleton "
+                             f"dimension {i}: shapes {' and '.join(str(s) for s in shapes)} can't broadcast")
+        out.append(non1.pop() if non1 else 1)
+    return tuple(out)
 
 
 @functools.cache
@@ -188,5 +218,4 @@ def canonical_shape(shape: Sequence[sint]) -> tuple[sint, ...]:
 def sym_value_dtype(x: "UOp") -> Any:
     """The dtype of a tensor holding the value of a symbolic int (`Tensor(v)`, `Tensor.full(shape, v)`): the default
     int, or int64 for a variable whose range needs 64 bits."""
-    from fusegrad.dtype import dtypes
     return dtypes.int64 if x.dtype.itemsize > 4 else dtypes.default_int

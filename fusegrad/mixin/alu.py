@@ -1,17 +1,18 @@
 """The primitive elementwise ops of Tensor: casts, arithmetic and in-place operators, comparisons and bitwise ops.
 
-Each broadcasts and promotes its operands (`Tensor._broadcasted`) and emits one ALU node; `mixin/math.py` composes
-the rest (activations, transcendentals) from these.
+Each broadcasts and promotes its operands (`Tensor._broadcasted`) and emits one ALU node; the composites written once
+for Tensors and graph nodes (exp, log, sigmoid, tanh, relu, ...) are `OpMixin`'s (ir/ops.py), `mixin/math.py` composes
+the rest (activations, transcendentals). `on_nodes` runs an OpMixin composite on a tensor's graph node and wraps only
+the result: the same graph, node for node, without a Tensor per step.
 """
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any
 
-from fusegrad.dtype import ConstType, DType, DTypeLike, dtypes, least_upper_dtype, least_upper_float, to_dtype
+from fusegrad.dtype import ConstType, DType, DTypeLike, dtypes, least_upper_dtype, sum_acc_dtype, to_dtype
 from fusegrad.ir import build
-from fusegrad.ir.ops import Ops, UOp
-from fusegrad.mixin.nodes import broadcast_static, expand_to, on_nodes, usable
+from fusegrad.ir.ops import OpMixin, Ops, UOp
+from fusegrad.autograd import custom_grad
 
 if TYPE_CHECKING:
     from fusegrad.tensor import Tensor
@@ -47,28 +48,26 @@ def _float_to_int(x: "Tensor", dt: DType) -> "Tensor":
     return safe if wide == dt else safe._apply(lambda u: build.cast(u, dt))
 
 
-def _float_fast(x: "Tensor") -> bool:
-    """Whether a composite op on float `x` may build its nodes directly and wrap only the result: the graph is the one
-    the Tensor-level composition builds (a Python scalar operand takes x's own float dtype) as long as no intermediate
-    would be detached (no_grad with a tensor that requires grad)."""
-    return dtypes.is_float(x.dtype) and not (x.requires_grad and type(x).no_grad)
+def nodes_ok(x: "Tensor", reduces: bool = True) -> bool:
+    """Whether an OpMixin composite of `x` may run on x's node (`on_nodes`): x is a float whose steps detach nothing
+    (no_grad with a tensor that requires grad), and, for a composite with reductions (`reduces`), one that accumulates
+    in its own dtype (float32, float64: a Tensor sum of half goes through float32) with a static, non-empty shape on
+    one device."""
+    dt = x.dtype
+    if not dtypes.is_float(dt) or (x.requires_grad and type(x).no_grad): return False
+    return not reduces or (sum_acc_dtype(dt) == dt and isinstance(x.device, str) and
+                           all(s.__class__ is int and s > 0 for s in x.shape))
 
 
-def _relu_uop(u: UOp, zero: UOp) -> UOp:
-    """`(x > 0) | x.isnan()).where(x, 0)` as nodes (relu(NaN) is NaN, relu'(0) = 0); `zero` is 0 at x's shape."""
-    keep = UOp(Ops.OR, dtypes.bool, (UOp(Ops.CMPLT, dtypes.bool, (zero, u)), UOp(Ops.CMPNE, dtypes.bool, (u, u))))
-    return UOp(Ops.WHERE, u.dtype, (keep, u, zero))
-
-
-def _sigmoid(self: Any) -> Any:
-    # each branch only sees inputs where its exp can't overflow, so values and gradients never meet inf*0
-    x = self._float_or_self()
-    pos = x >= 0
-    ep, en = (-pos.where(x, 0)).exp(), pos.where(0, x).exp()
-    return pos.where(1 / (1 + ep), en / (1 + en))
-
-
-def _tanh(self: Any) -> Any: return 2.0 * (2.0 * self._float_or_self()).sigmoid() - 1.0
+def on_nodes(x: "Tensor", fn: Any, *args: Any, reduces: bool = True) -> "Tensor":
+    """fn(x, *args), a composite written once in OpMixin, built on x's graph node and wrapped as one Tensor: the
+    graph the Tensor steps build, node for node (hash-consing makes it the very same object), without a Tensor per
+    step. On Tensors where `nodes_ok` says no, or where a node method refuses an argument (the Tensor steps then raise
+    their own error, or handle the case)."""
+    if nodes_ok(x, reduces):
+        try: return type(x)._wrap(fn(x.uop, *args), x)
+        except (TypeError, ValueError, IndexError): pass
+    return fn(x, *args)
 
 
 class ALUMixin:
@@ -108,24 +107,18 @@ class ALUMixin:
     def bool(self: "Tensor") -> "Tensor": return self.cast(dtypes.bool)
     def double(self: "Tensor") -> "Tensor": return self.cast(dtypes.float64)
 
-    def _float_or_self(self: "Tensor") -> "Tensor":
-        return self.cast(least_upper_float(self.dtype)) if not dtypes.is_float(self.dtype) else self
-
-    def _pair_nodes(self: "Tensor", y: Any, reverse: bool) -> "tuple[UOp, UOp] | None":
-        """The nodes `_broadcasted` gives two tensors of one dtype with static shapes, without the Tensors it makes
-        for the broadcast operands (a third of an elementwise op's cost); None where it would do more than that."""
+    def _node_operand(self: "Tensor", y: Any) -> UOp | None:
+        """y's node where `self op y` is one ALU node of the two nodes, broadcast (`UOp._pair`), without the Tensors
+        `_broadcasted` makes for the operands (a third of an elementwise op's cost): y a Tensor of self's dtype and
+        device, neither from a Python scalar, static shapes where they differ, nothing to detach for no_grad."""
         T = type(self)
         if y.__class__ is not T or self.dtype != y.dtype or self._weak or y._weak or self.device != y.device or \
                 (T.no_grad and (self.requires_grad or y.requires_grad)): return None
-        a, b, xs, ys = self.uop, y.uop, self.shape, y.shape
-        if xs != ys:
-            if not all(d.__class__ is int for d in xs + ys): return None
-            if (shape := broadcast_static(xs, ys)) is None: return None   # (the Tensor path raises the error)
-            a, b = expand_to(a, shape), expand_to(b, shape)
-        return (b, a) if reverse else (a, b)
+        if self.shape != y.shape and not all(d.__class__ is int for d in self.shape + y.shape): return None
+        return y.uop
 
     def add(self: "Tensor", x: "Tensor | ConstType", reverse: bool = False) -> "Tensor":
-        if (p := self._pair_nodes(x, reverse)) is not None: return type(self)._wrap(build.alu(Ops.ADD, *p), self, x)
+        if (u := self._node_operand(x)) is not None: return type(self)._wrap(self.uop.add(u, reverse), self, x)
         a, b = self._broadcasted(x, reverse)
         return a._alu(Ops.ADD, b)
 
@@ -133,9 +126,8 @@ class ALUMixin:
         """`self - x`. A bool operand counts as an int 0/1 and is promoted first, as in tinygrad and NumPy
         (`1.0 - mask` is float32); PyTorch raises for any bool operand. Only when both sides are bool (so the
         result would be bool) it raises, as NumPy and PyTorch do (tinygrad computes `a | ~b` there)."""
-        if dtypes.is_float(self.dtype) and (p := self._pair_nodes(x, reverse)) is not None:
-            a, b = p
-            return type(self)._wrap(build.alu(Ops.ADD, a, UOp(Ops.NEG, b.dtype, (b,))), self, x)
+        if dtypes.is_float(self.dtype) and (u := self._node_operand(x)) is not None:
+            return type(self)._wrap(self.uop.sub(u, reverse), self, x)
         a, b = self._broadcasted(x, reverse)
         if dtypes.is_bool(a.dtype):
             raise RuntimeError("Subtraction, the `-` operator, of two bools is not supported (as in torch and NumPy); "
@@ -143,7 +135,7 @@ class ALUMixin:
         return a._alu(Ops.ADD, b.neg())
 
     def mul(self: "Tensor", x: "Tensor | ConstType", reverse: bool = False) -> "Tensor":
-        if (p := self._pair_nodes(x, reverse)) is not None: return type(self)._wrap(build.alu(Ops.MUL, *p), self, x)
+        if (u := self._node_operand(x)) is not None: return type(self)._wrap(self.uop.mul(u, reverse), self, x)
         a, b = self._broadcasted(x, reverse)
         return a._alu(Ops.MUL, b)
 
@@ -158,14 +150,12 @@ class ALUMixin:
             if not (a.requires_grad or b.requires_grad): return q
             # a rounded quotient is piecewise constant: zero gradient for both operands (torch too), never the NaN
             # that differentiating through a / b would give where b == 0
-            from fusegrad.mixin.nn import _custom_grad
-            return _custom_grad(q, [a, b], lambda g, a_, b_: (a_.zeros_like(), b_.zeros_like()), f"div_{rounding_mode}")
+            return custom_grad(q, [a, b], lambda g, a_, b_: (a_.zeros_like(), b_.zeros_like()), f"div_{rounding_mode}")
         if rounding_mode is not None:
             raise RuntimeError(f"div expected rounding_mode to be one of None, 'trunc', or 'floor' but found "
                                f"{rounding_mode!r}")
-        if dtypes.is_float(self.dtype) and (p := self._pair_nodes(x, reverse)) is not None:
-            a, b = p
-            return type(self)._wrap(build.alu(Ops.MUL, a, UOp(Ops.RECIPROCAL, b.dtype, (b,))), self, x)
+        if dtypes.is_float(self.dtype) and (u := self._node_operand(x)) is not None:
+            return type(self)._wrap(self.uop.div(u, reverse), self, x)
         a, b = self._broadcasted(x, reverse)
         a, b = a._float_or_self(), b._float_or_self()
         return a._alu(Ops.MUL, b.reciprocal())
@@ -181,16 +171,7 @@ class ALUMixin:
         if dtypes.is_bool(self.dtype): raise RuntimeError("negation of a bool tensor is not supported; use logical_not")
         return self * -1 if dtypes.is_int(self.dtype) else self._alu(Ops.NEG)
 
-    def reciprocal(self: "Tensor") -> "Tensor": return self._float_or_self()._alu(Ops.RECIPROCAL)
-    def sqrt(self: "Tensor") -> "Tensor": return self._float_or_self()._alu(Ops.SQRT)
-    def rsqrt(self: "Tensor") -> "Tensor": return self.sqrt().reciprocal()
-    def exp2(self: "Tensor") -> "Tensor": return self._float_or_self()._alu(Ops.EXP2)
-    def log2(self: "Tensor") -> "Tensor": return self._float_or_self()._alu(Ops.LOG2)
-    def exp(self: "Tensor") -> "Tensor": return (self._float_or_self() * (1 / math.log(2))).exp2()
-    def log(self: "Tensor") -> "Tensor": return self.log2() * math.log(2)
-    def sin(self: "Tensor") -> "Tensor": return self._float_or_self()._alu(Ops.SIN)
-    def cos(self: "Tensor") -> "Tensor": return ((math.pi / 2) - self._float_or_self()).sin()
-    def square(self: "Tensor") -> "Tensor": return self * self
+    # (reciprocal, sqrt, rsqrt, exp2, log2, exp, log, sin, cos, square: OpMixin's)
     def trunc(self: "Tensor") -> "Tensor": return self._alu(Ops.TRUNC) if dtypes.is_float(self.dtype) else self
 
     def floor(self: "Tensor") -> "Tensor":
@@ -199,12 +180,12 @@ class ALUMixin:
         return t - ((self < t).cast(self.dtype))
 
     def relu(self: "Tensor") -> "Tensor":
-        if _float_fast(self): return type(self)._wrap(_relu_uop(self.uop, self._const(0)), self)
-        keep = (self > 0) | self.isnan() if dtypes.is_float(self.dtype) else self > 0   # relu(NaN) is NaN, relu'(0)=0
-        return keep.where(self, 0)
+        if not dtypes.is_float(self.dtype): return self.gt(0).where(self, 0)
+        # (relu on the node can't refuse its one float operand: no need for on_nodes' fallback)
+        return type(self)._wrap(self.uop.relu(), self) if nodes_ok(self, False) else OpMixin.relu(self)
 
-    def sigmoid(self: "Tensor") -> "Tensor": return on_nodes(self, _sigmoid) if usable(self) else _sigmoid(self)
-    def tanh(self: "Tensor") -> "Tensor": return on_nodes(self, _tanh) if usable(self) else _tanh(self)
+    def sigmoid(self: "Tensor") -> "Tensor": return on_nodes(self, OpMixin.sigmoid)
+    def tanh(self: "Tensor") -> "Tensor": return on_nodes(self, OpMixin.tanh)
 
     def abs(self: "Tensor") -> "Tensor":
         if dtypes.is_unsigned(self.dtype) or dtypes.is_bool(self.dtype): return self
@@ -234,19 +215,17 @@ class ALUMixin:
         xb, yb = xb._broadcast_to(cond.shape), yb._broadcast_to(cond.shape)
         return cond._alu(Ops.WHERE, xb, yb)
 
-    # comparisons return bool tensors
-    def __lt__(self: "Tensor", x: "Tensor | ConstType") -> "Tensor": return self._cmp(*self._broadcasted(x), Ops.CMPLT)
-    def __gt__(self: "Tensor", x: "Tensor | ConstType") -> "Tensor":
+    # comparisons return bool tensors (eq, ge, le: OpMixin's, from these)
+    def lt(self: "Tensor", x: "Tensor | ConstType") -> "Tensor": return self._cmp(*self._broadcasted(x), Ops.CMPLT)
+    def gt(self: "Tensor", x: "Tensor | ConstType") -> "Tensor":
         return self._cmp(*self._broadcasted(x, True), Ops.CMPLT)
-    def __ge__(self: "Tensor", x: "Tensor | ConstType") -> "Tensor":
-        return (self > x) | (self == x)  # NaN compares False
-    def __le__(self: "Tensor", x: "Tensor | ConstType") -> "Tensor": return (self < x) | (self == x)
-    def __ne__(self: "Tensor", x: "Tensor | ConstType") -> "Tensor":
-        return self._cmp(*self._broadcasted(x), Ops.CMPNE)  # type: ignore[override]
-    def __eq__(self: "Tensor", x: "Tensor | ConstType") -> "Tensor":
-        return (self != x).logical_not()  # type: ignore[override]
-    def eq(self: "Tensor", x: "Tensor | ConstType") -> "Tensor": return self == x
-    def ne(self: "Tensor", x: "Tensor | ConstType") -> "Tensor": return self != x
+    def ne(self: "Tensor", x: "Tensor | ConstType") -> "Tensor": return self._cmp(*self._broadcasted(x), Ops.CMPNE)
+    def __lt__(self: "Tensor", x: "Tensor | ConstType") -> "Tensor": return self.lt(x)
+    def __gt__(self: "Tensor", x: "Tensor | ConstType") -> "Tensor": return self.gt(x)
+    def __ge__(self: "Tensor", x: "Tensor | ConstType") -> "Tensor": return self.ge(x)
+    def __le__(self: "Tensor", x: "Tensor | ConstType") -> "Tensor": return self.le(x)
+    def __ne__(self: "Tensor", x: "Tensor | ConstType") -> "Tensor": return self.ne(x)  # type: ignore[override]
+    def __eq__(self: "Tensor", x: "Tensor | ConstType") -> "Tensor": return self.eq(x)  # type: ignore[override]
 
     @staticmethod
     def _cmp(a: "Tensor", b: "Tensor", op: Ops) -> "Tensor":

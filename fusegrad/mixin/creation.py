@@ -4,6 +4,8 @@ Mixed into `Tensor`; every function builds a lazy graph (random draws realize at
 """
 from __future__ import annotations
 
+import ctypes
+import gzip, urllib.error, urllib.request
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -13,6 +15,7 @@ from fusegrad.helpers import ShapeError, argfix, prod
 from fusegrad.ir import build
 from fusegrad.ir.ops import Ops, UOp
 from fusegrad.ir.shape import canonical, canonical_shape, is_sym_int, smax, sprod, ssub, sym_value_dtype
+from fusegrad.sharding import empty
 from fusegrad.storage import buffer_uop, buffer_view
 
 if TYPE_CHECKING:
@@ -57,7 +60,6 @@ class CreationMixin:
         s = cls._shape_arg(shape)
         dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
         if isinstance(dev := canonical_device(device), tuple):   # one buffer per device (sharding.py)
-            from fusegrad.sharding import empty
             return cls(empty(s, dt, dev))
         return cls(buffer_view(buffer_uop(Buffer(dev, smax(sprod(s)), dt)), s))
 
@@ -94,7 +96,6 @@ class CreationMixin:
     def from_blob(cls: "type[Tensor]", ptr: int, shape: tuple[int, ...], **kwargs: Any) -> "Tensor":
         """A tensor holding a copy of the memory at address `ptr` (an int or ctypes pointer), read as `shape` of
         `dtype` (default float32)."""
-        import ctypes
         dt = to_dtype(kwargs.pop("dtype", None) or dtypes.default_float)
         s = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
         addr = ctypes.cast(ptr, ctypes.c_void_p).value if not isinstance(ptr, int) else ptr
@@ -105,7 +106,6 @@ class CreationMixin:
     @classmethod
     def from_url(cls: "type[Tensor]", url: str, gunzip: bool = False, **kwargs: Any) -> "Tensor":
         """The bytes at `url` as a uint8 tensor (gunzipped first if asked). Needs network access."""
-        import gzip, urllib.error, urllib.request
         try:
             with urllib.request.urlopen(url, timeout=30) as r: data = r.read()
         except (urllib.error.URLError, OSError) as e:

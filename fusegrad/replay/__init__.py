@@ -17,6 +17,7 @@ import threading
 import time
 from typing import Any
 
+import fusegrad.codegen as codegen
 from fusegrad.helpers import BEAM, NOOPT, cache_dir
 from fusegrad.ir.ops import UOp
 from fusegrad.replay.worker import AST_FORMAT, loads_ast
@@ -91,7 +92,6 @@ def _test_name() -> str:
 
 def _patched_codegen() -> str | None:
     """A test that replaces `codegen.to_program` (to force opts) compiles kernels replay can't reproduce."""
-    import fusegrad.codegen as codegen
     code = getattr(codegen.to_program, "__code__", None)
     if code is not None and code.co_name == "to_program" and code.co_filename == codegen.__file__: return None
     return f"compiled through a replaced codegen.to_program ({getattr(codegen.to_program, '__qualname__', '?')})"

@@ -141,9 +141,9 @@ def pool_run() -> int | None:
 
 @functools.cache
 def _pool_run() -> int | None:
-    from fusegrad.runtime.ops_cpu import _compiler, _load_shared_object
+    from fusegrad.runtime.ops_cpu import cpu_compiler, load_shared_object
     try:
-        lib = _load_shared_object(_compiler().compile_cached(f"#define SPIN_NS {SPIN_NS}L\n" + POOL_C))
+        lib = load_shared_object(cpu_compiler().compile_cached(f"#define SPIN_NS {SPIN_NS}L\n" + POOL_C))
         fn: Any = lib.fg_pool_run
         _keep.append(lib)
         return ctypes.cast(fn, ctypes.c_void_p).value

@@ -205,7 +205,7 @@ def _batch_lib(bkey: str) -> ctypes.CDLL:
         if (lib := _batch_libs.get(bkey)) is None:
             if (obj := _batch_objs.pop(bkey, None)) is None:
                 raise CompileError(f"batch object {bkey} is not loaded (compile_cached or compile_batch loads it)")
-            lib = _batch_libs[bkey] = _load_shared_object(obj)
+            lib = _batch_libs[bkey] = load_shared_object(obj)
         return lib
 
 
@@ -266,7 +266,7 @@ class CPUProgram:
             # reference, ...): evict it and compile afresh, so the cache repairs itself instead of failing every run
             if _noexec(e): raise _noexec_error(e) from None
             if DEBUG >= 1: print(f"unusable compiled kernel {spec.name} ({e}); evicting and recompiling")
-            comp = _compiler()
+            comp = cpu_compiler()
             diskcache_del(comp.table, hash_bytes(spec.src))
             if lib.startswith(BATCH_REF):
                 diskcache_del(comp.table, lib[len(BATCH_REF):].split(b":")[0].decode(errors="replace"))
@@ -297,7 +297,7 @@ class CPUProgram:
         if lib.startswith(BATCH_REF):  # a kernel inside a batch object (CPUCompiler.compile_batch)
             bkey, sym = lib[len(BATCH_REF):].decode().split(":")
             so = _batch_lib(bkey)
-        else: so = _load_shared_object(lib)
+        else: so = load_shared_object(lib)
         try: return so, getattr(so, sym)
         except AttributeError as e: raise CompileError(f"kernel {name} missing from its compiled object") from e
 
@@ -317,7 +317,7 @@ class CPUProgram:
 
 
 @functools.cache
-def _compiler() -> CPUCompiler: return CPUCompiler()
+def cpu_compiler() -> CPUCompiler: return CPUCompiler()
 
 
 def _noexec(e: BaseException) -> bool:
@@ -330,7 +330,7 @@ def _noexec_error(e: BaseException) -> CompileError:
                         "(e.g. TMPDIR=$HOME/.cache/tmp), or use DEV=PYTHON.")
 
 
-def _load_shared_object(lib: bytes) -> ctypes.CDLL:
+def load_shared_object(lib: bytes) -> ctypes.CDLL:
     # a fresh random file name each time: the dynamic loader returns an already-loaded library for a reused name
     with tempfile.NamedTemporaryFile(suffix=".so", prefix="fusegrad-", delete=False) as f:
         f.write(lib)

@@ -124,13 +124,13 @@ def _shrink_offset(shape: tuple[int, ...], arg: tuple[tuple[int, int], ...]) -> 
     return sum(s * st for (s, _), st in zip(arg, strides))
 
 
-def _region(u: UOp) -> tuple[Buffer, int, UOp] | None:
+def disk_region(u: UOp) -> tuple[Buffer, int, UOp] | None:
     """(DISK buffer, byte offset, dtype node) of a view that is one contiguous byte range of a DISK buffer."""
     from fusegrad.storage import buffers
     if u.op is Ops.BUFFER: return (buffers[u], 0, u) if u in buffers else None
     if u.op not in (Ops.RESHAPE, Ops.SHRINK, Ops.BITCAST, Ops.DETACH, Ops.CONTIGUOUS) or not u.src: return None
     if u.op is Ops.BITCAST and u.dtype.itemsize != u.src[0].dtype.itemsize: return None
-    if (r := _region(u.src[0])) is None: return None
+    if (r := disk_region(u.src[0])) is None: return None
     buf, off, _ = r
     if u.op is Ops.SHRINK:
         assert u.src[0].shape is not None

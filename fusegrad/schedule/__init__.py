@@ -17,13 +17,19 @@ from fusegrad.device import Buffer
 from fusegrad.helpers import DEBUG, REFERENCE, SCHEDULE_CACHE, SPEC
 from fusegrad.ir.ops import Ops, UOp
 from fusegrad.ir.pattern import substitute_memo
+from fusegrad.ir import spec   # (spec.verify_tensor_graph at call time: tests count the calls)
+from fusegrad.runtime import ops_disk
 from fusegrad.schedule.cache import ASSIGNED, SAME, Slot, Template, fill_slots, flags_key, leaf_index, new_slot, \
     normalize, schedule_cache
+from fusegrad.schedule.disk import lower_disk
 from fusegrad.schedule.indexing import check_index_range, lower_kernel
 from fusegrad.schedule.memory import plan_memory
+from fusegrad.schedule.multi import has_multi, lower_multi
 from fusegrad.schedule.recompute import RecomputePolicy
 from fusegrad.schedule.split import split_reduces
 from fusegrad.ir.shape import smax
+from fusegrad.storage import CACHED_VALUE_FILTER, buffer_uop, buffer_view, cached_value, executed, realized, \
+    relayout_source, target_buffer
 
 
 @dataclass
@@ -50,8 +56,6 @@ def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, U
     Graphs on several devices are first lowered to one graph per device (multi.py), graphs that read DISK tensors to
     copies of the byte ranges they read (disk.py); a graph with the structure of an earlier one reuses
     its schedule (cache.py)."""
-    from fusegrad.schedule.multi import has_multi, lower_multi
-    from fusegrad.storage import realized
     sink = UOp(Ops.SINK, src=tuple(targets))
     if not has_multi(sink): return _schedule_disk(targets)
     memo = substitute_memo(sink, {n: realized[n] for n in sink.toposort() if n in realized})
@@ -82,10 +86,7 @@ def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, U
 def _schedule_disk(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
     """create_schedule for graphs on one device each: reads of DISK tensors become copies of their byte ranges first
     (only once a DISK device was opened in this process: no extra walk otherwise)."""
-    from fusegrad.runtime import ops_disk
     if not ops_disk.opened: return _schedule(targets)
-    from fusegrad.schedule.disk import lower_disk
-    from fusegrad.storage import realized
     sink = UOp(Ops.SINK, src=tuple(targets))
     memo = substitute_memo(sink, {n: realized[n] for n in sink.toposort() if n in realized})
     lowered = lower_disk(memo[sink])
@@ -96,7 +97,6 @@ def _schedule_disk(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UO
 
 def _schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
     """create_schedule for graphs on one device and without DISK reads: the schedule cache's path."""
-    from fusegrad.storage import CACHED_VALUE_FILTER, buffer_uop, buffer_view, cached_value, executed, target_buffer
     st = time.perf_counter()
     # one walk: nodes computed by an earlier realize are read from their buffers, custom backwards stripped, variables
     # unbound, buffers made placeholders (cache.py)
@@ -150,7 +150,6 @@ def _value(u: UOp) -> UOp:
 def _read_cached(u: UOp) -> UOp:
     """A target that needs no kernel (a view of a buffer, a constant) with what earlier realizes computed below it
     read from their buffers, and custom backwards stripped."""
-    from fusegrad.storage import cached_value
     mapping: dict[UOp, UOp] = {}
     for n in u.toposort(gate=lambda x: x.op is not Ops.BUFFER and cached_value(x) is None):
         if (r := cached_value(n)) is not None: mapping[n] = r
@@ -162,14 +161,12 @@ def _read_cached(u: UOp) -> UOp:
 def _plan(nodes: list[UOp]) -> Template:
     """The schedule of a normalized graph (cache.py: its nodes in key order, the SINK last): kernels, their order and
     the memory plan, with buffers as slots. Depends on nothing but the graph and the flags."""
-    from fusegrad.storage import relayout_source, target_buffer
     sink = nodes[-1]
     topo = list(sink.toposort(gate=lambda u: u.op is not Ops.BUFFER))
     sink, split = split_reduces(sink, topo)   # long reduces into few outputs: two kernels (split.py)
     if split: topo = list(sink.toposort(gate=lambda u: u.op is not Ops.BUFFER))
     if SPEC:
-        from fusegrad.ir.spec import verify_tensor_graph
-        verify_tensor_graph(sink)
+        spec.verify_tensor_graph(sink)
 
     rp: set[UOp] = {t for t in sink.src if not _is_buffer_view(t) and t.op is not Ops.CONST}
     for n in topo:

@@ -30,6 +30,8 @@ from fusegrad.device import Buffer
 from fusegrad.dtype import DType
 from fusegrad.helpers import ContextVar
 from fusegrad.ir.ops import GroupOp, Ops, UOp, zero_signs
+from fusegrad.schedule.variables import Unbinder, has_uop
+from fusegrad.storage import buffers
 
 CACHE_SIZE = 1024   # templates kept (least recently used dropped first)
 
@@ -109,7 +111,6 @@ def normalize(sink: UOp, cached: Callable[[UOp], UOp | None], executed: Any,
     The key is plain data, not nodes, on purpose: a normalized node without buffers below it (a constant's
     `.contiguous()`) *is* the real node, and a key that kept it alive would keep its entry in the result cache alive,
     so the next `Tensor.zeros(n).contiguous()` would be handed the earlier one's memory."""
-    from fusegrad.schedule.variables import Unbinder, has_uop
     ub = Unbinder()
     pos: dict[UOp, int] = {}
     enc: list[tuple] = []
@@ -243,7 +244,6 @@ schedule_cache = ScheduleCache()
 
 def fill_slots(slots: tuple[Slot, ...], leaves: list[UOp]) -> list[Buffer]:
     """This call's buffer for every slot of a template."""
-    from fusegrad.storage import buffers
     out: list[Buffer] = []
     for s in slots:
         if s[0] == "leaf": out.append(buffers[leaves[s[1]]])

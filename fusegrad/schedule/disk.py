@@ -6,12 +6,13 @@ from __future__ import annotations
 from fusegrad.device import Buffer, Device
 from fusegrad.helpers import prod
 from fusegrad.ir.ops import Ops, UOp
-from fusegrad.runtime.ops_disk import DiskRegion, _region, is_disk, region_of
+from fusegrad.ir.pattern import substitute
+from fusegrad.runtime.ops_disk import DiskRegion, disk_region, is_disk, region_of
+from fusegrad.storage import buffer_uop, buffer_view
 
 
 def _read_region(buf: Buffer, offset: int, u: UOp) -> UOp:
     """A new DISK buffer node for `prod(u.shape)` elements of `u.dtype` at byte `offset` of `buf`, shaped like u."""
-    from fusegrad.storage import buffer_uop, buffer_view
     assert u.shape is not None
     n = prod(u.shape)
     base = region_of(buf)
@@ -23,7 +24,6 @@ def _read_region(buf: Buffer, offset: int, u: UOp) -> UOp:
 def lower_disk(sink: UOp) -> UOp:
     """Rewrite every use of a DISK tensor into a COPY of the byte range it reads (to the device that consumes it, or
     the default device), so that no kernel runs on DISK. Graphs without DISK nodes come back unchanged."""
-    from fusegrad.ir.pattern import substitute
     if not any(n.op is Ops.DEVICE and is_disk(n.arg) for n in sink.toposort()): return sink
     memo: dict[tuple[UOp, str], UOp] = {}
 
@@ -33,7 +33,7 @@ def lower_disk(sink: UOp) -> UOp:
         if u.op is Ops.DEVICE: out = UOp(Ops.DEVICE, arg=dev) if is_disk(u.arg) else u
         elif not is_disk(u.device): out = u
         elif u.op is Ops.COPY: out = move(u.src[0], dev)   # a value bound for DISK is used where it was made
-        elif (r := _region(u)) is not None: out = UOp(Ops.COPY, u.dtype, (_read_region(*r),), dev)
+        elif (r := disk_region(u)) is not None: out = UOp(Ops.COPY, u.dtype, (_read_region(*r),), dev)
         elif u.op in (Ops.BUFFER, Ops.ASSIGN):
             raise RuntimeError(f"can't read {u.op.name} on {u.device} here; realize the DISK tensor first")
         else: out = u.replace(src=tuple(move(s, dev) for s in u.src))
@@ -49,7 +49,7 @@ def lower_disk(sink: UOp) -> UOp:
     for t in sink.src:   # a DISK tensor realized for its own sake (numpy() of a slice)
         if not is_disk(t.device) or t.op is Ops.COPY or _is_plain_buffer(t) or t in mapping: continue
         # a contiguous range stays a DISK tensor (a view of the file); anything computed is computed on the default
-        mapping[t] = _read_region(*r) if (r := _region(t)) is not None else move(t, compute)
+        mapping[t] = _read_region(*r) if (r := disk_region(t)) is not None else move(t, compute)
     return substitute(sink, mapping) if mapping else sink
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fusegrad.device import Device
 from fusegrad.helpers import DEBUG, SPLIT_REDUCE, prod
 from fusegrad.ir import build
 from fusegrad.ir.ops import Ops, UOp
@@ -58,7 +59,6 @@ class SplitTarget:
 
 
 def device_target(device: str) -> SplitTarget | None:
-    from fusegrad.device import Device
     try: dev = Device[device]
     except Exception: return None   # noqa: BLE001 - a device that can't open has no kernels to split for
     r = dev.renderer

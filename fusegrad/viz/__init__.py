@@ -61,7 +61,7 @@ def _interactive() -> bool:
     return sys.stdin is not None and sys.stdin.isatty() and sys.stdout.isatty()
 
 
-def _at_exit() -> None:
+def at_exit() -> None:
     """VIZ/PROFILE set in the environment: write the profile, save the VIZ data, and serve it when a person is
     watching (an interactive terminal, and VIZ_NO_SERVE unset); otherwise say where the data went."""
     if PROFILE.value and RECORDER.events:
@@ -83,4 +83,4 @@ def _at_exit() -> None:
 def start_from_env() -> None:
     """Called when fusegrad is imported with VIZ or PROFILE set: record from now on, show or save at exit."""
     sync_hooks()
-    atexit.register(_at_exit)
+    atexit.register(at_exit)

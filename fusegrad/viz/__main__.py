@@ -10,10 +10,12 @@ NAME matches by substring (or `#id`). PATH defaults to $VIZ_SAVE, then the file 
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import sys
 from typing import Any
 
+from fusegrad.viz import at_exit, default_save_path, serve
 from fusegrad.viz.serialize import load
 
 Marks = set[int] | frozenset[int]
@@ -144,14 +146,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--graph", choices=("tree", "list"), default="tree", help="graph layout (default: tree)")
     ap.add_argument("--max-lines", type=int, default=200, help="per graph (default 200)")
     a = ap.parse_args(argv)
-    import atexit
-    from fusegrad.viz import _at_exit, default_save_path
-    atexit.unregister(_at_exit)  # with VIZ=1 still exported, the viewer must not save (or serve) its own empty run
+    atexit.unregister(at_exit)  # with VIZ=1 still exported, the viewer must not save (or serve) its own empty run
     path = a.file or os.getenv("VIZ_SAVE") or default_save_path()
     if not os.path.exists(path): raise SystemExit(f"no VIZ data at {path}: run with VIZ=1 VIZ_SAVE={path} first")
     data = load(path)
     if a.serve:
-        from fusegrad.viz import serve
         serve(data)
         return 0
     out: list[str] = []

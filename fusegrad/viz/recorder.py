@@ -11,6 +11,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
+from fusegrad import codegen   # (codegen.to_program at call time: tests replace it)
+from fusegrad.codegen import kernel_name
 from fusegrad.helpers import VIZ
 from fusegrad.ir import pattern
 from fusegrad.ir.ops import UOp
@@ -149,13 +151,12 @@ def traced_schedule(fn: Any, *args: Any) -> Any:
 def traced_to_program(ast: UOp, device: str, renderer: Any, opts: list | None) -> Any:
     """`to_program` inside a kernel context: its passes, linear program and source are recorded (VIZ) and its time
     goes on the device's compile stream (PROFILE)."""
-    from fusegrad.codegen import kernel_name, to_program
     sync_hooks()
     ctx = RECORDER.new_context("kernel", f"{kernel_name(ast)} on {device}")
     stack = RECORDER.local.__dict__.setdefault("stack", [])
     stack.append(ctx.id)
     try:
-        spec = to_program(ast, renderer, opts)
+        spec = codegen.to_program(ast, renderer, opts)
     finally:
         stack.pop()
         ctx.end_ns = now_ns()

@@ -14,6 +14,7 @@ import tempfile
 from collections import Counter
 from typing import Any
 
+from fusegrad.codegen import format_linear
 from fusegrad.ir.ops import UOp
 from fusegrad.ir.pattern import RewriteTrace
 from fusegrad.viz.recorder import RECORDER, Event, KernelRecord, Recorder, VizContext
@@ -73,7 +74,6 @@ def pass_json(pid: int, ctx: int, tr: RewriteTrace) -> dict[str, Any]:
 
 
 def kernel_json(kid: int, ctx: int, k: KernelRecord) -> dict[str, Any]:
-    from fusegrad.codegen import format_linear
     return {"id": kid, "ctx": ctx, "name": k.name, "device": k.device, "renderer": k.renderer, "opts": k.opts,
             "src": k.src, "linear": format_linear(k.uops) if k.uops else "", "n_linear": len(k.uops),
             "ast": graph_json(k.ast)}

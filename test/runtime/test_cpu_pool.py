@@ -96,13 +96,13 @@ def test_idle_workers_sleep():
 
 def test_split_kernels_compiled_in_one_batch_use_the_pool():
     """compile_batch renames each kernel's functions with a suffix; the trampolines are renamed alike and found."""
-    from fusegrad.runtime.ops_cpu import CPUProgram, _compiler
+    from fusegrad.runtime.ops_cpu import CPUProgram, cpu_compiler
     from fusegrad.codegen import to_program
     ren = Device["CPU"].renderer
     if ren.threads < 2: pytest.skip("one CPU thread")
     outs = [_split_matmul(64, 256 + 8 * i, 512)[2] for i in range(3)]
     specs = [to_program(o.schedule()[-1].ast, ren) for o in outs]
-    libs = _compiler().compile_batch([(s.name, s.src + f"\n/* {time.time()} {i} */") for i, s in enumerate(specs)])
+    libs = cpu_compiler().compile_batch([(s.name, s.src + f"\n/* {time.time()} {i} */") for i, s in enumerate(specs)])
     for s, lib in zip(specs, libs):
         assert lib.startswith(b"FUSEGRAD-BATCH-REF:")
         assert CPUProgram(s, lib).mt is not None

@@ -131,20 +131,21 @@ def test_dot_on_nodes_builds_the_composed_graph(xs, ws, dt):
     np.testing.assert_equal(out.numpy(), x.numpy() @ w.numpy())
 
 
-# composites built on nodes (mixin/nodes.py): the same graph as the Tensor-level formula, node for node
+# composites built on nodes (OpMixin in ir/ops.py, written once; mixin/alu.py on_nodes): the same graph as the
+# Tensor-level steps, node for node
 _COMPOSITES = {
     "gelu": lambda x: x.gelu(), "sigmoid": lambda x: x.sigmoid(), "tanh": lambda x: x.tanh(),
     "layernorm": lambda x: x.layernorm(eps=1e-12), "layernorm_axes": lambda x: x.layernorm(axis=(1, 2)),
     "layernorm_affine": lambda x: x.layernorm() * 2.0 + 0.5, "softmax": lambda x: x.softmax(-1),
-    "softmax0": lambda x: x.softmax(0), "log_softmax": lambda x: x.log_softmax(1),
+    "softmax0": lambda x: x.softmax(0), "log_softmax": lambda x: x.log_softmax(1), "relu": lambda x: x.relu(),
+    "relu6": lambda x: x.relu6(),
 }
 
 
 def _tensor_level(monkeypatch, f, x):
-    import fusegrad.mixin.alu as alu_m, fusegrad.mixin.math as math_m, fusegrad.mixin.nn as nn_m, \
-        fusegrad.mixin.reduce as reduce_m
+    import fusegrad.mixin.alu as alu_m
     with monkeypatch.context() as m:
-        for mod in (alu_m, math_m, nn_m, reduce_m): m.setattr(mod, "usable", lambda _: False)
+        m.setattr(alu_m, "nodes_ok", lambda *_: False)   # every composite takes its Tensor steps
         return f(x)
 
 
@@ -200,7 +201,7 @@ def test_binary_ops_of_two_tensors_build_the_broadcast_graph(monkeypatch, op, sh
     name = op[1:] if rev else op
     fast = getattr(x, name)(y, rev)
     with monkeypatch.context() as m:
-        m.setattr(ALUMixin, "_pair_nodes", lambda *a: None)
+        m.setattr(ALUMixin, "_node_operand", lambda *a: None)
         slow = getattr(x, name)(y, rev)
     assert fast.uop is slow.uop and fast.requires_grad == slow.requires_grad
     a, b = (y.numpy(), x.numpy()) if rev else (x.numpy(), y.numpy())
@@ -214,3 +215,39 @@ def test_binary_ops_one_step_path_leaves_errors_and_promotion_to_the_tensor_path
     assert (Tensor.ones(2, dtype=dtypes.int32) + Tensor.ones(2)).dtype == dtypes.float32
     assert (Tensor.ones(2, dtype=dtypes.int32) - Tensor.ones(2, dtype=dtypes.int32)).tolist() == [0, 0]
     assert (Tensor.ones(2, dtype=dtypes.int32) / Tensor.ones(2, dtype=dtypes.int32)).dtype == dtypes.float32
+
+
+@pytest.mark.parametrize("name", ["gelu", "sigmoid", "tanh", "layernorm", "softmax", "log_softmax", "relu", "relu6"])
+@pytest.mark.parametrize("grad", [False, True])
+def test_composites_on_nodes_make_one_tensor(monkeypatch, name, grad):
+    # the node path is taken (not the Tensor steps after a refused node step): one Tensor, the result
+    x = Tensor(np.random.default_rng(1).standard_normal((3, 4)).astype(np.float32), requires_grad=grad)
+    made = []
+    wrap = Tensor._wrap
+    monkeypatch.setattr(Tensor, "_wrap", staticmethod(lambda u, *p: made.append(u) or wrap(u, *p)))
+    out = _COMPOSITES[name](x)
+    assert made == [out.uop]
+
+
+def test_composites_run_on_a_bare_node():
+    # OpMixin's composites are the node's own methods: the graph a Tensor's method makes from the same node
+    x = Tensor(np.random.default_rng(2).standard_normal((2, 5)).astype(np.float32))
+    u = x.uop
+    assert u.sigmoid() is x.sigmoid().uop and u.tanh() is x.tanh().uop and u.relu6() is x.relu6().uop
+    assert u.exp() is x.exp().uop and u.log() is x.log().uop and u.rsqrt() is x.rsqrt().uop
+    assert u.sum(1, keepdim=True) is x.sum(1, keepdim=True).uop and u.max(0) is x.max(0).uop
+    assert u.mean() is x.mean().uop and (u * 2 + 1).sub(u, True) is (u * 2 + 1).__rsub__(u)
+    assert (1 - u) is (1 - x).uop and (u / 3) is (x / 3).uop and u.ge(0) is (x >= 0).uop
+    np.testing.assert_allclose(Tensor(u.sigmoid()).numpy(), 1 / (1 + np.exp(-x.numpy())), rtol=1e-6)
+
+
+def test_node_arithmetic_by_level():
+    # kernel-level and symbolic values keep scalar constants (index math); tensor-level nodes get tensor constants
+    r = UOp.range(8, 0)
+    assert (r + 1).src[1] is UOp.const(r.dtype, 1) and (r - 1).src[1] is UOp.const(r.dtype, -1)
+    assert (r * 2).op is Ops.MUL and (2 * r).src[0] is UOp.const(r.dtype, 2)
+    t = Tensor.ones(2, 3).contiguous().uop
+    c = (t + 1).src[1]
+    assert c.op is Ops.EXPAND and c.shape == (2, 3) and c.base.op is Ops.CONST and c.base.src[0].op is Ops.DEVICE
+    with pytest.raises(TypeError, match="cast first"): t + Tensor.ones(3, dtype=dtypes.int32).uop
+    with pytest.raises(ValueError): t + Tensor.ones(3, 2).contiguous().uop   # shapes that don't broadcast

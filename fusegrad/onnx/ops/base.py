@@ -164,18 +164,18 @@ def attr_value(a: Any) -> Any:
     return list(v) if isinstance(v, (list, tuple)) or type(v).__name__.startswith("Repeated") else v
 
 
-def _ax(axis: int, ndim: int) -> int:
+def norm_axis(axis: int, ndim: int) -> int:
     return axis + ndim if axis < 0 else axis
 
 
-def _as(x: Tensor, like: Tensor) -> Tensor:
+def cast_like(x: Tensor, like: Tensor) -> Tensor:
     return x if x.dtype == like.dtype else x.cast(like.dtype)
 
 
 # ---------------------------------------------------------------- strings (numpy object arrays, not Tensors)
-def _is_str(v: Any) -> bool:
+def is_str_array(v: Any) -> bool:
     return isinstance(v, np.ndarray) and v.dtype.kind in "OSU"
 
 
-def _strs(v: Any) -> np.ndarray:
+def as_str_array(v: Any) -> np.ndarray:
     return np.asarray(v, dtype=object)

@@ -8,7 +8,8 @@ import math
 import numpy as np
 
 from fusegrad.dtype import dtypes
-from fusegrad.onnx.ops.base import EXOTIC, OPS, _as, _is_str, _strs, onnx_dtype, op, to_exotic, to_tensor
+from fusegrad.onnx.ops.base import EXOTIC, OPS, as_str_array, cast_like, is_str_array, onnx_dtype, op, to_exotic, \
+    to_tensor
 from fusegrad.tensor import Tensor
 
 # ---------------------------------------------------------------- elementwise
@@ -51,7 +52,7 @@ for _n, _f in _UNARY.items():
 
 @op("Mish")
 def _mish(ctx, x, **kw):
-    return _as(x * (x.exp() + 1).log().tanh(), x)
+    return cast_like(x * (x.exp() + 1).log().tanh(), x)
 
 
 @op("Identity")
@@ -123,10 +124,11 @@ def _binop(f):
 
 OPS.update(
     {
-        "Add": _binop(lambda a, b: _as(a + b, a)),
-        "Sub": _binop(lambda a, b: _as(a - b, a)),
-        "Mul": _binop(lambda a, b: _as(a * b, a)),
-        "Equal": _binop(lambda a, b: Tensor(np.equal(_strs(a), _strs(b)).astype(bool)) if _is_str(a) else a == b),
+        "Add": _binop(lambda a, b: cast_like(a + b, a)),
+        "Sub": _binop(lambda a, b: cast_like(a - b, a)),
+        "Mul": _binop(lambda a, b: cast_like(a * b, a)),
+        "Equal": _binop(lambda a, b: Tensor(np.equal(as_str_array(a), as_str_array(b)).astype(bool)) if is_str_array(a)
+                        else a == b),
         "Less": _binop(lambda a, b: a < b),
         "Greater": _binop(lambda a, b: a > b),
         "LessOrEqual": _binop(lambda a, b: a <= b),
@@ -144,39 +146,40 @@ OPS.update(
 @op("Div")
 def _div(ctx, a, b):
     if dtypes.is_int(a.dtype):
-        return _as(a.div(b, rounding_mode="trunc"), a)
-    return _as(a / b, a)
+        return cast_like(a.div(b, rounding_mode="trunc"), a)
+    return cast_like(a / b, a)
 
 
 @op("Pow")
 def _pow(ctx, a, b):
     if dtypes.is_int(a.dtype):
-        return _as(
+        return cast_like(
             a.cast(dtypes.float64 if a.dtype in (dtypes.int64, dtypes.uint64) else dtypes.float32)
             .pow(b.cast(dtypes.float32))
             .round(),
             a,
         )
-    return _as(a.pow(b.cast(a.dtype) if dtypes.is_int(b.dtype) else b), a)
+    return cast_like(a.pow(b.cast(a.dtype) if dtypes.is_int(b.dtype) else b), a)
 
 
 @op("Mod")
 def _mod(ctx, a, b, fmod=0):
     if fmod:
-        return _as(a.fmod(b), a)
-    return _as(a.mod(b), a)
+        return cast_like(a.fmod(b), a)
+    return cast_like(a.mod(b), a)
 
 
 @op("BitShift")
 def _bitshift(ctx, a, b, direction="LEFT"):
     bits = a.dtype.itemsize * 8
-    b = _as(b, a)
+    b = cast_like(b, a)
     out_of_range = (b < 0) | (b >= bits) if not dtypes.is_unsigned(a.dtype) else (b >= bits)
     safe = out_of_range.where(0, b)
     if direction == "LEFT":
-        return out_of_range.where(0, _as(a.lshift(safe), a))
+        return out_of_range.where(0, cast_like(a.lshift(safe), a))
     fill = (a < 0).where(-1, 0) if not dtypes.is_unsigned(a.dtype) else 0
-    return out_of_range.where(_as(Tensor(fill) if isinstance(fill, int) else fill, a), _as(a.rshift(safe), a))
+    return out_of_range.where(cast_like(Tensor(fill) if isinstance(fill, int) else fill, a),
+                              cast_like(a.rshift(safe), a))
 
 
 def _variadic(f):
@@ -305,7 +308,7 @@ def _gemm(ctx, a, b, c=None, alpha=1.0, beta=1.0, transA=0, transB=0):
         out = out * alpha
     if c is not None:
         out = out + (c * beta if beta != 1.0 else c)
-    return _as(out, a)
+    return cast_like(out, a)
 
 
 @op("Einsum")

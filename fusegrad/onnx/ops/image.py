@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from fusegrad.dtype import dtypes
-from fusegrad.onnx.ops.base import _as, _ax, op
+from fusegrad.onnx.ops.base import cast_like, norm_axis, op
 from fusegrad.tensor import Tensor
 
 
@@ -134,7 +134,7 @@ def _resize(
         sc = None if sc_v is None or sc_v.size == 0 else sc_v.tolist()
         sz = None if sz_v is None or sz_v.size == 0 else [int(v) for v in sz_v]
         ctm = coordinate_transformation_mode or "half_pixel"
-    ax = list(range(nd)) if axes is None else [_ax(a, nd) for a in axes]
+    ax = list(range(nd)) if axes is None else [norm_axis(a, nd) for a in axes]
     scale = [1.0] * nd
     out = list(x.shape)
     if sz is not None:
@@ -182,7 +182,7 @@ def _resize(
         y = mask.where(extrapolation_value, y)
     if not dtypes.is_float(dt):
         y = y.round().cast(dt)
-    return _as(y, x)
+    return cast_like(y, x)
 
 
 # ---------------------------------------------------------------- NonMaxSuppression

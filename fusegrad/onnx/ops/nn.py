@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from fusegrad.dtype import dtypes
-from fusegrad.onnx.ops.base import OPS, _as, _ax, op
+from fusegrad.onnx.ops.base import OPS, cast_like, norm_axis, op
 from fusegrad.tensor import Tensor
 
 
@@ -44,7 +44,7 @@ def _pad_sp(x: Tensor, pads, value=0.0) -> Tensor:
 
 
 @op("Conv")
-def _conv(ctx, x, w, b=None, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
+def conv_nd(ctx, x, w, b=None, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
     nd = x.ndim - 2
     k = list(w.shape[2:])
     s, d = strides or [1] * nd, dilations or [1] * nd
@@ -120,7 +120,7 @@ def _maxpool(
     xf = x if dtypes.is_float(dt) else x.cast(dtypes.float32)
     xp = _pad_sp(xf, [(a, b + e) for (a, b), e in zip(pp, extra)], value=-math.inf)
     y = xp.max_pool2d(tuple(k), stride=tuple(s), dilation=tuple(d))
-    y = _as(y, x)
+    y = cast_like(y, x)
     if len(ctx.node.output) > 1 and ctx.node.output[1]:
         if any(p != (0, 0) for p in pp) or any(extra):
             raise NotImplementedError("MaxPool Indices with padding")
@@ -158,7 +158,7 @@ def _avgpool(
         cnt = ones
     cnt = _pad_sp(cnt, [(0, e) if count_include_pad else (a, b + e) for (a, b), e in zip(pp, extra)])
     cnt = cnt.avg_pool2d(tuple(k), stride=tuple(s), dilation=tuple(d)) * kk
-    return _as(tot / cnt, x)
+    return cast_like(tot / cnt, x)
 
 
 @op("GlobalAveragePool")
@@ -190,7 +190,7 @@ def _bn(ctx, x, scale, bias, mean, var, epsilon=1e-5, momentum=0.9, training_mod
         raise NotImplementedError("BatchNormalization training_mode=1")
     shp = (1, -1) + (1,) * (x.ndim - 2)
     inv = scale.reshape(shp) * (var.reshape(shp) + epsilon).rsqrt()
-    return _as((x - mean.reshape(shp)) * inv + bias.reshape(shp), x)
+    return cast_like((x - mean.reshape(shp)) * inv + bias.reshape(shp), x)
 
 
 @op("InstanceNormalization")
@@ -202,13 +202,13 @@ def _instnorm(ctx, x, scale, bias, epsilon=1e-5):
 
 @op("LayerNormalization")
 def _layernorm(ctx, x, scale, bias=None, axis=-1, epsilon=1e-5, stash_type=1):
-    axes = tuple(range(_ax(axis, x.ndim), x.ndim))
+    axes = tuple(range(norm_axis(axis, x.ndim), x.ndim))
     xf = x.float() if x.dtype != dtypes.float64 else x
     mean = xf.mean(axis=axes, keepdim=True)
     var = ((xf - mean) ** 2).mean(axis=axes, keepdim=True)
     inv = (var + epsilon).rsqrt()
     y = (xf - mean) * inv
-    y = _as(y, x) * scale
+    y = cast_like(y, x) * scale
     if bias is not None:
         y = y + bias
     return y, mean, inv
@@ -242,8 +242,8 @@ def _lrn(ctx, x, size, alpha=1e-4, beta=0.75, bias=1.0):
     return x / (bias + alpha / size * s.reshape(x.shape)).pow(beta)
 
 
-def _flat2d(x: Tensor, axis: int):
-    axis = _ax(axis, x.ndim)
+def flat2d(x: Tensor, axis: int):
+    axis = norm_axis(axis, x.ndim)
     return x.reshape(math.prod(x.shape[:axis]), -1)
 
 
@@ -251,7 +251,7 @@ def _softmax_like(f):
     def fn(ctx, x, axis=None):
         if ctx.opset < 13:
             axis = 1 if axis is None else axis
-            return f(_flat2d(x, axis), -1).reshape(x.shape)
+            return f(flat2d(x, axis), -1).reshape(x.shape)
         return f(x, -1 if axis is None else axis)
 
     return fn
@@ -262,7 +262,7 @@ OPS["LogSoftmax"] = _softmax_like(lambda x, a: x.log_softmax(a))
 
 
 def _hardmax(x: Tensor, a: int) -> Tensor:
-    a = _ax(a, x.ndim)
+    a = norm_axis(a, x.ndim)
     idx = x.argmax(a, keepdim=True)
     ar = Tensor.arange(x.shape[a]).reshape(*([1] * a), -1, *([1] * (x.ndim - a - 1)))
     return (ar == idx).cast(x.dtype)
@@ -297,21 +297,21 @@ def _nll(x: Tensor, target: Tensor, weight: Tensor | None, ignore_index: int | N
 
 @op("NegativeLogLikelihoodLoss")
 def _nll_op(ctx, x, target, weight=None, ignore_index=None, reduction="mean"):
-    return _as(_nll(x, target, weight, ignore_index, reduction), x)
+    return cast_like(_nll(x, target, weight, ignore_index, reduction), x)
 
 
 @op("SoftmaxCrossEntropyLoss")
 def _sce(ctx, scores, labels, weights=None, ignore_index=None, reduction="mean"):
     logp = scores.log_softmax(1)
-    return _as(_nll(logp, labels, weights, ignore_index, reduction), scores), logp
+    return cast_like(_nll(logp, labels, weights, ignore_index, reduction), scores), logp
 
 
 @op("RMSNormalization")
 def _rmsnorm(ctx, x, scale, axis=-1, epsilon=1e-5, stash_type=1):
-    axes = tuple(range(_ax(axis, x.ndim), x.ndim))
+    axes = tuple(range(norm_axis(axis, x.ndim), x.ndim))
     xf = x.float() if x.dtype != dtypes.float64 else x
     y = xf * ((xf * xf).mean(axis=axes, keepdim=True) + epsilon).rsqrt()
-    return _as(y, x) * scale
+    return cast_like(y, x) * scale
 
 
 @op("LpNormalization")

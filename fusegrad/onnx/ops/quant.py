@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from fusegrad.dtype import dtypes
-from fusegrad.onnx.ops.base import EXOTIC, _ax, onnx_dtype, op, to_exotic
-from fusegrad.onnx.ops.nn import _conv
+from fusegrad.onnx.ops.base import EXOTIC, norm_axis, onnx_dtype, op, to_exotic
+from fusegrad.onnx.ops.nn import conv_nd
 from fusegrad.tensor import Tensor
 
 
@@ -17,7 +17,7 @@ def _per_axis(x, scale, zp, axis):
     if not (scale.ndim == 1 and x.ndim > 1 and scale.shape[0] > 1):
         return scale, zp
     shp = [1] * x.ndim
-    shp[_ax(axis, x.ndim)] = -1
+    shp[norm_axis(axis, x.ndim)] = -1
     return scale.reshape(shp), (zp.reshape(shp) if zp is not None else None)
 
 
@@ -99,7 +99,7 @@ def _convint(ctx, x, w, x_zp=None, w_zp=None, **kw):
         if w_zp is not None
         else 0
     )
-    return _conv(ctx, xf, wf, None, **kw).round().cast(dtypes.int32)
+    return conv_nd(ctx, xf, wf, None, **kw).round().cast(dtypes.int32)
 
 
 @op("QLinearConv")
@@ -107,4 +107,4 @@ def _qlinconv(ctx, x, x_s, x_zp, w, w_s, w_zp, y_s, y_zp, B=None, **kw):
     X = _qdeq(x, x_s, x_zp)
     W = _qdeq(w, w_s, w_zp, (-1,) + (1,) * (w.ndim - 1))
     bias = B.float() * (x_s.float() * w_s.float()).reshape(-1) if B is not None else None
-    return _qout(_conv(ctx, X, W, bias, **kw), y_s, y_zp, y_zp.dtype if y_zp is not None else dtypes.uint8)
+    return _qout(conv_nd(ctx, X, W, bias, **kw), y_s, y_zp, y_zp.dtype if y_zp is not None else dtypes.uint8)

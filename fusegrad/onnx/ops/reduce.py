@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from fusegrad.dtype import dtypes
-from fusegrad.onnx.ops.base import OPS, _as, _ax, op
+from fusegrad.onnx.ops.base import OPS, cast_like, norm_axis, op
 from fusegrad.tensor import Tensor
 
 
@@ -16,7 +16,7 @@ def _red_axes(ctx, x, axes_in, axes_attr, noop):
         if noop:
             return None
         return tuple(range(x.ndim))
-    return tuple(_ax(a, x.ndim) for a in axes)
+    return tuple(norm_axis(a, x.ndim) for a in axes)
 
 
 def _reduce(f):
@@ -45,18 +45,18 @@ def _rmin(x, ax, k):
 
 OPS.update(
     {
-        "ReduceSum": _reduce(lambda x, a, k: _as(x.sum(a, keepdim=k), x)),
-        "ReduceMean": _reduce(lambda x, a, k: _as(x.mean(a, keepdim=k), x)),
+        "ReduceSum": _reduce(lambda x, a, k: cast_like(x.sum(a, keepdim=k), x)),
+        "ReduceMean": _reduce(lambda x, a, k: cast_like(x.mean(a, keepdim=k), x)),
         "ReduceMax": _reduce(_rmax),
         "ReduceMin": _reduce(_rmin),
-        "ReduceProd": _reduce(lambda x, a, k: _as(x.prod(a, keepdim=k), x)),
-        "ReduceL1": _reduce(lambda x, a, k: _as(x.abs().sum(a, keepdim=k), x)),
-        "ReduceL2": _reduce(lambda x, a, k: _as((x * x).sum(a, keepdim=k).sqrt(), x)),
+        "ReduceProd": _reduce(lambda x, a, k: cast_like(x.prod(a, keepdim=k), x)),
+        "ReduceL1": _reduce(lambda x, a, k: cast_like(x.abs().sum(a, keepdim=k), x)),
+        "ReduceL2": _reduce(lambda x, a, k: cast_like((x * x).sum(a, keepdim=k).sqrt(), x)),
         "ReduceLogSum": _reduce(lambda x, a, k: x.sum(a, keepdim=k).log()),
         "ReduceLogSumExp": _reduce(
-            lambda x, a, k: _as(x.logsumexp(a, keepdim=k) if x.numel() else x.sum(a, keepdim=k).log(), x)
+            lambda x, a, k: cast_like(x.logsumexp(a, keepdim=k) if x.numel() else x.sum(a, keepdim=k).log(), x)
         ),
-        "ReduceSumSquare": _reduce(lambda x, a, k: _as((x * x).sum(a, keepdim=k), x)),
+        "ReduceSumSquare": _reduce(lambda x, a, k: cast_like((x * x).sum(a, keepdim=k), x)),
     }
 )
 for _n in (
@@ -76,7 +76,7 @@ for _n in (
 
 def _arg(largest: bool):
     def fn(ctx, x, axis=0, keepdims=1, select_last_index=0):
-        a = _ax(axis, x.ndim)
+        a = norm_axis(axis, x.ndim)
         if select_last_index:
             xf = x.flip(a)
             i = xf.argmax(a, keepdim=bool(keepdims)) if largest else xf.argmin(a, keepdim=bool(keepdims))
@@ -93,7 +93,7 @@ OPS["ArgMax"], OPS["ArgMin"] = _arg(True), _arg(False)
 
 @op("CumSum")
 def _cumsum(ctx, x, axis, exclusive=0, reverse=0):
-    a = _ax(int(ctx.np(1).reshape(-1)[0]), x.ndim)
+    a = norm_axis(int(ctx.np(1).reshape(-1)[0]), x.ndim)
     if reverse:
         x = x.flip(a)
     y = x.cumsum(a)
@@ -101,7 +101,7 @@ def _cumsum(ctx, x, axis, exclusive=0, reverse=0):
         y = y - x
     if reverse:
         y = y.flip(a)
-    return _as(y, x)
+    return cast_like(y, x)
 
 
 @op("TopK")
@@ -112,7 +112,7 @@ def _topk(ctx, x, k, axis=-1, largest=1, sorted=1):
 
 @op("CumProd")
 def _cumprod(ctx, x, axis, exclusive=0, reverse=0):
-    a = _ax(int(ctx.np(1).reshape(-1)[0]), x.ndim)
+    a = norm_axis(int(ctx.np(1).reshape(-1)[0]), x.ndim)
     if reverse:
         x = x.flip(a)
     if exclusive:
@@ -122,4 +122,4 @@ def _cumprod(ctx, x, axis, exclusive=0, reverse=0):
     y = x.cumprod(a)
     if reverse:
         y = y.flip(a)
-    return _as(y, x)
+    return cast_like(y, x)

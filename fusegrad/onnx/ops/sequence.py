@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from fusegrad.onnx.ops.base import _ax, _strs, op, to_tensor
+import re
+from fusegrad.onnx.ops.base import norm_axis, as_str_array, op, to_tensor
 from fusegrad.tensor import Tensor
 
 
@@ -58,7 +59,7 @@ def _concatseq(ctx, seq, axis, new_axis=0):
 
 @op("SplitToSequence")
 def _splitseq(ctx, x, split=None, axis=0, keepdims=1):
-    a = _ax(axis, x.ndim)
+    a = norm_axis(axis, x.ndim)
     if split is None:
         parts = x.split(1, dim=a)
         return [p.squeeze(a) for p in parts] if not keepdims else list(parts)
@@ -144,7 +145,7 @@ def _scan(
     state, xs = list(args[:n_state]), list(args[n_state:])
     in_ax = scan_input_axes or [0] * len(xs)
     in_dir = scan_input_directions or [0] * len(xs)
-    T = xs[0].shape[_ax(in_ax[0], xs[0].ndim)]
+    T = xs[0].shape[norm_axis(in_ax[0], xs[0].ndim)]
     names = [v.name for v in body.input]
     outs_acc: list[list] = []
     for t in range(T):
@@ -153,7 +154,7 @@ def _scan(
         for n, v in zip(names, state):
             scope[n] = v
         for k, x in enumerate(xs):
-            a = _ax(in_ax[k], x.ndim)
+            a = norm_axis(in_ax[k], x.ndim)
             tt = T - 1 - t if in_dir[k] else t
             scope[names[n_state + k]] = x[(slice(None),) * a + (tt,)]
         outs = list(ctx.runner.run_graph(body, scope, npscope).values())
@@ -168,7 +169,7 @@ def _scan(
     for j, s in enumerate(outs_acc):
         if out_dir[j]:
             s = s[::-1]
-        a = _ax(out_ax[j], s[0].ndim + 1)
+        a = norm_axis(out_ax[j], s[0].ndim + 1)
         res.append(Tensor.stack(*s, dim=a) if len(s) > 1 else s[0].unsqueeze(a))
     return tuple(res)
 
@@ -191,20 +192,20 @@ def _seqmap(ctx, seq, *others, body):
 # ---------------------------------------------------------------- strings (numpy object arrays, not Tensors)
 @op("StringConcat")
 def _strconcat(ctx, a, b):
-    return np.asarray(np.frompyfunc(lambda p, q: p + q, 2, 1)(_strs(a), _strs(b)), dtype=object)
+    return np.asarray(np.frompyfunc(lambda p, q: p + q, 2, 1)(as_str_array(a), as_str_array(b)), dtype=object)
 
 
 @op("RegexFullMatch")
 def _regex(ctx, x, pattern=""):
-    import re
 
     rx = re.compile(pattern)
-    return Tensor(np.vectorize(lambda s: rx.fullmatch(s) is not None, otypes=[bool])(_strs(x)).reshape(np.shape(x)))
+    match = np.vectorize(lambda s: rx.fullmatch(s) is not None, otypes=[bool])
+    return Tensor(match(as_str_array(x)).reshape(np.shape(x)))
 
 
 @op("StringSplit")
 def _strsplit(ctx, x, delimiter=None, maxsplit=None):
-    xs = _strs(x)
+    xs = as_str_array(x)
     parts = [(s.split(delimiter or None, -1 if maxsplit is None else maxsplit)) for s in xs.reshape(-1)]
     n = max([len(p) for p in parts], default=0)
     y = np.full((len(parts), n), "", dtype=object)
@@ -215,7 +216,7 @@ def _strsplit(ctx, x, delimiter=None, maxsplit=None):
 
 @op("StringNormalizer")
 def _strnorm(ctx, x, case_change_action="NONE", is_case_sensitive=0, locale=None, stopwords=None):
-    xs = _strs(x)
+    xs = as_str_array(x)
     flat = list(xs.reshape(-1))
     stop = set(stopwords or [])
     if is_case_sensitive:

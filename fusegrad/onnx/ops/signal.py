@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fusegrad.onnx.ops.base import OPS, _ax, onnx_dtype, op
+from fusegrad.onnx.ops.base import OPS, norm_axis, onnx_dtype, op
 from fusegrad.tensor import Tensor
 
 
@@ -33,7 +33,7 @@ def _dft(ctx, x, dft_length=None, axis_in=None, axis=None, inverse=0, onesided=0
         ax = -2 if axis_in is None else int(ctx.np(2).reshape(-1)[0])
     else:
         ax = 1 if axis is None else axis
-    ax = _ax(ax, x.ndim)
+    ax = norm_axis(ax, x.ndim)
     xr = x[..., 0]
     xi = x[..., 1] if x.shape[-1] == 2 else None
     xr = xr.transpose(ax, -1)

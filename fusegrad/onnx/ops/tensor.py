@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 
 from fusegrad.dtype import dtypes
-from fusegrad.onnx.ops.base import _ax, op, to_tensor
-from fusegrad.onnx.ops.nn import _flat2d
+from fusegrad.onnx.ops.base import norm_axis, op, to_tensor
+from fusegrad.onnx.ops.nn import flat2d
 from fusegrad.tensor import Tensor
 
 
@@ -25,7 +25,7 @@ def _reshape(ctx, x, shape=None, allowzero=0, **kw):
 
 @op("Flatten")
 def _flatten(ctx, x, axis=1):
-    return _flat2d(x, axis) if x.ndim else x.reshape(1, 1)
+    return flat2d(x, axis) if x.ndim else x.reshape(1, 1)
 
 
 @op("Transpose")
@@ -41,7 +41,7 @@ def _concat(ctx, *xs, axis):
 
 @op("Split")
 def _split(ctx, x, split=None, axis=0, num_outputs=None, **kw):
-    a = _ax(axis, x.ndim)
+    a = norm_axis(axis, x.ndim)
     sizes = ctx.ints(1) if split is not None and not isinstance(split, list) else split
     if sizes is None:
         n = num_outputs or len(ctx.node.output)
@@ -55,7 +55,7 @@ def _squeeze(ctx, x, axes=None):
     ax = ctx.ints(1) if axes is not None and not isinstance(axes, list) else axes
     if ax is None:
         ax = [i for i, s in enumerate(x.shape) if s == 1]
-    ax = sorted(_ax(a, x.ndim) for a in ax)
+    ax = sorted(norm_axis(a, x.ndim) for a in ax)
     return x.reshape(tuple(s for i, s in enumerate(x.shape) if i not in ax))
 
 
@@ -63,7 +63,7 @@ def _squeeze(ctx, x, axes=None):
 def _unsqueeze(ctx, x, axes=None):
     ax = ctx.ints(1) if axes is not None and not isinstance(axes, list) else axes
     nd = x.ndim + len(ax)
-    ax = sorted(_ax(a, nd) for a in ax)
+    ax = sorted(norm_axis(a, nd) for a in ax)
     shp = list(x.shape)
     for a in ax:
         shp.insert(a, 1)
@@ -76,7 +76,7 @@ def _slice(ctx, x, starts=None, ends=None, axes=None, steps=None):
         st, en, ax, sp = starts, ends, axes, None
     else:
         st, en, ax, sp = ctx.ints(1), ctx.ints(2), ctx.ints(3), ctx.ints(4)
-    ax = list(range(len(st))) if ax is None else [_ax(a, x.ndim) for a in ax]
+    ax = list(range(len(st))) if ax is None else [norm_axis(a, x.ndim) for a in ax]
     sp = [1] * len(st) if sp is None else sp
     sl = [slice(None)] * x.ndim
     for s, e, a, p in zip(st, en, ax, sp):
@@ -129,7 +129,7 @@ def _check_indices(ctx, i: int, sizes: tuple, where: Any) -> None:
 
 @op("Gather")
 def _gather(ctx, x, idx, axis=0):
-    a = _ax(axis, x.ndim)
+    a = norm_axis(axis, x.ndim)
     _check_indices(ctx, 1, (x.shape[a],), f"axis {a}")
     ii = ctx.np(1) if ctx.node.input[1] in ctx.npscope else None
     if ii is not None and ii.ndim <= 1 and ii.size <= 64 and x.numel() > 0:
@@ -145,7 +145,7 @@ def _gather(ctx, x, idx, axis=0):
 
 @op("GatherElements")
 def _gather_el(ctx, x, idx, axis=0):
-    a = _ax(axis, x.ndim)
+    a = norm_axis(axis, x.ndim)
     _check_indices(ctx, 1, (x.shape[a],), f"axis {a}")
     idx = idx.cast(dtypes.int64)
     idx = (idx < 0).where(idx + x.shape[a], idx)
@@ -176,7 +176,7 @@ def _gathernd(ctx, x, idx, batch_dims=0):
 
 @op("Scatter", "ScatterElements")
 def _scatter_el(ctx, x, idx, upd, axis=0, reduction="none"):
-    a = _ax(axis, x.ndim)
+    a = norm_axis(axis, x.ndim)
     _check_indices(ctx, 1, (x.shape[a],), f"axis {a}")
     idx = idx.cast(dtypes.int64)
     idx = (idx < 0).where(idx + x.shape[a], idx)
@@ -232,7 +232,7 @@ def _pad(ctx, x, pads=None, value=None, axes=None, mode="constant", **kw):
         p, ax = ctx.ints(1), ctx.ints(3)
         cv = ctx.np(2)
         cval = 0.0 if cv is None or cv.size == 0 else cv.reshape(-1)[0].item()
-    ax = list(range(x.ndim)) if ax is None else [_ax(a, x.ndim) for a in ax]
+    ax = list(range(x.ndim)) if ax is None else [norm_axis(a, x.ndim) for a in ax]
     n = len(ax)
     per = [(0, 0)] * x.ndim
     for i, a in enumerate(ax):
@@ -296,7 +296,7 @@ def _onehot(ctx, idx, depth, values, axis=-1):
     idx = idx.cast(dtypes.int64)
     idx = (idx < 0).where(idx + d, idx)
     nd = idx.ndim + 1
-    a = _ax(axis, nd)
+    a = norm_axis(axis, nd)
     ar = Tensor.arange(d).reshape(*([1] * a), d, *([1] * (nd - a - 1))).cast(dtypes.int64)
     hit = ar == idx.unsqueeze(a)
     return hit.where(values[1], values[0])
@@ -322,7 +322,7 @@ def _compress(ctx, x, cond, axis=None):
     if axis is None:
         x, a = x.reshape(-1), 0
     else:
-        a = _ax(axis, x.ndim)
+        a = norm_axis(axis, x.ndim)
     return x[(slice(None),) * a + (Tensor(c.astype(np.int64)),)]
 
 
@@ -343,7 +343,7 @@ def _revseq(ctx, x, lens, batch_axis=1, time_axis=0):
 @op("CenterCropPad")
 def _centercroppad(ctx, x, shape, axes=None):
     tgt = ctx.ints(1)
-    ax = list(range(x.ndim)) if axes is None else [_ax(a, x.ndim) for a in axes]
+    ax = list(range(x.ndim)) if axes is None else [norm_axis(a, x.ndim) for a in axes]
     for a, t in zip(ax, tgt):
         n = x.shape[a]
         if t < n:
@@ -373,7 +373,7 @@ def _unique(ctx, x, axis=None, sorted=1):
 
 @op("TensorScatter")
 def _tensorscatter(ctx, past, update, write_indices=None, axis=-2, mode="linear"):
-    a = _ax(axis, past.ndim)
+    a = norm_axis(axis, past.ndim)
     T, S = past.shape[a], update.shape[a]
     if write_indices is not None:
         start = write_indices.cast(dtypes.int64)
