@@ -19,8 +19,8 @@ from fusegrad.helpers import ShapeError, TRAINING, argfix, make_tuple, prod
 from fusegrad.ir import build
 from fusegrad.ir.ops import OpMixin, Ops, UOp, sym_infer
 from fusegrad.ir.pattern import substitute, substitute_memo
-from fusegrad.ir.shape import all_static, broadcast_shape, canonical_shape, is_sym_int as _is_sym_int, sle, smax, \
-    sprod, sym_eq, sym_value_dtype
+from fusegrad.ir.shape import all_static, broadcast_shape, canonical_shape, is_bound, is_sym_int as _is_sym_int, \
+    shrink_bounds_error, shrink_bounds_known, smax, sprod, sym_eq, sym_value_dtype
 from fusegrad.mixin.alu import ALUMixin
 from fusegrad.mixin.creation import CreationMixin
 from fusegrad.mixin.math import MathMixin
@@ -607,9 +607,14 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
     def shrink(self, arg: Sequence[tuple[int, int] | None]) -> "Tensor":
         if len(arg) != self.ndim: raise ValueError(f"shrink {arg} needs one entry per axis of {self.shape}")
         a = [(0, s) if x is None else x for x, s in zip(arg, self.shape)]
-        for (b, e), s in zip(a, self.shape):
-            if not (sle(0, b) and sle(b, e) and sle(e, s)):
-                raise IndexError(f"shrink {arg} out of bounds for shape {self.shape}")
+        for ax, ((b, e), s) in enumerate(zip(a, self.shape)):
+            if (known := shrink_bounds_known(b, e, s)): continue
+            if known is False or all_static((b, e)):   # (an int bound on a symbolic axis must fit every size)
+                raise IndexError(f"shrink {arg} out of bounds for shape {self.shape}: ({b}, {e}) on dimension {ax}")
+            # a symbolic bound in range for some values only (`t[:v]`, v's maximum past the axis): checked here when
+            # its variables are bound, and for the values of every realize and TinyJit replay (schedule/variables.py)
+            if is_bound(b) and is_bound(e) and is_bound(s) and (err := shrink_bounds_error([(ax, b, e, s)])):
+                raise IndexError(err)
         return self._view_apply(lambda u: build.shrink(u, a))
 
     def flip(self, axis: Any, *args: int) -> "Tensor":

@@ -8,6 +8,8 @@ Everything that would make a replay silently wrong is checked and raises JitErro
   - non-Tensor arguments that differ from the captured ones (their values are baked into the kernels);
   - reading tensor data (.item(), .numpy(), .tolist()) while capturing (the value would be frozen);
   - the same buffer passed twice, or nested TinyJit calls.
+A slice bound that holds only for some values of its variable (`t[:, :v]`, v's maximum past the axis) is checked for
+each replay's values: a value past the axis raises IndexError before anything runs.
 Outputs get fresh buffers on every replay, so a tensor returned earlier is never overwritten by a later call.
 A capture holds no derived value as a constant (docs/architecture.md, "Caches and captures: one rule"), and
 `verify=N` / JIT_VERIFY=N checks the first N replays against eager calls.
@@ -32,7 +34,7 @@ from fusegrad.engine.realize import get_runner
 from fusegrad.helpers import DEBUG, JIT, JIT_VERIFY, PROFILE, REFERENCE, VIZ, GlobalCounters
 from fusegrad.ir.ops import Ops, UOp
 from fusegrad.ir.pattern import substitute
-from fusegrad.ir.shape import all_static
+from fusegrad.ir.shape import all_static, shrink_bounds_error
 from fusegrad.schedule import ScheduleItem
 from fusegrad.storage import buffer_uop, buffer_view, buffers
 from fusegrad.storage import is_contiguous_buffer, is_realized
@@ -138,6 +140,9 @@ class CapturedJit:
     def __init__(self, items: list[ScheduleItem], inputs: list[Buffer], outputs: list[Buffer], ret_struct: Any,
                  relayouts: list[tuple[Buffer, Buffer]] | None = None):
         self.items, self.ret_struct = items, ret_struct
+        # slice bounds the replay's values must keep in range, and the captured values of the variables
+        self.checks = tuple(dict.fromkeys(c for it in items for c in it.checks))
+        self.var_vals = {v: x for it in items for v, x in it.var_vals.items()}
         self.inputs, self.outputs = inputs, outputs
         per_call = {id(b): i for i, b in enumerate(inputs)}
         for j, b in enumerate(outputs): per_call.setdefault(id(b), len(inputs) + j)
@@ -186,6 +191,8 @@ class CapturedJit:
         return self._written_fixed | {storage.memory_of(in_bufs[i]) for i in self._written_inputs}
 
     def replay(self, in_bufs: list[Buffer], var_vals: dict[Any, int] | None = None) -> list[Buffer]:
+        if self.checks and (err := shrink_bounds_error(self.checks, {**self.var_vals, **(var_vals or {})})):
+            raise IndexError(f"TinyJit replay: {err}")
         outs = [Buffer(b.device, b.size, b.dtype) for b in self.outputs]
         per_call = in_bufs + outs
         traced = bool(VIZ.value or PROFILE.value)  # fusegrad/viz: time each replayed launch for the timeline

@@ -104,6 +104,38 @@ def sle(a: sint, b: sint) -> bool:
     return sym_eq(a, b) or smax(a) <= smin(b) or smax(ssub(a, b)) <= 0
 
 
+def shrink_bounds_known(b: sint, e: sint, s: sint) -> bool | None:
+    """Whether a shrink's bounds on one axis, 0 <= b <= e <= s, hold: True for every value of the variables, False for
+    none (no value can be in range), None when it depends on the values (a slice `t[:v]` with v's maximum past the
+    axis: the bound values are checked when they are known, `shrink_bounds_error`)."""
+    if sle(0, b) and sle(b, e) and sle(e, s): return True
+    if smax(b) < 0 or smin(ssub(b, e)) > 0 or smin(ssub(e, s)) > 0: return False
+    return None
+
+
+def is_bound(x: sint) -> bool:
+    """Every variable in the size expression x is bound to a value (x has a value now)."""
+    if isinstance(x, int): return True
+    Ops, _ = _ops()
+    nodes = x.toposort()
+    return {n for n in nodes if n.op is Ops.DEFINE_VAR} <= {n.src[0] for n in nodes if n.op is Ops.BIND}
+
+
+def shrink_bounds_error(checks: Sequence[tuple[int, sint, sint, sint]], var_vals: Any = None) -> str | None:
+    """The first violated check of `(axis, begin, end, size)` shrink bounds for these variable values (bound
+    variables carry their own), as a message; None when all hold."""
+    from fusegrad.ir.ops import sym_infer
+    for ax, b, e, s in checks:
+        bv, ev, sv = sym_infer(b, var_vals), sym_infer(e, var_vals), sym_infer(s, var_vals)
+        if not 0 <= bv <= ev <= sv:
+            return (f"slice bounds ({_expr(b)}, {_expr(e)}) = ({bv}, {ev}) are out of range for dimension {ax} of size "
+                    f"{_expr(s)}{'' if isinstance(s, int) else f' = {sv}'}")
+    return None
+
+
+def _expr(x: sint) -> str: return str(x) if isinstance(x, int) else str(x.unbind_all()[0])
+
+
 def broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
     """The shape `shapes` broadcast to (numpy's rule; symbolic sizes equal as expressions count as one); ShapeError
     if they don't broadcast."""
@@ -170,7 +202,8 @@ def infer_shape(u: "UOp") -> tuple[int, ...] | None:
         if len(arg) != len(ss): raise ValueError(f"pad {arg} has wrong length for shape {ss}")
         return tuple(sadd(sadd(s, b), a) for s, (b, a) in zip(ss, arg))
     if op is Ops.SHRINK:
-        if len(arg) != len(ss) or any(not (sle(0, b) and sle(b, e) and sle(e, s)) for s, (b, e) in zip(ss, arg)):
+        # bounds that hold only for some values of the variables are checked when the values are known (variables.py)
+        if len(arg) != len(ss) or any(shrink_bounds_known(b, e, s) is False for s, (b, e) in zip(ss, arg)):
             raise ValueError(f"bad shrink {arg} for shape {ss}")
         return tuple(ssub(e, b) for b, e in arg)
     if op is Ops.FLIP:

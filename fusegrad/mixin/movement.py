@@ -15,7 +15,7 @@ from fusegrad.engine.capture import note_assign
 from fusegrad.helpers import CHECK_OOB, JoinShapeError, ShapeError, argfix, prod
 from fusegrad.ir import build
 from fusegrad.ir.ops import Ops, UOp
-from fusegrad.ir.shape import broadcast_shape, canonical, sadd, sle, smax, sprod, ssub
+from fusegrad.ir.shape import broadcast_shape, canonical, sadd, smax, sprod, ssub
 from fusegrad.mixin.rearrange import rearrange
 from fusegrad.sharding import empty_like
 from fusegrad.storage import buffer_uop, buffer_view, is_contiguous_buffer
@@ -699,8 +699,9 @@ def _symbolic_index(i: Any, size: Any) -> bool:
 
 
 def _symbolic_bounds(i: Any, size: Any, ax: int) -> tuple[Any, Any]:
-    """(begin, end) of a symbolic index or step-1 slice. Python's clamping of out-of-range slices needs the values, so
-    here every bound must provably lie in [0, size] (negative ints count from a static end)."""
+    """(begin, end) of a symbolic index or step-1 slice (negative ints count from a static end). Nothing is clamped:
+    `shrink` checks the bounds, for the bound values when they depend on them (as tinygrad, a bound whose range
+    passes the axis is allowed; a value past it raises IndexError)."""
     if isinstance(i, slice):
         if i.step not in (None, 1): raise NotImplementedError(f"slice step {i.step} with a symbolic shape or bound")
         b = 0 if i.start is None else canonical(i.start)
@@ -709,6 +710,4 @@ def _symbolic_bounds(i: Any, size: Any, ax: int) -> tuple[Any, Any]:
     if isinstance(i, slice) and isinstance(size, int):  # t[-3:n] counts from the end of a static axis
         if isinstance(b, int) and b < 0: b += size
         if isinstance(e, int) and e < 0: e += size
-    if not (sle(0, b) and sle(b, e) and sle(e, size)):
-        raise IndexError(f"index {i} with symbolic bounds is not provably inside dimension {ax} of size {size}")
     return b, e

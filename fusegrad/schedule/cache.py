@@ -61,6 +61,7 @@ class Normalized:
     leaves: list[UOp]              # the real BUFFER node of each placeholder
     pos: dict[UOp, int]            # real node -> its position in `key`, for every node walked
     var_vals: dict[UOp, int]       # the values of the bound variables
+    checks: tuple[tuple, ...]      # slice bounds that hold for some values only (variables.py), unbound
     assigns: list[UOp]             # the real ASSIGN nodes the graph still has to run
 
     def graph(self) -> list[UOp]:
@@ -132,7 +133,7 @@ def normalize(sink: UOp, cached: Callable[[UOp], UOp | None], executed: Any,
         if x.op is Ops.ASSIGN or (x.op is Ops.CONTIGUOUS and type(arg) is int):
             uniq += 1
             arg = -uniq
-        elif (x.op in GroupOp.Movement or x.op in (Ops.CONST, Ops.IOTA)) and has_uop(arg): arg = ub.arg(arg)
+        elif (x.op in GroupOp.Movement or x.op in (Ops.CONST, Ops.IOTA)) and has_uop(arg): arg = ub.node_arg(x)
         pos[x] = len(enc)
         if x.op is Ops.CONST and (signs := zero_signs(arg)) is not None:   # -0.0 == 0.0: the sign goes in the key too
             enc.append((x.op._value_, x.dtype, arg, tuple(pos[s] for s in x.src), signs))
@@ -191,7 +192,7 @@ def normalize(sink: UOp, cached: Callable[[UOp], UOp | None], executed: Any,
         for s in reversed(n.src[:1] if op is detach_op and n.arg is not None else n.src):
             if s not in pos: push((s, False))
     ub.check_bound()
-    return Normalized(tuple(enc), leaves, pos, ub.var_vals, assigns)
+    return Normalized(tuple(enc), leaves, pos, ub.var_vals, tuple(ub.checks), assigns)
 
 
 def leaf_index(placeholder: UOp) -> int:

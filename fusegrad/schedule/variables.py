@@ -4,6 +4,10 @@ A shape may hold a bound variable (`Ops.BIND`: DEFINE_VAR and its value) or an e
 movement ops. `strip_binds` rewrites those args to mention only the DEFINE_VAR and collects `var_vals`. Kernel ASTs
 are then the same for every value of a variable, so one compiled kernel serves them all; the values ride along on the
 ScheduleItems and are passed to the program at launch (`prg(*bufs, vals=...)`).
+
+A symbolic slice bound may hold only for some values of its variables (`t[:, :v]` with v's maximum past the axis, as
+tinygrad allows): the Unbinder checks such bounds against this realize's values (IndexError, before anything runs)
+and keeps them, unbound, in `checks`; the ScheduleItems carry them so a TinyJit replay checks its own values too.
 """
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ from typing import Any
 
 from fusegrad.ir.ops import GroupOp, Ops, UOp
 from fusegrad.ir.pattern import substitute
+from fusegrad.ir.shape import sadd, shrink_bounds_error, shrink_bounds_known
 
 
 def has_uop(arg: Any) -> bool:
@@ -34,6 +39,14 @@ class Unbinder:
         self.var_vals: dict[UOp, int] = {}
         self.memo: dict[UOp, UOp] = {}
         self.used: set[UOp] = set()   # every DEFINE_VAR a shape mentions (each must be bound somewhere)
+        self.checks: dict[tuple, None] = {}   # (axis, begin, end, size), unbound: shrink bounds true for some values
+
+    def node_arg(self, n: UOp) -> Any:
+        """The arg of a node whose arg mentions a UOp, unbound (a SHRINK's bounds that need checking noted)."""
+        arg = self.arg(n.arg)
+        if n.op is Ops.SHRINK or n.op is Ops.PAD:   # (keyed by the unbound arg and shape: one proof serves every value)
+            for c in value_dependent_bounds(n.op is Ops.PAD, arg, self.arg(n.src[0].shape)): self.checks[c] = None
+        return arg
 
     def expr(self, e: UOp) -> UOp:
         if (ret := self.memo.get(e)) is not None: return ret
@@ -55,11 +68,26 @@ class Unbinder:
         return a
 
     def check_bound(self) -> None:
-        """Raise for a variable some shape uses that no shape binds."""
+        """Raise for a variable some shape uses that no shape binds, and for slice bounds out of range for the values
+        bound (IndexError)."""
         unbound = sorted(v.arg[0] for v in self.used if v not in self.var_vals)
         if unbound:
             raise ValueError(f"variable {unbound[0]!r} is used in a shape or as a value but not bound to a value; "
                              f"use {unbound[0]}.bind(value)")
+        if self.checks and (err := shrink_bounds_error(list(self.checks), self.var_vals)) is not None:
+            raise IndexError(err)
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def value_dependent_bounds(pad: bool, arg: tuple, shape: tuple) -> tuple[tuple[int, Any, Any, Any], ...]:
+    """The axes of a SHRINK (or PAD) with `arg` of `shape` whose bounds hold for some values of the variables only, as
+    (axis, begin, end, size). A pad by (b, a) is checked as the slice it undoes, (b, b + size) of the padded axis: a
+    write through `t[:v]` pads the value by (0, size - v), negative for v past the axis."""
+    if pad:
+        arg, shape = tuple((b, sadd(b, s)) for (b, _), s in zip(arg, shape)), \
+            tuple(sadd(sadd(b, s), a) for (b, a), s in zip(arg, shape))
+    return tuple((ax, b, e, s) for ax, ((b, e), s) in enumerate(zip(arg, shape))
+                 if shrink_bounds_known(b, e, s) is None)
 
 
 def strip_binds(sink: UOp) -> tuple[UOp, dict[UOp, UOp], dict[UOp, int]]:
@@ -69,7 +97,7 @@ def strip_binds(sink: UOp) -> tuple[UOp, dict[UOp, UOp], dict[UOp, int]]:
     for n in sink.toposort():
         new_src = tuple(mapping.get(s, s) for s in n.src)
         symbolic_arg = (n.op in GroupOp.Movement or n.op in (Ops.CONST, Ops.IOTA)) and has_uop(n.arg)
-        new_arg = ub.arg(n.arg) if symbolic_arg else n.arg
+        new_arg = ub.node_arg(n) if symbolic_arg else n.arg
         if new_arg is not n.arg or any(a is not b for a, b in zip(new_src, n.src)):
             mapping[n] = UOp(n.op, n.dtype, new_src, new_arg)
     ub.check_bound()
