@@ -660,6 +660,11 @@ class ShapeError(RuntimeError, ValueError):
     """
 
 
+class BoundsError(IndexError, ValueError):
+    """A slice or shrink bound outside its axis (for a symbolic bound: for the value bound). torch raises IndexError for
+    indices out of range and tinygrad ValueError ("invalid shrink"); this is both."""
+
+
 class JoinShapeError(ShapeError, AssertionError):
     """Tensors to `cat` or `stack` whose shapes don't fit together: a ShapeError (RuntimeError, torch's type, and
     ValueError) that is also an AssertionError, the type tinygrad's shape check raises."""

@@ -15,7 +15,7 @@ from fusegrad.device import Buffer, Device, canonical_device as _canonical_devic
 from fusegrad.dlpack import import_dlpack
 from fusegrad.dtype import ConstType, DType, DTypeLike, dtypes, float_to_bf16_bits, float_to_fp8, from_np_dtype, \
     least_upper_dtype, strong_dtype, to_dtype, to_np_dtype, weak_dtype
-from fusegrad.helpers import ShapeError, TRAINING, argfix, make_tuple, prod
+from fusegrad.helpers import BoundsError, ShapeError, TRAINING, argfix, make_tuple, prod
 from fusegrad.ir import build
 from fusegrad.ir.ops import OpMixin, Ops, UOp, sym_infer
 from fusegrad.ir.pattern import substitute, substitute_memo
@@ -610,11 +610,11 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
         for ax, ((b, e), s) in enumerate(zip(a, self.shape)):
             if (known := shrink_bounds_known(b, e, s)): continue
             if known is False or all_static((b, e)):   # (an int bound on a symbolic axis must fit every size)
-                raise IndexError(f"shrink {arg} out of bounds for shape {self.shape}: ({b}, {e}) on dimension {ax}")
+                raise BoundsError(f"shrink {arg} out of bounds for shape {self.shape}: ({b}, {e}) on dimension {ax}")
             # a symbolic bound in range for some values only (`t[:v]`, v's maximum past the axis): checked here when
             # its variables are bound, and for the values of every realize and TinyJit replay (schedule/variables.py)
             if is_bound(b) and is_bound(e) and is_bound(s) and (err := shrink_bounds_error([(ax, b, e, s)])):
-                raise IndexError(err)
+                raise BoundsError(err)
         return self._view_apply(lambda u: build.shrink(u, a))
 
     def flip(self, axis: Any, *args: int) -> "Tensor":

@@ -9,7 +9,7 @@ Everything that would make a replay silently wrong is checked and raises JitErro
   - reading tensor data (.item(), .numpy(), .tolist()) while capturing (the value would be frozen);
   - the same buffer passed twice, or nested TinyJit calls.
 A slice bound that holds only for some values of its variable (`t[:, :v]`, v's maximum past the axis) is checked for
-each replay's values: a value past the axis raises IndexError before anything runs.
+each replay's values: a value past the axis raises BoundsError (an IndexError) before anything runs.
 Outputs get fresh buffers on every replay, so a tensor returned earlier is never overwritten by a later call.
 A capture holds no derived value as a constant (docs/architecture.md, "Caches and captures: one rule"), and
 `verify=N` / JIT_VERIFY=N checks the first N replays against eager calls.
@@ -31,7 +31,7 @@ from fusegrad import storage
 from fusegrad.device import Buffer
 from fusegrad.engine.capture import JitError, capturing, not_capturing, note_assign, note_relayout  # noqa: F401
 from fusegrad.engine.realize import get_runner
-from fusegrad.helpers import DEBUG, JIT, JIT_VERIFY, PROFILE, REFERENCE, VIZ, GlobalCounters
+from fusegrad.helpers import DEBUG, JIT, JIT_VERIFY, BoundsError, PROFILE, REFERENCE, VIZ, GlobalCounters
 from fusegrad.ir.ops import Ops, UOp
 from fusegrad.ir.pattern import substitute
 from fusegrad.ir.shape import all_static, shrink_bounds_error
@@ -192,7 +192,7 @@ class CapturedJit:
 
     def replay(self, in_bufs: list[Buffer], var_vals: dict[Any, int] | None = None) -> list[Buffer]:
         if self.checks and (err := shrink_bounds_error(self.checks, {**self.var_vals, **(var_vals or {})})):
-            raise IndexError(f"TinyJit replay: {err}")
+            raise BoundsError(f"TinyJit replay: {err}")
         outs = [Buffer(b.device, b.size, b.dtype) for b in self.outputs]
         per_call = in_bufs + outs
         traced = bool(VIZ.value or PROFILE.value)  # fusegrad/viz: time each replayed launch for the timeline

@@ -6,14 +6,16 @@ are then the same for every value of a variable, so one compiled kernel serves t
 ScheduleItems and are passed to the program at launch (`prg(*bufs, vals=...)`).
 
 A symbolic slice bound may hold only for some values of its variables (`t[:, :v]` with v's maximum past the axis, as
-tinygrad allows): the Unbinder checks such bounds against this realize's values (IndexError, before anything runs)
-and keeps them, unbound, in `checks`; the ScheduleItems carry them so a TinyJit replay checks its own values too.
+tinygrad allows): the Unbinder checks such bounds against this realize's values (BoundsError, an IndexError and
+ValueError, before anything runs) and keeps them, unbound, in `checks`; the ScheduleItems carry them so that a TinyJit
+replay checks its own values too.
 """
 from __future__ import annotations
 
 import functools
 from typing import Any
 
+from fusegrad.helpers import BoundsError
 from fusegrad.ir.ops import GroupOp, Ops, UOp
 from fusegrad.ir.pattern import substitute
 from fusegrad.ir.shape import sadd, shrink_bounds_error, shrink_bounds_known
@@ -69,13 +71,13 @@ class Unbinder:
 
     def check_bound(self) -> None:
         """Raise for a variable some shape uses that no shape binds, and for slice bounds out of range for the values
-        bound (IndexError)."""
+        bound (BoundsError)."""
         unbound = sorted(v.arg[0] for v in self.used if v not in self.var_vals)
         if unbound:
             raise ValueError(f"variable {unbound[0]!r} is used in a shape or as a value but not bound to a value; "
                              f"use {unbound[0]}.bind(value)")
         if self.checks and (err := shrink_bounds_error(list(self.checks), self.var_vals)) is not None:
-            raise IndexError(err)
+            raise BoundsError(err)
 
 
 @functools.lru_cache(maxsize=1 << 12)

@@ -108,6 +108,8 @@ def test_errors():
     with pytest.raises(ValueError, match="'n'.*not bound"): (t * 2).realize()
     with pytest.raises(ValueError, match="'n'.*not bound"): t.numpy()
     with pytest.raises(IndexError): Tensor(A)[:Variable("big", 7, 9).bind(8)]   # past A's 6 rows for every value
+    with pytest.raises(ValueError): Tensor(A)[:Variable("big", 7, 9).bind(8)]   # (tinygrad's "invalid shrink" type)
+    with pytest.raises(ValueError): Tensor(A).shrink(((0, 7), None))
     with pytest.raises(IndexError, match=r"\(0, big\) = \(0, 8\).*size 6"): Tensor(A)[:Variable("big", 1, 9).bind(8)]
     with pytest.raises(NotImplementedError): Tensor(A)[:n.bind(2)].reshape(-1)
     with pytest.raises(NotImplementedError): Tensor(A)[:n.bind(2):2]
@@ -279,6 +281,101 @@ def test_reduce_matmul_cat_pad_over_symbolic_axes():
         np.testing.assert_allclose(x.T.cat(w, dim=1).numpy(), np.concatenate([A[:ki].T, B[:, :kj]], 1))
         np.testing.assert_allclose(x.pad(((bj, 1), (0, bi))).numpy(), np.pad(A[:ki], ((kj, 1), (0, ki))))
         np.testing.assert_allclose(x.pad(((bj, 1), None)).sum(0).numpy(), A[:ki].sum(0), rtol=1e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES[:-1])   # WEBGPU: no int kernel arguments
+def test_slice_bound_past_the_axis(device):
+    """As in tinygrad, a symbolic slice bound may range past the axis (v in [1, 10] slicing A's 6 rows or 4 columns):
+    NumPy's values for every bound value in range, through one set of kernels."""
+    v, w, a, i = Variable("v", 1, 10), Variable("w", 1, 9), Variable("a", 0, 8), Variable("i", 0, 9)
+    x, y = Tensor(A, device=device), Tensor(B, device=device)
+    asts = set()
+    for k in (1, 4, 6):
+        b, c = v.bind(k), w.bind(min(k, 4))
+        t = x[:, :c] @ y[:c]
+        asts.add(tuple(kernel_asts(t)))
+        np.testing.assert_allclose(t.numpy(), A[:, :min(k, 4)] @ B[:min(k, 4)], rtol=1e-5, atol=1e-5)
+        assert t.shape == (6, 5) and x[:, :c].shape == (6, c)
+        np.testing.assert_allclose(x[:b].sum(0).numpy(), A[:k].sum(0), rtol=1e-5, atol=1e-6)
+        np.testing.assert_equal(x.shrink(((0, b), None)).numpy(), A[:k])
+        np.testing.assert_equal(x[:b].pad(((1, 2), None)).flip(0).numpy(), np.pad(A[:k], ((1, 2), (0, 0)))[::-1])
+        np.testing.assert_equal(x[:b].cat(x[:2]).numpy(), np.concatenate([A[:k], A[:2]]))
+        np.testing.assert_equal(x[i.bind(k - 1)].numpy(), A[k - 1])
+        for j in (0, k // 2, k):
+            np.testing.assert_allclose(x[a.bind(j):b].sum(0).numpy(), A[j:k].sum(0), rtol=1e-5, atol=1e-6)
+    assert len(asts) == 1, "another value of the variable gave another kernel"
+
+
+def test_slice_bound_past_the_axis_gradient_and_writes():
+    """Gradients through t[:v] and writes through t[:v] / t[:, :v] (setitem, assign) with v's maximum past the axis:
+    NumPy's values; a value past the axis raises IndexError and writes nothing."""
+    v, c = Variable("v", 1, 10), Variable("c", 1, 9)
+    for k in (1, 4, 6):
+        t = Tensor(A, requires_grad=True)
+        (t[:v.bind(k)] * 3).sum().backward()
+        want = np.zeros_like(A)
+        want[:k] = 3
+        np.testing.assert_equal(t.grad.numpy(), want)
+        kc = min(k, 4)
+        z = Tensor(A).contiguous().realize()
+        z[:, :c.bind(kc)] = Tensor.full((6, c.bind(kc)), -1.0)
+        z[:v.bind(k)] += 10
+        z[v.bind(k) - 1:v.bind(k)].assign(Tensor.zeros(1, 4))
+        want = A.copy()
+        want[:, :kc] = -1
+        want[:k] += 10
+        want[k - 1] = 0
+        np.testing.assert_equal(z.numpy(), want)
+    z = Tensor(A).contiguous().realize()
+    with pytest.raises(IndexError, match=r"\(0, v\) = \(0, 7\) are out of range for dimension 0 of size 6"):
+        z[:v.bind(7)] = 1.0
+    with pytest.raises(IndexError, match="dimension 1 of size 4"): z[:, :c.bind(5)]
+    np.testing.assert_equal(z.numpy(), A)
+
+
+def test_slice_bound_past_the_axis_checked_at_realize():
+    """The scheduler checks a value-dependent bound for the values bound in the graph, whatever built the slice (here
+    the IR below the frontend's own check): IndexError before any kernel runs, never an out-of-range read."""
+    from fusegrad.ir import build
+    v = Variable("v", 1, 10)
+    x = Tensor(A).realize()
+    ok = Tensor._wrap(build.shrink(x.uop, ((0, v.bind(5)), (0, 4))))
+    np.testing.assert_equal(ok.numpy(), A[:5])
+    bad = Tensor._wrap(build.shrink(x.uop, ((0, v.bind(8)), (0, 4))))
+    with pytest.raises(IndexError, match=r"\(0, v\) = \(0, 8\).*size 6"): bad.numpy()
+    padded = Tensor._wrap(build.pad(Tensor.ones(v.bind(9), 4).uop, ((0, 6 - v.bind(9)), (0, 0))))  # a negative pad
+    with pytest.raises(IndexError, match=r"\(0, v\) = \(0, 9\).*size 6"): padded.numpy()
+
+
+def test_slice_bound_past_the_axis_tinyjit():
+    """TinyJit replays a capture over x[:, :v] (v's maximum past the axis) with each call's value: NumPy's values, a
+    value past the axis raises IndexError before any kernel runs (reads and KV-cache-style writes), and the capture
+    stays usable."""
+    from fusegrad import TinyJit
+    v = Variable("v", 1, 10)
+    x, y = Tensor(A).realize(), Tensor(B).realize()
+
+    @TinyJit
+    def read(t: Tensor, n) -> Tensor: return (t[:, :n] @ y[:n]).sum(1).realize()
+
+    @TinyJit
+    def write(buf: Tensor, n, val: Tensor) -> Tensor:
+        buf[:n] = val
+        return buf.sum(1).realize()
+    buf = Tensor.zeros(6, 4).contiguous().realize()
+    want_buf = np.zeros((6, 4), np.float32)
+    for k in (2, 3, 4, 1, 3):
+        np.testing.assert_allclose(read(x, v.bind(k)).numpy(), (A[:, :k] @ B[:k]).sum(1), rtol=1e-5, atol=1e-5)
+    for k in (2, 3, 6, 1, 5):
+        np.testing.assert_equal(write(buf, v.bind(k), Tensor.full((v.bind(k), 4), float(k)).contiguous()).numpy(),
+                                (want_buf := np.concatenate([np.full((k, 4), k, np.float32), want_buf[k:]])).sum(1))
+    assert read.captured is not None and write.captured is not None and read.cnt == write.cnt == 5
+    with pytest.raises(IndexError, match=r"TinyJit replay: .*\(0, v\) = \(0, 5\).*dimension 1 of size 4"):
+        read(x, v.bind(5))
+    with pytest.raises(IndexError, match=r"TinyJit replay: .*\(0, v\) = \(0, 9\).*dimension 0 of size 6"):
+        write(buf, v.bind(9), Tensor.full((v.bind(9), 4), 9.0).contiguous())
+    np.testing.assert_equal(buf.numpy(), want_buf)   # nothing written
+    np.testing.assert_allclose(read(x, v.bind(4)).numpy(), (A[:, :4] @ B).sum(1), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("device", ["CPU", "PYTHON"] + [_optional_device(d) for d in ("CL", "LLVM", "CUDA", "METAL")])

@@ -6,7 +6,7 @@ from fusegrad import Tensor, Variable
 from fusegrad.codegen import to_program
 from fusegrad.device import Device
 from fusegrad.ir.ops import Ops
-from fusegrad.ir.shape import sle, smax, sprod, sym_eq
+from fusegrad.ir.shape import shrink_bounds_error, shrink_bounds_known, sle, smax, sprod, sym_eq
 from fusegrad.schedule.indexing import reshape_groups
 from fusegrad.schedule.variables import strip_binds
 
@@ -17,6 +17,20 @@ def test_size_arithmetic():
     assert sym_eq(sprod((2, n, 4)), sprod((n, 8))) and not sym_eq(n, 10)
     assert smax(sprod((n, 4))) == 40 and smax(7) == 7
     assert sle(n, 10) and not sle(n, 9) and sle(n, n) and sle(0, n)
+
+
+def test_shrink_bounds_known():
+    """True for every value, False for none, None when the values decide (checked then: shrink_bounds_error)."""
+    v, a = Variable("v", 1, 10), Variable("a", 0, 8)
+    assert shrink_bounds_known(0, v, 10) is True and shrink_bounds_known(v - 1, v, 10) is True
+    assert shrink_bounds_known(0, v, 6) is None and shrink_bounds_known(a, v, 10) is None
+    assert shrink_bounds_known(0, Variable("w", 7, 9), 6) is False and shrink_bounds_known(v + 20, v + 21, 20) is False
+    assert shrink_bounds_known(2, 1, 6) is False and shrink_bounds_known(0, 6, 6) is True
+    assert shrink_bounds_error([(0, 0, v, 6)], {v: 6}) is None
+    assert shrink_bounds_error([(1, a, v, 6)], {v: 3, a: 3}) is None
+    assert shrink_bounds_error([(1, a, v, 6)], {v: 3, a: 4}) == \
+        "slice bounds (a, v) = (4, 3) are out of range for dimension 1 of size 6"
+    assert "(0, 7)" in shrink_bounds_error([(0, 0, v.bind(7), 6)])
 
 
 def test_reshape_groups_with_a_variable():
