@@ -2,6 +2,8 @@
 for every value of a variable, and clear errors for out-of-range and unbound variables."""
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fusegrad import Tensor, Variable
 from fusegrad.engine import realize
@@ -376,6 +378,33 @@ def test_slice_bound_past_the_axis_tinyjit():
         write(buf, v.bind(9), Tensor.full((v.bind(9), 4), 9.0).contiguous())
     np.testing.assert_equal(buf.numpy(), want_buf)   # nothing written
     np.testing.assert_allclose(read(x, v.bind(4)).numpy(), (A[:, :4] @ B).sum(1), rtol=1e-5, atol=1e-5)
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.lists(st.integers(1, 10), min_size=1, max_size=8), st.integers(0, 2**31 - 1))
+def test_slice_bound_past_the_axis_steps_vs_numpy(ks, seed):
+    """A write and a read through buf[:, :v] (v in [1, 10], buf 6 columns) for a sequence of values, eagerly and
+    under TinyJit, against NumPy doing the same steps: values past the axis raise IndexError and change nothing, the
+    others update the buffer and return the same sums."""
+    from fusegrad import TinyJit
+    v = Variable("v", 1, 10)
+    r = np.random.default_rng(seed)
+
+    def step(buf: Tensor, n, src: Tensor) -> Tensor:
+        buf[:, :n] += src[:, :n]
+        return buf[:, :n].sum(1).realize()
+    jitted = TinyJit(step)
+    bufs = [Tensor.zeros(4, 6).contiguous().realize() for _ in range(2)]
+    want = np.zeros((4, 6), np.float32)
+    for k in [2, 3] + ks:   # (two valid calls first: TinyJit runs, captures, then replays the steps drawn)
+        src = r.integers(-8, 8, (4, 10)).astype(np.float32)
+        for fn, buf in zip((step, jitted), bufs):
+            if k > 6:
+                with pytest.raises(IndexError, match=f"\\(0, {k}\\).*size 6"): fn(buf, v.bind(k), Tensor(src))
+            else:
+                np.testing.assert_equal(fn(buf, v.bind(k), Tensor(src)).numpy(), (want[:, :k] + src[:, :k]).sum(1))
+        if k <= 6: want[:, :k] += src[:, :k]
+        for buf in bufs: np.testing.assert_equal(buf.numpy(), want)
 
 
 @pytest.mark.parametrize("device", ["CPU", "PYTHON"] + [_optional_device(d) for d in ("CL", "LLVM", "CUDA", "METAL")])
