@@ -16,6 +16,7 @@ go through the Python pool as before.
 """
 from __future__ import annotations
 
+import atexit
 import ctypes
 import functools
 import os
@@ -131,6 +132,20 @@ def _after_fork() -> None:   # a child forked while another thread compiled the 
 
 
 os.register_at_fork(after_in_child=_after_fork)
+
+
+def prepare() -> None:
+    """Compile (or load) the pool's library in a background thread, while the first graph is scheduled and rendered.
+    A process that ends first waits for that thread, so its compile is not lost half-way (the binary reaches the disk
+    cache and the next process loads it instead of compiling it again)."""
+    global _prepare
+    if _prepare is not None: return
+    _prepare = threading.Thread(target=pool_run, name="fusegrad-cpu-pool-compile", daemon=True)
+    _prepare.start()
+    atexit.register(_prepare.join, 120.0)
+
+
+_prepare: threading.Thread | None = None
 
 
 def pool_run() -> int | None:

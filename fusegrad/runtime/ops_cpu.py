@@ -378,4 +378,4 @@ class CPUDevice(Compiled):
         super().__init__(device, CPUAllocator(), renderer, compiler, CPUProgram)
         # the worker pool's library compiles (or loads from the disk cache) while the first graph is scheduled and
         # rendered, instead of in front of the first split kernel
-        if renderer.threads > 1 and CPU_POOL: threading.Thread(target=cpu_pool.pool_run, daemon=True).start()
+        if renderer.threads > 1 and CPU_POOL: cpu_pool.prepare()

@@ -59,7 +59,7 @@ from fusegrad import Tensor
 from fusegrad.runtime.ops_cpu import CPUCompiler
 runs = []
 real = CPUCompiler.compile
-CPUCompiler.compile = lambda self, src: runs.append(src) or real(self, src)
+CPUCompiler.compile = lambda self, src: (runs.append(src) if "fg_pool_run" not in src else None) or real(self, src)
 which = [int(i) for i in sys.argv[1].split(",")]
 xs = [np.arange(3 * (i + 2), dtype=np.float32).reshape(i + 2, 3) for i in range(6)]
 ins = [Tensor(x).realize() for x in xs]
@@ -89,3 +89,33 @@ def test_processes_batching_overlapping_kernel_sets_share_the_cache(tmp_path):
                          timeout=300, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip() == "0"
+
+
+POOL_PROC = """
+import sys
+from fusegrad import Device
+from fusegrad.runtime import cpu_pool
+from fusegrad.runtime.ops_cpu import CPUCompiler
+runs = []
+real = CPUCompiler.compile
+CPUCompiler.compile = lambda self, src: runs.append(src) or real(self, src)
+Device["CPU"]   # starts the pool's compile in the background
+if sys.argv[1] == "use": assert cpu_pool.pool_run() is not None
+print(len(runs))
+"""
+
+
+def test_a_process_that_ends_at_once_still_caches_the_worker_pool(tmp_path):
+    """The CPU device compiles its worker pool in a background thread; a process that exits right away waits for it,
+    so the pool reaches the disk cache (before: the daemon thread died half-way, and every short process compiled the
+    pool again)."""
+    import os
+    import subprocess
+    import sys
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path), "CPU_THREADS": "2", "CPU_POOL": "1"}
+    first = subprocess.run([sys.executable, "-c", POOL_PROC, "exit"], env=env, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = subprocess.run([sys.executable, "-c", POOL_PROC, "use"], env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert second.stdout.strip() == "0"
