@@ -7,7 +7,8 @@ with its sha256 and checked on read: a damaged entry reads as missing, so the ca
 `CACHELEVEL=0` turns the cache off; `CACHE_MAX_MB` (default 1024) caps its size: when a write takes it over the cap,
 the least recently used entries go until it is back under 90% of it. A database file that can't be opened as one (a
 stray file, a damaged disk) is moved aside (`cache.db.corrupt-<time>`) and a new one made; if that fails too, the
-process runs without the cache and says so once at DEBUG>=1.
+process runs without the cache and says so once at DEBUG>=1. A database that stays locked past the 60 s busy timeout is
+not damaged: it is left alone and the process runs without the cache.
 """
 from __future__ import annotations
 
@@ -58,6 +59,8 @@ def _conn() -> sqlite3.Connection | None:
     conn: sqlite3.Connection | None = None
     try:
         conn = _open(path)
+    except sqlite3.OperationalError as e:   # locked or busy past the timeout: a healthy file other processes use
+        if DEBUG >= 1: print(f"compile cache {path} unavailable ({e}); running without it")
     except sqlite3.DatabaseError as e:   # not a database (damaged, or some other file): put it aside, start anew
         try:
             os.replace(path, f"{path}.corrupt-{int(time.time())}")

@@ -88,6 +88,25 @@ def test_unreadable_cache_file_is_moved_aside(tmp_path, monkeypatch):
     assert any(f.name.startswith("cache.db.corrupt-") for f in (tmp_path / "fusegrad").iterdir())
 
 
+def test_locked_cache_file_is_not_moved_aside(tmp_path, monkeypatch):
+    """A database another process keeps locked past the busy timeout is healthy: this process runs without the cache
+    and leaves the file (and every other process's entries) where it is (before: it was taken for a damaged file)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    diskcache.close_all()
+    diskcache_put("t", "k", b"v")
+    diskcache.close_all()
+    real = diskcache._open
+    def locked(path):
+        raise sqlite3.OperationalError("database is locked")
+    monkeypatch.setattr(diskcache, "_open", locked)
+    assert diskcache_get("t", "k") is None   # no cache in this process
+    diskcache_put("t", "k2", b"w")
+    assert [f.name for f in (tmp_path / "fusegrad").iterdir() if f.name.startswith("cache.db.corrupt")] == []
+    monkeypatch.setattr(diskcache, "_open", real)
+    diskcache.close_all()
+    assert diskcache_get("t", "k") == b"v"
+
+
 def test_cache_key_includes_compiler_and_cpu():
     comp = CPUCompiler()
     assert comp.cachekey.startswith("cpu_") and len(comp.cachekey) > 8
