@@ -74,6 +74,12 @@ class Source:
                               f"to {now} bytes after it was opened (load with mmap=False to read a private copy)")
         return self.buf[start:end]
 
+    def readable_end(self) -> int:
+        """How many bytes can be read now: the buffer's size, or less when the mapped file was truncated since it was
+        opened (a loop of many small reads checks against this once instead of asking the file system each time)."""
+        if self._f is None: return self.buf.nbytes
+        return min(self.buf.nbytes, os.fstat(self._f.fileno()).st_size)
+
     def error(self, msg: str) -> FormatError:
         return FormatError(f"{self.name}: {msg}")
 

@@ -188,6 +188,26 @@ class _Cursor:
         except UnicodeDecodeError:
             raise self.src.error(f"{what} is not valid UTF-8") from None
 
+    def strings(self, n: int, what: str) -> list[str]:
+        """n strings in a row (a vocabulary, its merges: ~100k of them), each checked against the readable end as
+        `string` does, without a call per field."""
+        buf, pos, end, out = self.src.buf, self.pos, self.src.readable_end(), []
+        lfmt = "<I" if self.version == 1 else "<Q"
+        lsize = struct.calcsize(lfmt)
+        for i in range(n):
+            if pos + lsize > end: break
+            k = struct.unpack_from(lfmt, buf, pos)[0]
+            if pos + lsize + k > end: break
+            try: out.append(str(buf[pos + lsize:pos + lsize + k], "utf-8"))
+            except UnicodeDecodeError: raise self.src.error(f"{what} (item {i}) is not valid UTF-8") from None
+            pos += lsize + k
+        else:
+            self.pos = pos
+            return out
+        self.pos = pos
+        self.string(f"{what} (item {len(out)})")   # past the end: raises the truncation error, naming the bytes
+        raise AssertionError("unreachable")   # pragma: no cover
+
     def value(self, vtype: int, what: str, depth: int = 0) -> Any:
         if vtype in _SCALARS: return self.unpack(_SCALARS[vtype], what)
         if vtype == 8: return self.string(what)
@@ -195,7 +215,12 @@ class _Cursor:
             if depth >= _MAX_ARRAY_DEPTH:
                 raise self.src.error(f"{what}: arrays nest more than {_MAX_ARRAY_DEPTH} deep at byte {self.pos}")
             etype = self.unpack("<I", f"element type of {what}")
-            return [self.value(etype, what, depth + 1) for _ in range(self.count(f"length of {what}"))]
+            n = self.count(f"length of {what}")
+            if etype in _SCALARS:   # (a token-type or score array: one unpack for all of it)
+                fmt = _SCALARS[etype]
+                return list(struct.unpack(f"<{n}{fmt[1]}", self.take(n * struct.calcsize(fmt), what)))
+            if etype == 8: return self.strings(n, what)
+            return [self.value(etype, what, depth + 1) for _ in range(n)]
         raise self.src.error(f"{what} has unknown value type {vtype}")
 
 

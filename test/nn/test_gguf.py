@@ -258,7 +258,8 @@ def test_tensors_load_lazily(tmp_path):
 
 
 @pytest.mark.parametrize("case", ["empty", "magic", "version", "truncated_kv", "huge_count", "bad_utf8", "bad_vtype",
-                                  "truncated_data", "unsupported_type", "partial_block", "bad_alignment"])
+                                  "truncated_data", "unsupported_type", "partial_block", "bad_alignment",
+                                  "truncated_string_array", "bad_utf8_in_string_array", "truncated_int_array"])
 def test_malformed(tmp_path, case):
     fn = tmp_path / f"{case}.gguf"
     good = tmp_path / "good.gguf"
@@ -271,6 +272,13 @@ def test_malformed(tmp_path, case):
         "bad_utf8": header + struct.pack("<Q", 2) + b"\xff\xfe" + struct.pack("<I", 4) + b"\0" * 4,
         "bad_vtype": header + gguf_string("k") + struct.pack("<I", 77) + b"\0" * 8,
         "truncated_data": g[:-10],
+        # (arrays of strings and of numbers are read in one loop / one unpack: the same checks must hold)
+        "truncated_string_array": header + gguf_string("k") + struct.pack("<II", 9, 8) + struct.pack("<Q", 3) +
+        gguf_string("a") + gguf_string("bc")[:-1],
+        "bad_utf8_in_string_array": header + gguf_string("k") + struct.pack("<II", 9, 8) + struct.pack("<Q", 2) +
+        gguf_string("a") + struct.pack("<Q", 2) + b"\xff\xfe",
+        "truncated_int_array": header + gguf_string("k") + struct.pack("<II", 9, 5) + struct.pack("<Q", 4) +
+        struct.pack("<3i", 1, 2, 3),
         "unsupported_type": None, "partial_block": None, "bad_alignment": None}
     if case == "unsupported_type": write_gguf(fn, [], [("w", (256,), 16, b"\0" * 66)])   # IQ2_XXS
     elif case == "partial_block": write_gguf(fn, [], [("w", (40,), 8, b"\0" * 68)])
