@@ -372,6 +372,7 @@ class GGUFNames(Mapping):
 
     def __iter__(self) -> Any: return iter(self.names)
     def __len__(self) -> int: return len(self.names)
+    def __contains__(self, k: object) -> bool: return k in self.names   # (not Mapping's: that reads the tensor)
 
     def shape_of(self, k: str) -> tuple[int, ...]:
         if k in self.planes: return tuple(self._planes(k)[self.planes[k][2]].shape)

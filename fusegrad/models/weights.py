@@ -67,6 +67,8 @@ class Renamed(Mapping):
         self.sd, self.names = sd, names
 
     def __getitem__(self, k: str) -> Tensor: return self.sd[self.names[k]]
+    # (Mapping's own `in` reads the item: for a lazy state dict, the tensor, once for every check of a key)
+    def __contains__(self, k: object) -> bool: return k in self.names
     def __iter__(self) -> Iterator[str]: return iter(self.names)
     def __len__(self) -> int: return len(self.names)
     def shape_of(self, k: str) -> tuple[int, ...]: return _shape_of(self.sd, self.names[k])

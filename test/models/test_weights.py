@@ -108,3 +108,27 @@ def test_check_state_dict_reads_no_tensor_of_a_lazy_state_dict() -> None:
     with pytest.raises(StateDictMismatch, match=r"first mismatch at 'weight': model has \(3, 2\), state_dict has "
                        r"\(3, 5\)$"):
         check_state_dict(lin, Lazy(weight=(3, 5), bias=(3,)))
+
+
+def test_loading_a_renamed_lazy_state_dict_reads_each_tensor_once(tmp_path):
+    """`k in sd` on a renamed view of a lazy state dict (every GGUF and prefixed checkpoint goes through one) must not
+    read the tensor: before, the strict key check read every tensor once more, and the GGUF loader's twice more."""
+    from collections.abc import Mapping
+    from fusegrad import nn
+    from fusegrad.models.weights import Renamed, load_weights
+    from fusegrad.nn.state import get_state_dict
+
+    reads = []
+
+    class Counting(Mapping):
+        def __init__(self, d): self.d = d
+        def __getitem__(self, k): reads.append(k); return self.d[k]
+        def __iter__(self): return iter(self.d)
+        def __len__(self): return len(self.d)
+        def shape_of(self, k): return self.d[k].shape
+
+    src = {"old." + k: v for k, v in get_state_dict(nn.Linear(4, 3)).items()}
+    model = nn.Linear(4, 3)
+    load_weights(model, tmp_path / "x", "a Linear", sd=Renamed(Counting(src), {k[4:]: k for k in src}))
+    assert sorted(reads) == ["old.bias", "old.weight"]
+    assert "weight" in Renamed(Counting(src), {"weight": "old.weight"}) and len(reads) == 2
