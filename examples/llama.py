@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Run a LLaMA- or Qwen2-architecture GGUF file (llama.cpp's format): stream the text as it is generated, then print
-the prefill and decode speeds.
+"""Run a GGUF LLM file (llama.cpp's format; architectures 'llama', 'qwen2', 'gemma3', 'gpt2'): stream the text as it
+is generated, then print the prefill and decode speeds.
 
     python examples/llama.py MODEL.gguf "PROMPT" [--max-new N] [--temperature T] [--top-k K] [--top-p P]
                              [--repetition-penalty R] [--seed S] [--chat] [--threads N] [--show-ids] [--float]
@@ -20,7 +20,7 @@ import time
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("model", help="a .gguf file (architecture 'llama' or 'qwen2')")
+    ap.add_argument("model", help="a .gguf file (architecture 'llama', 'qwen2', 'gemma3' or 'gpt2')")
     ap.add_argument("prompt", help="text to continue (or, with --chat, the user's message)")
     ap.add_argument("--max-new", type=int, default=64, help="most tokens to generate (default 64)")
     ap.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy; > 0: sample")
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
     from fusegrad.models.decoding import Generator, Sampling
     from fusegrad.models.gguf_tokenizer import GGUFTokenizer
-    from fusegrad.models.llama import Llama
+    from fusegrad.models.gguf_models import load_gguf
     from fusegrad.models.weights import WeightsMismatch
     from fusegrad.nn.state import FormatError
 
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         text = tok.apply_chat_template([{"role": "user", "content": args.prompt}]) if args.chat else args.prompt
         prompt = tok.encode(text)
         if args.max_new < 1: return fail(f"--max-new must be >= 1, got {args.max_new}")
-        model = Llama.from_gguf(args.model, max_context=len(prompt) + args.max_new, quantized=not args.float)
+        model = load_gguf(args.model, max_context=len(prompt) + args.max_new, quantized=not args.float)
         load_s = time.perf_counter() - t0
     except (ValueError, ImportError, FormatError, WeightsMismatch) as e:
         return fail(str(e))

@@ -246,7 +246,8 @@ class Gemma3:
     def from_gguf(cls, path: str | pathlib.Path, max_context: int | None = None) -> Gemma3:
         """Load a llama.cpp GGUF file of architecture 'gemma3'. llama.cpp's converter stores each norm weight plus 1
         (its RMSNorm multiplies by the weight); 1 is taken off again. What the file doesn't say is llama.cpp's too:
-        every 6th layer full attention, the sliding-window layers' RoPE base 10000, query_pre_attn_scalar = head_dim.
+        every 6th layer full attention, the sliding-window layers' RoPE base 10000, query_pre_attn_scalar = head_dim
+        (hidden_size / heads for the 62-layer 27B model, whose config says so and whose head_dim differs).
         Every tensor type gguf_load reads works; quantized ones are dequantized to float32 when loaded."""
         meta, tensors = gguf_load(path)
         if (arch := meta.get("general.architecture")) != "gemma3":
@@ -267,7 +268,8 @@ class Gemma3:
                            head_dim=D, max_position_embeddings=get("context_length"),
                            rms_norm_eps=get("attention.layer_norm_rms_epsilon"),
                            rope_theta=get("rope.freq_base", 1_000_000.0), rope_scaling=scaling,
-                           query_pre_attn_scalar=D, sliding_window=get("attention.sliding_window"),
+                           query_pre_attn_scalar=_GGUF_27B_SCALAR(get) or D,
+                           sliding_window=get("attention.sliding_window"),
                            final_logit_softcapping=get("final_logit_softcapping", 0.0) or None)
         names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
         for i in range(cfg.num_hidden_layers):
@@ -275,6 +277,12 @@ class Gemma3:
         model = cls(cfg, max_context)
         load_weights(model, path, _what(cfg), sd=_GGUFNorms(tensors, names))
         return model
+
+
+def _GGUF_27B_SCALAR(get: Any) -> float | None:
+    """Gemma 3 27B's query_pre_attn_scalar (hidden_size / heads), which its GGUF file doesn't record; llama.cpp knows the
+    model by its 62 layers. None for the other sizes (their scalar is the head size)."""
+    return get("embedding_length") / get("attention.head_count") if get("block_count") == 62 else None
 
 
 def _what(cfg: Gemma3Config) -> str: return f"Gemma 3 ({cfg.num_hidden_layers} layers x {cfg.hidden_size})"

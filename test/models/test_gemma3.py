@@ -103,9 +103,10 @@ GGUF_NAMES = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "sel
               "mlp.down_proj": "ffn_down", "post_feedforward_layernorm": "post_ffw_norm"}
 
 
-def write_gemma3_gguf(path: pathlib.Path, model, quant: str | None = None) -> dict[str, np.ndarray]:
-    """`model` as llama.cpp's converter writes a Gemma 3 (its names; each norm weight plus 1). Only a model whose
-    layers follow llama.cpp's fixed pattern (every 6th full) and whose local RoPE base is 10000 round-trips."""
+def write_gemma3_gguf(path: pathlib.Path, model, quant: str | None = None, extra=None) -> dict[str, np.ndarray]:
+    """`model` as llama.cpp's converter writes a Gemma 3 (its names; each norm weight plus 1); extra(writer) adds more
+    metadata (a tokenizer). Only a model whose layers follow llama.cpp's fixed pattern (every 6th full) and whose local
+    RoPE base is 10000 round-trips."""
     gguf = pytest.importorskip("gguf", reason="GGUF files are written with the gguf package")
     cfg = model.config
     sd = {k: v.numpy().astype(np.float32) for k, v in model.state_dict().items()}
@@ -134,6 +135,7 @@ def write_gemma3_gguf(path: pathlib.Path, model, quant: str | None = None) -> di
             arr = gguf.quants.dequantize(q, qt).reshape(arr.shape)
         else: w.add_tensor(gg, arr)
         held[hf] = arr - 1 if hf.endswith("norm.weight") else arr
+    if extra is not None: extra(w)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
