@@ -11,7 +11,7 @@ import gzip, urllib.error, urllib.request
 import math
 from typing import TYPE_CHECKING, Any
 
-from fusegrad.device import Buffer, Device, canonical_device
+from fusegrad.device import Buffer, canonical_device
 from fusegrad.dtype import ConstType, DType, DTypeLike, dtypes, to_dtype
 from fusegrad.helpers import ShapeError, argfix, prod
 from fusegrad.ir import build
