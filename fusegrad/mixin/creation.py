@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import gzip, urllib.error, urllib.request
 import math
+import struct
 from typing import TYPE_CHECKING, Any
 
 from fusegrad.device import Buffer, canonical_device
@@ -18,7 +19,7 @@ from fusegrad.ir import build
 from fusegrad.ir.ops import Ops, UOp
 from fusegrad.ir.shape import canonical, canonical_shape, is_sym_int, smax, sprod, ssub, sym_value_dtype
 from fusegrad.sharding import empty
-from fusegrad.storage import buffer_uop, buffer_view
+from fusegrad.storage import buffer_uop, buffer_view, written
 
 if TYPE_CHECKING:
     from fusegrad.tensor import Tensor
@@ -155,8 +156,19 @@ class CreationMixin:
         pending write of each device's RNG state (in place, so captured TinyJit kernels see it too), ordered after
         the draws made before it, which keep their numbers."""
         cls._seed = int(seed)
+        data = [0, cls._seed & 0xFFFFFFFF]
         for dev, st in list(cls._rng_states.items()):
-            st.assign(cls([0, cls._seed & 0xFFFFFFFF], dtype=dtypes.uint32, device=dev))
+            reset = cls._rng_resets.get(dev)
+            if reset is not None and st.uop is reset[0]:
+                # the previous reset is still pending and no draw read it: it takes this seed (seeding in a loop
+                # doesn't pile up writes). Its data buffer is read by that pending write only.
+                buf = reset[1]._buffer()
+                buf.copyin(struct.pack("=2I", *data))
+                written(buf)
+                continue
+            new = cls(data, dtype=dtypes.uint32, device=dev)
+            st.assign(new)
+            cls._rng_resets[dev] = (st.uop, new)
 
     @classmethod
     def _random_bits(cls: "type[Tensor]", n: int, device: str) -> "Tensor":

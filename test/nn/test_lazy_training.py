@@ -91,6 +91,27 @@ def test_seed_between_lazy_draws():
     np.testing.assert_array_equal(a.numpy(), a1)
 
 
+def test_seeding_in_a_loop_keeps_one_pending_reset():
+    """manual_seed with no draw since the last one replaces that pending reset instead of adding a write: 50 seeds
+    and a draw run the reset, the counter update and the draw, with the last seed's numbers."""
+    Tensor.rand(2).realize()
+    Tensor.manual_seed(49)
+    want = Tensor.rand(5).numpy()
+    for s in range(50): Tensor.manual_seed(s)
+    GlobalCounters.reset()
+    got = Tensor.rand(5).numpy()
+    assert GlobalCounters.kernel_count <= 3
+    np.testing.assert_array_equal(got, want)
+    Tensor.manual_seed(3)
+    a = Tensor.rand(4)            # read the reset: the next seed is a write of its own, after this draw
+    Tensor.manual_seed(4)
+    b = Tensor.rand(4)
+    Tensor.manual_seed(3)
+    np.testing.assert_array_equal(a.numpy(), Tensor.rand(4).numpy())
+    Tensor.manual_seed(4)
+    np.testing.assert_array_equal(b.numpy(), Tensor.rand(4).numpy())
+
+
 def test_lazy_draws_under_tinyjit():
     """A jitted function drawing random numbers draws new ones on every replay: the same sequence as eager calls."""
     def f(x: Tensor) -> Tensor: return (x + Tensor.rand(4)).realize()
