@@ -54,6 +54,12 @@ class ResultCache:
     def __setitem__(self, key: UOp, value: UOp) -> None:
         # a multi-device result (MULTI of buffers) owns memory too: held weakly like a buffer
         self._d[key] = weakref.ref(value) if value.base.op in (Ops.BUFFER, Ops.MULTI) else value
+    def hold(self, key: UOp) -> None:
+        """Keep `key`'s result for as long as the node lives, though no tensor holds it: a unique node's value (a
+        parameter's lazy initial value) computed inside another graph, while a pending write of the parameter still
+        reads it. (No cycle: the result's node doesn't lead back to the key.)"""
+        if (v := self.get(key)) is not None: self._d[key] = v
+
     def pop(self, key: UOp, default: Any = None) -> Any:
         v = self.get(key, default)
         self._d.pop(key, None)
@@ -177,9 +183,11 @@ def is_disk(buf: Buffer) -> bool:
     return buf.device.__class__ is str and buf.device.startswith("DISK:")
 
 
-def buffers_read(u: UOp) -> list[Buffer]:
+def buffers_read(u: UOp, past_assigns: bool = True) -> list[Buffer]:
     """The buffers a lazy graph reads (stops at BUFFER nodes), each once. (A plain walk, not a toposort: the order is
-    not needed, and every realize walks its whole graph here.)"""
+    not needed, and every realize walks its whole graph here.) `past_assigns=False`: only the direct reads, not what
+    it reads through an ASSIGN below it (the value that write left: one version of the memory, see `cache_result`)."""
+    if not past_assigns: return reads_split(u)[1]
     out: list[Buffer] = []
     seen, stack, buffer_op, get = {u}, [u], Ops.BUFFER, buffers.get
     while stack:
@@ -192,6 +200,26 @@ def buffers_read(u: UOp) -> list[Buffer]:
                 seen.add(s)
                 stack.append(s)
     return out
+
+
+def reads_split(u: UOp) -> tuple[list[Buffer], list[Buffer]]:
+    """(every buffer the graph reads, the ones it reads directly: not only through an ASSIGN below it), in one walk."""
+    direct: dict[UOp, bool] = {u: True}   # node -> reached other than through an ASSIGN
+    stack, buffer_op, assign_op, get = [u], Ops.BUFFER, Ops.ASSIGN, buffers.get
+    while stack:
+        x = stack.pop()
+        if x.op is buffer_op: continue
+        d = direct[x] and (x.op is not assign_op or x is u)
+        for s in x.src:
+            if (old := direct.get(s)) is None or (d and not old):
+                direct[s] = d
+                stack.append(s)
+    allb, dirb = [], []
+    for n, d in direct.items():
+        if n.op is buffer_op and (b := get(n)) is not None:
+            allb.append(b)
+            if d: dirb.append(b)
+    return allb, dirb
 
 
 # memory that code outside fusegrad can also read and write (DLPack exports and imports): results computed from it are
@@ -256,8 +284,11 @@ def cache_result(key: UOp, value: UOp, written_now: set[int] | None, reads: list
     """Remember that `key` was computed into `value` (a buffer node, maybe reshaped); the entry is dropped when any
     buffer it read, or the buffer holding it, is written in place. An ASSIGN depends only on the memory it wrote. A
     result that read memory the same schedule wrote (`written_now`) is not cached: a later graph naming that buffer
-    means its new contents. `written_now=None`: a snapshot of memory taken before a write, which stays valid.
-    `reads`: `buffers_read(key)` when the caller has it already."""
+    means its new contents. Reads through an ASSIGN don't count there: they read the value that write left, which a
+    later write doesn't change (a parameter's lazy initial value read the RNG state through the draw's counter update:
+    it stays the value computed), so they are not what a write drops it for either. `written_now=None`: a snapshot of
+    memory taken before a write, which stays valid. `reads`: `buffers_read(key, past_assigns=False)` when the caller
+    has it already."""
     global _recorded
     if key is value: return
     if key.op is Ops.ASSIGN or written_now is None:   # a write, or a snapshot taken before one: valid until its
@@ -265,7 +296,7 @@ def cache_result(key: UOp, value: UOp, written_now: set[int] | None, reads: list
         mems = set()
     else:
         if REFERENCE: return   # reference mode: no computed value is served again (writes and snapshots are records)
-        if reads is None: reads = buffers_read(key)
+        if reads is None: reads = buffers_read(key, past_assigns=False)
         mems = {memory_of(b) for b in reads}
         if written_now and mems & written_now: return
         # memory written from outside (DLPack, a file another program may write): never cached

@@ -156,6 +156,7 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
     no_grad: ClassVar[bool] = False
     _seed: ClassVar[int] = 0
     _rng_states: ClassVar[dict[str, "Tensor"]] = {}
+    _rng_resets: ClassVar[dict[str, tuple[Any, "Tensor"]]] = {}   # device -> (pending reset's node, its seed data)
 
     def __init__(self, data: Any, device: str | None = None, dtype: DTypeLike | None = None,
                  requires_grad: bool | None = None):

@@ -184,12 +184,13 @@ def preserve_old_values(todo: Sequence[Tensor], readers: list[Tensor]) -> list[U
             if (b := storage.target_buffer(o)) in storage.buffers}
 
     def is_old(n: UOp) -> bool:
-        # an overwritten version, a node computed earlier into overwritten memory, or one computed earlier *from* it:
-        # the write drops that cached result (storage.written), and a tensor still holding the lazy node (another
+        # an overwritten version, a node computed earlier into overwritten memory, or one computed earlier *from* it
+        # (directly: a read through an ASSIGN is of the version it wrote, storage.cache_result): the write drops that
+        # cached result (storage.written), and a tensor still holding the lazy node (another
         # tensor built the same node: nodes are hash-consed) would compute it again from the new contents
         r = done(n)
         return n in overwritten or (r is not None and (r.base in overwritten or any(
-            storage.memory_of(b) in mems for b in storage.buffers_read(n))))
+            storage.memory_of(b) in mems for b in storage.buffers_read(n, past_assigns=False))))
 
     def reads_old(u: UOp) -> bool:
         # an ASSIGN's own reads are part of the write; below a computed node is only how it was computed

@@ -24,7 +24,7 @@ import functools
 import threading
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Generic, Iterator, TypeVar
 
 from fusegrad import storage
@@ -132,17 +132,19 @@ class _Launch:
     relayout: tuple[Buffer, Buffer] | None = None   # (source, copy) when the launch only re-lays-out a fixed buffer
     done: storage.Reads | None = None   # (source, copy) and their write versions right after the copy last ran
     bump: Buffer | None = None   # a fixed buffer this launch computes afresh: its version moves on every run
+    follow: dict[UOp, UOp] = field(default_factory=dict)   # kernel variable -> the argument variable giving its value
 
 
 class CapturedJit:
     """The kernels of one captured call, ready to replay with new input (and fresh output) buffers."""
 
     def __init__(self, items: list[ScheduleItem], inputs: list[Buffer], outputs: list[Buffer], ret_struct: Any,
-                 relayouts: list[tuple[Buffer, Buffer]] | None = None):
+                 relayouts: list[tuple[Buffer, Buffer]] | None = None, arg_vals: dict[Any, int] | None = None):
         self.items, self.ret_struct = items, ret_struct
         # slice bounds the replay's values must keep in range, and the captured values of the variables
         self.checks = tuple(dict.fromkeys(c for it in items for c in it.checks))
         self.var_vals = {v: x for it in items for v, x in it.var_vals.items()}
+        self.follow = _follow(items, arg_vals or {})
         self.inputs, self.outputs = inputs, outputs
         per_call = {id(b): i for i, b in enumerate(inputs)}
         for j, b in enumerate(outputs): per_call.setdefault(id(b), len(inputs) + j)
@@ -155,7 +157,7 @@ class CapturedJit:
             prg = get_runner(it.ast, it.bufs[0].device)
             slots = [(k, per_call[id(b)]) for k, b in enumerate(it.bufs) if id(b) in per_call]
             args = [None if id(b) in per_call else b.opaque for b in it.bufs]
-            self.launches.append(_Launch(prg, args, slots, it))
+            self.launches.append(_Launch(prg, args, slots, it, follow=_follow([it], arg_vals or {})))
         # A relayout of a buffer (a weight's copy in another layout) whose source is unchanged since the copy last ran
         # is skipped on replay. Conditions: no other launch writes the copy's memory; neither buffer is a per-call
         # one; the capture writes the source only in place (in-place writes, eager or replayed, bump its version);
@@ -191,7 +193,8 @@ class CapturedJit:
         return self._written_fixed | {storage.memory_of(in_bufs[i]) for i in self._written_inputs}
 
     def replay(self, in_bufs: list[Buffer], var_vals: dict[Any, int] | None = None) -> list[Buffer]:
-        if self.checks and (err := shrink_bounds_error(self.checks, {**self.var_vals, **(var_vals or {})})):
+        if self.checks and \
+                (err := shrink_bounds_error(self.checks, {**self.var_vals, **_values(self.follow, var_vals)})):
             raise BoundsError(f"TinyJit replay: {err}")
         outs = [Buffer(b.device, b.size, b.dtype) for b in self.outputs]
         per_call = in_bufs + outs
@@ -211,7 +214,8 @@ class CapturedJit:
             args = list(ln.args)
             for k, i in ln.slots: args[k] = per_call[i].opaque
             if ln.prg.spec.vars:  # symbolic sizes: this call's values (variables not in the inputs keep theirs)
-                vals = tuple((var_vals or {}).get(v, ln.item.var_vals.get(v, 0)) for v in ln.prg.spec.vars)
+                new = _values(ln.follow, var_vals)
+                vals = tuple(new.get(v, ln.item.var_vals.get(v, 0)) for v in ln.prg.spec.vars)
                 et = ln.prg(*args, vals=vals, wait=traced)
             else: et = ln.prg(*args, wait=traced)
             if traced:
@@ -225,6 +229,25 @@ class CapturedJit:
             GlobalCounters.global_ops += ln.prg.spec.ops
             GlobalCounters.global_mem += ln.prg.spec.mem
         return outs
+
+
+def _follow(items: list[ScheduleItem], arg_vals: dict[Any, int]) -> dict[UOp, UOp]:
+    """Which kernel variables take an argument's value on replay: a variable of the arguments (or an alias the
+    scheduler made for it, variables.py) whose captured value was the argument's. One the function bound to another
+    value itself (`x[:v.bind(3)]` inside, or realized inside with another value) keeps its captured value, like any
+    Python value baked in at capture."""
+    out: dict[UOp, UOp] = {}
+    for it in items:
+        for v, x in it.var_vals.items():
+            base = it.aliases.get(v, v)
+            if base in arg_vals and arg_vals[base] == x: out[v] = base
+    return out
+
+
+def _values(follow: dict[UOp, UOp], var_vals: dict[Any, int] | None) -> dict[UOp, int]:
+    """This replay's values of the kernel variables that follow an argument."""
+    if not var_vals: return {}
+    return {v: var_vals[a] for v, a in follow.items() if a in var_vals}
 
 
 class TinyJit(Generic[ReturnType]):
@@ -337,7 +360,7 @@ class TinyJit(Generic[ReturnType]):
             outs = [buffers[t.uop.base] for t in out_tensors]
             written_in_place = {id(it.bufs[0]) for it in items if it.inplace}
             fresh = [b for b in outs if id(b) not in written_in_place and id(b) not in {id(x) for x in in_bufs}]
-            self.captured = CapturedJit(items, in_bufs, _dedup_bufs(fresh), ret, relayouts)
+            self.captured = CapturedJit(items, in_bufs, _dedup_bufs(fresh), ret, relayouts, var_vals)
             self._ret_map = [(t, buffers[t.uop.base]) for t in out_tensors]
             # a returned input is returned as this call's input, not as the tensor passed at capture
             self._ret_input = {id(t): i for t in out_tensors for i, (x, w) in enumerate(zip(tensors, self._whole))

@@ -1,39 +1,28 @@
 """Tensor creation: constants, ranges, uninitialized buffers and the counter-based random number generator.
 
-Mixed into `Tensor`; every function builds a lazy graph (random draws realize at the call, like torch's).
+Mixed into `Tensor`; every function builds a lazy graph, random draws included (as in tinygrad): a draw advances the
+RNG counter with a pending in-place write, so the numbers depend on the order of the calls, never on when (or in which
+order) the results are realized.
 """
 from __future__ import annotations
 
 import ctypes
 import gzip, urllib.error, urllib.request
 import math
+import struct
 from typing import TYPE_CHECKING, Any
 
-from fusegrad.device import Buffer, Device, canonical_device
+from fusegrad.device import Buffer, canonical_device
 from fusegrad.dtype import ConstType, DType, DTypeLike, dtypes, to_dtype
 from fusegrad.helpers import ShapeError, argfix, prod
 from fusegrad.ir import build
 from fusegrad.ir.ops import Ops, UOp
 from fusegrad.ir.shape import canonical, canonical_shape, is_sym_int, smax, sprod, ssub, sym_value_dtype
 from fusegrad.sharding import empty
-from fusegrad.storage import buffer_uop, buffer_view
+from fusegrad.storage import buffer_uop, buffer_view, written
 
 if TYPE_CHECKING:
     from fusegrad.tensor import Tensor
-
-
-_RAND_COUNT = "rand_n"   # the variable holding `rand`'s sample count in its kernels
-
-
-def _variable_count_max(device: "str | tuple[str, ...]", dtype: DType) -> int:
-    """The largest `rand` whose kernels take the sample count as a variable (bound to it): one compiled pair (counter
-    update, draw) then serves every such size on the device, so a model's parameter initialization compiles once,
-    not once per shape. Codegen runs a loop of symbolic size on one thread, so only float32 draws it wouldn't split
-    across threads anyway: a sample is 22 ALU ops, 2.75 steps of mark_thread_loop's measure, so min_thread_work / 3
-    samples stay under its threshold of min_thread_work steps (test_creation.py checks both sides). 0 (the size is
-    a constant) on several devices or for other dtypes."""
-    if not isinstance(device, str) or dtype != dtypes.float32: return 0
-    return Device[device].renderer.min_thread_work // 3
 
 
 def _mix32(x: "Tensor") -> "Tensor":
@@ -163,21 +152,34 @@ class CreationMixin:
 
     @classmethod
     def manual_seed(cls: "type[Tensor]", seed: int = 0) -> None:
-        """Seed the counter-based RNG: the same seed gives the same numbers on every backend."""
+        """Seed the counter-based RNG: the same seed gives the same numbers on every backend. Lazy: the reset is a
+        pending write of each device's RNG state (in place, so captured TinyJit kernels see it too), ordered after
+        the draws made before it, which keep their numbers."""
         cls._seed = int(seed)
-        for dev, st in list(cls._rng_states.items()):  # reset in place, so captured TinyJit kernels see it too
-            st.assign(cls([0, cls._seed & 0xFFFFFFFF], dtype=dtypes.uint32, device=dev)).realize()
+        data = [0, cls._seed & 0xFFFFFFFF]
+        for dev, st in list(cls._rng_states.items()):
+            reset = cls._rng_resets.get(dev)
+            if reset is not None and st.uop is reset[0]:
+                # the previous reset is still pending and no draw read it: it takes this seed (seeding in a loop
+                # doesn't pile up writes). Its data buffer is read by that pending write only.
+                buf = reset[1]._buffer()
+                buf.copyin(struct.pack("=2I", *data))
+                written(buf)
+                continue
+            new = cls(data, dtype=dtypes.uint32, device=dev)
+            st.assign(new)
+            cls._rng_resets[dev] = (st.uop, new)
 
     @classmethod
-    def _random_bits(cls: "type[Tensor]", n: "int | UOp", device: str) -> "Tensor":
+    def _random_bits(cls: "type[Tensor]", n: int, device: str) -> "Tensor":
         """n uint32 values hashed from (seed, counter). The counter lives in a small device buffer that each call
-        advances in place, so a TinyJit replay keeps drawing new numbers. n is an int or a bound variable (`rand`'s
-        sample count, see `_variable_count_max`)."""
+        advances in place (a pending write: nothing runs until a result is realized), so a TinyJit replay keeps
+        drawing new numbers."""
         st = cls._rng_states.get(device)
-        if st is None:
-            st = cls._rng_states[device] = cls([0, cls._seed & 0xFFFFFFFF], dtype=dtypes.uint32,
-                                                     device=device).realize()
-        step = n & 0xFFFFFFFF if isinstance(n, int) else cls.full((), n, dtype=dtypes.uint32, device=device)
+        if st is None:   # (from data: a buffer already, no kernel)
+            st = cls._rng_states[device] = cls([0, cls._seed & 0xFFFFFFFF], dtype=dtypes.uint32, device=device)
+            st.requires_grad = False
+        step = n & 0xFFFFFFFF
         first = cls(UOp(Ops.IOTA, dtypes.uint32, (UOp(Ops.DEVICE, arg=device),), 2)) == 0
         st.assign(st + first.where(step, 0).cast(dtypes.uint32))
         start = st[0:1] - step
@@ -210,22 +212,20 @@ class CreationMixin:
     @classmethod
     def rand(cls: "type[Tensor]", *shape: Any, device: str | None = None, dtype: DTypeLike | None = None,
              requires_grad: bool | None = None, contiguous: bool = True) -> "Tensor":
-        """Uniform samples in [0, 1). (`contiguous` is accepted for tinygrad compatibility: fusegrad always draws the
-        samples at the call, into their own buffer.)"""
+        """Uniform samples in [0, 1), lazy: the counter advances now, the samples are computed when realized (into
+        a buffer of their own, computed once; `contiguous=False` leaves them fused into their consumers)."""
         s = cls._shape_arg(shape)
         if not all(isinstance(x, int) for x in s): return cls._rand_symbolic(cls.rand, s, device, dtype, requires_grad)
         dev, n = canonical_device(device), prod(s)
         dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
-        count = UOp.variable(_RAND_COUNT, 1, n).bind(n) if 1 < n <= _variable_count_max(dev, dt) else n
-        bits = cls._random_bits(count, dev)
+        bits = cls._random_bits(n, dev)
         # as many random bits as the dtype's significand holds, so every sample is exact in it: 24 bits rounded to
         # half or bfloat16 gave exactly 1.0 for values just under 1 (rand's range is [0, 1))
         digits = {dtypes.float16: 11, dtypes.bfloat16: 8}.get(dt, 24)
-        out = ((bits >> (32 - digits)).cast(dtypes.float32) * (2.0 ** -digits)).cast(dt).contiguous()
-        # realized now, together with the counter update: the draw happens at the call, like torch
-        cls.realize(out, cls._rng_states[dev])
-        # a variable count leaves a view of the buffer, which holds exactly n samples (the variable's largest value)
-        return cls(build.reshape(out.uop.base if isinstance(count, UOp) else out.uop, s), requires_grad=requires_grad)
+        out = ((bits >> (32 - digits)).cast(dtypes.float32) * (2.0 ** -digits)).cast(dt)
+        # (requires_grad gives it a unique CONTIGUOUS of its own: that one stores it)
+        return cls(build.reshape((out.contiguous() if contiguous and not requires_grad else out).uop, s),
+                   requires_grad=requires_grad)
 
     @classmethod
     def randn(cls: "type[Tensor]", *shape: Any, device: str | None = None, dtype: DTypeLike | None = None,
@@ -237,7 +237,8 @@ class CreationMixin:
         r = (-2.0 * (1.0 - u[0:1]).log()).sqrt()
         z = r * (u[1:2] * (2 * math.pi)).cos()
         dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
-        return cls(z.reshape(s).cast(dt).contiguous().uop, requires_grad=requires_grad)
+        z = z.reshape(s).cast(dt)
+        return cls((z if requires_grad else z.contiguous()).uop, requires_grad=requires_grad)
 
     @classmethod
     def _rand_like(cls: "type[Tensor]", t: "Tensor", **kwargs: Any) -> "Tensor":

@@ -104,7 +104,10 @@ class RealizeMixin:
         snap_ids = {id(u) for u in snaps if u.op is Ops.CONTIGUOUS and type(u.arg) is int}
         # the buffers each target's graph reads (for the result cache and autograd history), walked now: after the
         # kernels ran, the graph is out of the CPU caches and the same walk takes about twice as long
-        reads = {id(u): storage.buffers_read(u) for u in uops if u.op is not Ops.ASSIGN and id(u) not in snap_ids}
+        # (all of them for autograd histories; the direct ones, not through an ASSIGN, for the result cache)
+        split = {id(u): storage.reads_split(u) for u in uops if u.op is not Ops.ASSIGN and id(u) not in snap_ids}
+        reads = {k: v[0] for k, v in split.items()}
+        direct = {k: v[1] for k, v in split.items()}
         engine.run_schedule(sched)
         written = {id(si.bufs[0]): si.bufs[0] for si in sched if si.inplace}
         for b in written.values(): storage.written(b)   # cached results computed from the old contents are void
@@ -113,7 +116,7 @@ class RealizeMixin:
         superseded = {n.src[0].base for n in results if n.op is Ops.ASSIGN}
         for old, new in results.items():
             if old in superseded: storage.executed.add(old)
-            else: storage.cache_result(old, new, None if id(old) in snap_ids else written_now, reads.get(id(old)))
+            else: storage.cache_result(old, new, None if id(old) in snap_ids else written_now, direct.get(id(old)))
             if old.op is Ops.CONTIGUOUS and (src := storage.relayout_source(old)) is not None:
                 note_relayout(storage.buffers[src[0]], storage.buffers[new.base])   # TinyJit replays may skip it
                 if storage.memory_of(storage.buffers[src[0]]) not in written_now:
@@ -143,12 +146,18 @@ class RealizeMixin:
                 old not in snaps and new.base.op is Ops.BUFFER}
         if uniq:
             for u in todo: uniq.pop(u.uop, None)
+            claimed = set()
             for t in storage.live_tensors:
                 if (new := uniq.get(t.uop)) is not None:
                     if not t._derived: leaf_of.setdefault(new, t.uop)
+                    claimed.add(t.uop)
                     t.uop = new
                     storage.claim(t)
                     refresh_views(t)
+            # one no tensor holds any more (a parameter whose update is pending: the update reads its initial value)
+            # stays cached while graphs hold its node, else a later graph would compute it again from memory
+            # (the RNG state) that has moved on
+            for old in uniq.keys() - claimed: storage.realized.hold(old)
         # a tensor whose pending write ran as part of another graph now holds its buffer (the ASSIGN is done)
         for old, new in results.items():
             if old.op is Ops.ASSIGN and (ref := assign_owner.pop(old, None)) is not None and \

@@ -105,15 +105,14 @@ class Optimizer:
         state.assign(new if writer.keep is None else writer.keep.where(new, state))
 
     def _zeros_like_params(self) -> list[Tensor]:
-        """Zeroed state for every parameter, realized in one schedule: one compiler run for all the shapes; fused, one
-        flat tensor for all of them."""
+        """Zeroed state for every parameter (fused, one flat tensor for all of them), lazy as in tinygrad: a broadcast
+        zero that the first step's update reads inside its kernel and writes into a buffer of its own (no kernel
+        runs here, and none is spent filling zeros)."""
         if self._flat:
-            n = sum(t.numel() for t in self.params)
-            flat = Tensor.zeros(n, dtype=self.state_dtype, device=self.device).contiguous().realize()
+            flat = Tensor.zeros(sum(t.numel() for t in self.params), dtype=self.state_dtype, device=self.device)
             flat.requires_grad = False
             return [flat]
         states = [_zeros_like(t, self.state_dtype) for t in self.params]
-        if states: Tensor.realize(*states)
         for t in states: t.requires_grad = False
         return states
 
@@ -122,12 +121,13 @@ def _zeros_like(t: Tensor, dtype: DType) -> Tensor:
     """Zeros shaped like a parameter; for a sharded one, split the same way (its update then needs no gather)."""
     if isinstance(t.device, tuple) and t.uop.op is Ops.MULTI and t.uop.arg is not None:
         return Tensor.zeros(*t.shape, dtype=dtype, device=t.device[0]).contiguous().shard_like(t).contiguous()
-    return Tensor.zeros(*t.shape, dtype=dtype, device=t.device).contiguous()
+    return Tensor.zeros(*t.shape, dtype=dtype, device=t.device)
 
 
 def _state(t: Tensor) -> Tensor:
-    """Optimizer state: a realized tensor that takes no part in autograd."""
-    t = t.contiguous().realize()
+    """Optimizer state: a tensor of its own (made from data: a buffer already, no kernel runs) that takes no part in
+    autograd."""
+    t = t.contiguous()
     t.requires_grad = False
     return t
 

@@ -41,6 +41,7 @@ class ScheduleItem:
     inplace: bool = False   # writes into an existing buffer (an ASSIGN)
     var_vals: dict[UOp, int] = field(default_factory=dict)  # values of the variables in symbolic shapes
     checks: tuple[tuple, ...] = ()   # slice bounds that hold for some values only (variables.py): a replay checks them
+    aliases: dict[UOp, UOp] = field(default_factory=dict)  # a variable standing for another's further value -> that one
 
     @property
     def is_copy(self) -> bool: return self.ast.op is Ops.COPY
@@ -111,7 +112,7 @@ def _schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
         tpl = _plan(nz.graph())
         if use_cache: schedule_cache.put(key, tpl)
     bufs = fill_slots(tpl.slots, leaves)
-    items = [ScheduleItem(ast, [bufs[i] for i in slots], list(ops), inplace, var_vals, nz.checks)
+    items = [ScheduleItem(ast, [bufs[i] for i in slots], list(ops), inplace, var_vals, nz.checks, nz.aliases)
              for ast, slots, ops, inplace in tpl.items]
     if DEBUG >= 1 and items:
         print(f"scheduled {len(items)} items in {(time.perf_counter() - st) * 1e3:.2f} ms "

@@ -61,6 +61,7 @@ class Normalized:
     leaves: list[UOp]              # the real BUFFER node of each placeholder
     pos: dict[UOp, int]            # real node -> its position in `key`, for every node walked
     var_vals: dict[UOp, int]       # the values of the bound variables
+    aliases: dict[UOp, UOp]        # a variable standing for a further value of another -> that one (variables.py)
     checks: tuple[tuple, ...]      # slice bounds that hold for some values only (variables.py), unbound
     assigns: list[UOp]             # the real ASSIGN nodes the graph still has to run
 
@@ -192,7 +193,8 @@ def normalize(sink: UOp, cached: Callable[[UOp], UOp | None], executed: Any,
         for s in reversed(n.src[:1] if op is detach_op and n.arg is not None else n.src):
             if s not in pos: push((s, False))
     ub.check_bound()
-    return Normalized(tuple(enc), leaves, pos, ub.var_vals, tuple(ub.checks), assigns)
+    return Normalized(tuple(enc), leaves, pos, ub.var_vals, {a: v for (v, _), a in ub.aliases.items()},
+                      tuple(ub.checks), assigns)
 
 
 def leaf_index(placeholder: UOp) -> int:

@@ -3,7 +3,11 @@
 A shape may hold a bound variable (`Ops.BIND`: DEFINE_VAR and its value) or an expression of one, in the args of
 movement ops. `strip_binds` rewrites those args to mention only the DEFINE_VAR and collects `var_vals`. Kernel ASTs
 are then the same for every value of a variable, so one compiled kernel serves them all; the values ride along on the
-ScheduleItems and are passed to the program at launch (`prg(*bufs, vals=...)`).
+ScheduleItems and are passed to the program at launch (`prg(*bufs, vals=...)`). A variable bound to several values in
+one realize keeps its first value; each further value gets an alias, a variable of its own with the same range (named
+`alias_name(name, k)`), so `x[:v.bind(2)]` and `x[:v.bind(3)]` become different nodes read by different kernel
+arguments. The aliases are made in walk order, so the same graph structure gives the same aliases (the schedule cache
+key holds them).
 
 A symbolic slice bound may hold only for some values of its variables (`t[:, :v]` with v's maximum past the axis, as
 tinygrad allows): the Unbinder checks such bounds against this realize's values (BoundsError, an IndexError and
@@ -36,9 +40,15 @@ def _has_uop(arg: Any) -> bool:
     return isinstance(arg, tuple) and any(_has_uop(a) for a in arg)
 
 
+def alias_name(name: str, k: int) -> str:
+    """The name of the k-th extra value (k >= 1) of variable `name` in one realize (a C identifier, like the name)."""
+    return f"{name}__{k}"
+
+
 class Unbinder:
     def __init__(self) -> None:
         self.var_vals: dict[UOp, int] = {}
+        self.aliases: dict[tuple[UOp, int], UOp] = {}   # (variable, a second value) -> the variable standing for it
         self.memo: dict[UOp, UOp] = {}
         self.used: set[UOp] = set()   # every DEFINE_VAR a shape mentions (each must be bound somewhere)
         self.checks: dict[tuple, None] = {}   # (axis, begin, end, size), unbound: shrink bounds true for some values
@@ -55,14 +65,25 @@ class Unbinder:
         binds = {}
         for n in e.toposort():
             if n.op is Ops.BIND:
-                var, val = n.unbind()
-                if self.var_vals.setdefault(var, val) != val:
-                    raise ValueError(f"variable {var.arg[0]!r} is bound to both {self.var_vals[var]} and {val} in one "
-                                     "realize; realize them separately")
-                binds[n] = var
+                binds[n] = self.variable(*n.unbind())
             elif n.op is Ops.DEFINE_VAR: self.used.add(n)
         ret = self.memo[e] = substitute(e, binds) if binds else e
         return ret
+
+    def variable(self, var: UOp, val: int) -> UOp:
+        """The variable that stands for `var` bound to `val` in this realize: `var` itself for its first value, an
+        alias (a variable of its own, named `alias_name(name, k)`, with var's range) for each further value, so the
+        kernels reading `x[:v.bind(2)]` and `x[:v.bind(3)]` take their own argument."""
+        if self.var_vals.setdefault(var, val) == val: return var
+        if (alias := self.aliases.get((var, val))) is not None: return alias
+        k = sum(1 for v, _ in self.aliases if v is var)
+        while True:   # (a user variable of the alias's name and range would be the same node: skip its name)
+            k += 1
+            alias = UOp(var.op, var.dtype, var.src, (alias_name(var.arg[0], k), *var.arg[1:]))
+            if alias not in self.var_vals and alias not in self.used: break
+        self.aliases[(var, val)] = alias
+        self.var_vals[alias] = val
+        return alias
 
     def arg(self, a: Any) -> Any:
         if isinstance(a, UOp): return self.expr(a)

@@ -266,7 +266,9 @@ def test_reader_computed_by_the_realize_keeps_its_value_and_views():
 
 def test_eager_train_steps_hit_the_schedule_cache():
     # the optimizer step's snapshot targets came in the order of the live-tensor set (memory addresses), so the
-    # schedule cache's key changed every step and each eager step was scheduled from scratch
+    # schedule cache's key changed every step and each eager step was scheduled from scratch. (Initialization is lazy:
+    # step 0 computes the parameters, and step 1 still snapshots the RNG state that step 0's activations, kept by
+    # BatchNorm's backward, read; from step 2 on every step has one structure.)
     from fusegrad import nn
     from fusegrad.nn.optim import Adam
     from fusegrad.schedule.cache import schedule_cache
@@ -278,10 +280,10 @@ def test_eager_train_steps_hit_the_schedule_cache():
     X, Y = Tensor.randn(32, 1, 28, 28).realize(), Tensor.randint(32, high=10).realize()
     misses = []
     with Tensor.train():
-        for _ in range(5):
+        for _ in range(6):
             m = schedule_cache.misses
             opt.zero_grad()
             idx = Tensor.randint(4, high=32)
             X[idx].sequential(layers).sparse_categorical_crossentropy(Y[idx]).backward().realize(*opt.schedule_step())
             misses.append(schedule_cache.misses - m)
-    assert misses[2:] == [0, 0, 0], misses
+    assert misses[3:] == [0, 0, 0], misses

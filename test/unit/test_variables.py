@@ -63,11 +63,20 @@ def _arg_uops(arg):
 
 
 def test_strip_binds_errors():
-    n, m = Variable("n", 1, 10), Variable("m", 1, 10)
-    x = Tensor.empty(10)
-    with pytest.raises(ValueError, match="'n' is bound to both 2 and 3"):
-        strip_binds((x[:n.bind(2)].sum() + x[:n.bind(3)].sum()).uop)
+    m = Variable("m", 1, 10)
     with pytest.raises(ValueError, match="'m'.*not bound"): strip_binds((Tensor.ones(m) * 2).uop)
+
+
+def test_strip_binds_gives_each_further_value_an_alias():
+    """One variable bound to 2 and 3 in one graph: 2 stays `n`, 3 gets `n__1` (same range), and the two slices become
+    different nodes; a user variable named like the alias with another range doesn't clash."""
+    n, user = Variable("n", 1, 10), Variable("n__1", 0, 5)
+    x = Tensor.empty(10)
+    _, _, var_vals = strip_binds((x[:n.bind(2)].sum() + x[:n.bind(3)].sum() + x[:user.bind(4)].sum()).uop)
+    alias = Variable("n__1", 1, 10)
+    assert var_vals == {n: 2, alias: 3, user: 4}
+    _, _, var_vals = strip_binds((x[:n.bind(5)].sum() + x[:n.bind(5)].sum(0)).uop)
+    assert var_vals == {n: 5}
 
 
 def test_variables_are_int_arguments_after_the_buffers_in_name_order():
