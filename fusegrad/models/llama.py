@@ -15,7 +15,7 @@ import numpy as np
 from fusegrad import nn
 from fusegrad.ir.ops import UOp
 from fusegrad.models.decoding import Generator, KVCache, causal_mask
-from fusegrad.models.quantized import QUANTIZED_TYPES, QuantizedLinear, block_planes
+from fusegrad.models.quantized import QUANTIZED_TYPES, QuantizedLinear, block_planes, plane_names
 from fusegrad.models.weights import (
     Namespace,
     Renamed,
@@ -202,8 +202,8 @@ class Llama:
     def from_gguf(cls, path: str | pathlib.Path, max_context: int | None = None, quantized: bool = True) -> Llama:
         """Load a llama.cpp GGUF file (architecture 'llama'; any tensor type fusegrad's gguf_load reads). With
         `quantized` (the default), the layers' projections and the output head (the tied embedding's blocks when
-        there is no output.weight) stored in Q4_0, Q4_1 or Q8_0 stay in their blocks (QuantizedLinear, dequantized
-        inside the matmul kernel); everything else (the embedding lookup, norms, other types), and everything with
+        there is no output.weight) stored in Q4_0, Q4_1, Q8_0, Q4_K, Q5_K or Q6_K stay in their blocks
+        (QuantizedLinear, dequantized inside the matmul kernel); everything else (the embedding lookup, norms, other types), and everything with
         quantized=False, is dequantized to float32 when loaded."""
         meta, tensors = gguf_load(path)
         if meta.get("general.architecture") != "llama":
@@ -278,7 +278,7 @@ class GGUFNames(Mapping):
         gg = self.names.pop(hf_weight, None) or gg
         assert gg is not None, hf_weight
         prefix = hf_weight[:-len("weight")]
-        for plane in ("d", "qs") + (("m",) if gtype == 3 else ()):
+        for plane in plane_names(gtype):
             self.names[prefix + plane] = gg
             self.planes[prefix + plane] = (gg, gtype, plane)
 
