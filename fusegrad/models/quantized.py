@@ -103,47 +103,53 @@ class QuantizedLinear:
         for plane, (shape, dt) in PLANES[ggml_type].items():
             setattr(self, plane, Tensor.zeros(out_features, nb, *shape, dtype=dt).contiguous())
 
-    def _terms(self) -> list[Tensor]:
-        """The dequantized weight as LAYOUT's terms, each (out, nb, *pre, *post): Q8_0's 32 values, a 4-bit block's
-        low-nibble and high-nibble halves, a K block's pieces (kept apart, so no kernel picks a nibble or a shift per
-        element)."""
-        t, O, nb = self.ggml_type, self.out_features, self.in_features // QUANTIZED_TYPES[self.ggml_type][1]
-        d = self.d.reshape(O, nb, *(1,) * (1 + len(LAYOUT[t][0]) + len(LAYOUT[t][2]) - 1))
-        if t == 8: return [d * self.qs.float()]
+    def _planes(self, rows: Tensor | None = None) -> dict[str, Tensor]:
+        """The planes, or only the rows `rows` (int (N,)) of each."""
+        return {k: getattr(self, k) if rows is None else getattr(self, k)[rows] for k in PLANES[self.ggml_type]}
+
+    def _terms(self, p: dict[str, Tensor]) -> list[Tensor]:
+        """The dequantized weight (rows of planes `p`) as LAYOUT's terms, each (rows, nb, *pre, *post): Q8_0's 32
+        values, a 4-bit block's low-nibble and high-nibble halves, a K block's pieces (kept apart, so no kernel picks a
+        nibble or a shift per element)."""
+        t = self.ggml_type
+        O, nb = p["d"].shape
+        d = p["d"].reshape(O, nb, *(1,) * (len(LAYOUT[t][0]) + len(LAYOUT[t][2])))
+        if t == 8: return [d * p["qs"].float()]
         if t in (2, 3):
-            halves = [(self.qs & 15).float(), (self.qs >> 4).float()]
+            halves = [(p["qs"] & 15).float(), (p["qs"] >> 4).float()]
             if t == 2: return [d * (q - 8) for q in halves]
-            m = self.m.reshape(O, nb, 1)
+            m = p["m"].reshape(O, nb, 1)
             return [d * q + m for q in halves]
         if t == 14:   # term k: ql[h, k % 2] shifted by 4 * (k // 2), qh[h] shifted by 2k; scales (h, k, 2)
-            sc = self.sc.reshape(O, nb, 2, 4, 2, 1).float()
+            sc = p["sc"].reshape(O, nb, 2, 4, 2, 1).float()
             out = []
             for k in range(4):
-                low = (self.ql[:, :, :, k % 2] >> (4 * (k // 2))) & 15
-                q = (low | (((self.qh >> (2 * k)) & 3) << 4)).reshape(O, nb, 2, 2, 16)
+                low = (p["ql"][:, :, :, k % 2] >> (4 * (k // 2))) & 15
+                q = (low | (((p["qh"] >> (2 * k)) & 3) << 4)).reshape(O, nb, 2, 2, 16)
                 out.append((d * sc[:, :, :, k]) * (q.float() - 32))
             return out
-        dmin = self.dmin.reshape(d.shape)
+        dmin, qs = p["dmin"].reshape(d.shape), p["qs"]
         if t == 12:   # term hi: nibble hi of the 4 groups, sub-blocks 2g + hi
-            sc, mn = self.sc.reshape(O, nb, 4, 2).float(), self.mn.reshape(O, nb, 4, 2).float()
-            return [(d * sc[:, :, :, hi:hi + 1]) * ((self.qs >> (4 * hi)) & 15).float() - dmin * mn[:, :, :, hi:hi + 1]
+            sc, mn = p["sc"].reshape(O, nb, 4, 2).float(), p["mn"].reshape(O, nb, 4, 2).float()
+            return [(d * sc[:, :, :, hi:hi + 1]) * ((qs >> (4 * hi)) & 15).float() - dmin * mn[:, :, :, hi:hi + 1]
                     for hi in range(2)]
-        sc, mn = self.sc.float(), self.mn.float()   # Q5_K, term j: sub-block j = group j // 2, nibble j % 2
-        return [(d * sc[:, :, j:j + 1]) * (((self.qs[:, :, j // 2] >> (4 * (j % 2))) & 15) |
-                                           (((self.qh >> j) & 1) << 4)).float() - dmin * mn[:, :, j:j + 1]
-                for j in range(8)]
+        sc, mn, qh = p["sc"].float(), p["mn"].float(), p["qh"]   # Q5_K, term j: sub-block j, group j // 2
+        return [(d * sc[:, :, j:j + 1]) * (((qs[:, :, j // 2] >> (4 * (j % 2))) & 15) | (((qh >> j) & 1) << 4)).float()
+                - dmin * mn[:, :, j:j + 1] for j in range(8)]
+
+    def _join(self, parts: list[Tensor]) -> Tensor:
+        """LAYOUT's terms (rows, nb, *pre, *post) -> the weight's rows (rows, in_features) in ggml's order."""
+        return parts[0].stack(*parts[1:], dim=2 + len(LAYOUT[self.ggml_type][0])).reshape(-1, self.in_features)
 
     def dequantize(self) -> Tensor:
         """W (out_features, in_features) in float32."""
-        pre, _, _ = LAYOUT[self.ggml_type]
-        parts = self._terms()
-        return parts[0].stack(*parts[1:], dim=2 + len(pre)).reshape(self.out_features, self.in_features)
+        return self._join(self._terms(self._planes()))
 
     def __call__(self, x: Tensor) -> Tensor:
         if x.shape[-1] != self.in_features:
             raise ValueError(f"input has {x.shape[-1]} features, the layer takes {self.in_features}")
         pre, n_terms, post = LAYOUT[self.ggml_type]
-        parts = self._terms()
+        parts = self._terms(self._planes())
         nb = parts[0].shape[1]
         xs = x.reshape(*x.shape[:-1], 1, nb, *pre, n_terms, *post)             # (..., 1, nb, *pre, terms, *post)
         pick = lambda i: xs[(..., i) + (slice(None),) * len(post)]   # noqa: E731
@@ -153,4 +159,27 @@ class QuantizedLinear:
         return prod_.sum(tuple(range(-1 - len(pre) - len(post), 0))).contiguous()
 
 
-__all__ = ["LAYOUT", "PLANES", "QUANTIZED_TYPES", "QuantizedLinear", "block_planes", "plane_names"]
+class QuantizedEmbedding(QuantizedLinear):
+    """An embedding table (vocab_size, embed_size) held as ggml blocks: `emb(idx)` gathers the blocks of the rows it
+    needs and dequantizes only those, so no float32 table is kept; `emb.project(x)` is x @ table.T (a tied output
+    head reading the same blocks).
+
+    >>> emb = QuantizedEmbedding(5, 32, ggml_type=8)
+    >>> emb(Tensor([[0, 4, 4]])).shape
+    (1, 3, 32)
+    """
+
+    def __init__(self, vocab_size: int, embed_size: int, ggml_type: int):
+        super().__init__(embed_size, vocab_size, ggml_type)
+
+    def __call__(self, idx: Tensor) -> Tensor:   # type: ignore[override]
+        if not dtypes.is_int(idx.dtype): raise TypeError(f"embedding indices must be integers, got {idx.dtype}")
+        return self._join(self._terms(self._planes(idx.reshape(-1)))).reshape(*idx.shape, self.in_features)
+
+    def project(self, x: Tensor) -> Tensor:
+        """x (..., embed_size) @ table.T -> (..., vocab_size), dequantized inside the kernel as QuantizedLinear's."""
+        return super().__call__(x)
+
+
+__all__ = ["LAYOUT", "PLANES", "QUANTIZED_TYPES", "QuantizedEmbedding", "QuantizedLinear", "block_planes",
+           "plane_names"]
