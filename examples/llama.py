@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Run a LLaMA-architecture GGUF file (llama.cpp's format): stream the text as it is generated, then print the prefill
-and decode speeds.
+"""Run a LLaMA- or Qwen2-architecture GGUF file (llama.cpp's format): stream the text as it is generated, then print
+the prefill and decode speeds.
 
     python examples/llama.py MODEL.gguf "PROMPT" [--max-new N] [--temperature T] [--top-k K] [--top-p P]
                              [--repetition-penalty R] [--seed S] [--chat] [--threads N] [--show-ids] [--float]
@@ -20,7 +20,7 @@ import time
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("model", help="a .gguf file (architecture 'llama')")
+    ap.add_argument("model", help="a .gguf file (architecture 'llama' or 'qwen2')")
     ap.add_argument("prompt", help="text to continue (or, with --chat, the user's message)")
     ap.add_argument("--max-new", type=int, default=64, help="most tokens to generate (default 64)")
     ap.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy; > 0: sample")

@@ -110,15 +110,26 @@ class ALUMixin:
     def _node_operand(self: "Tensor", y: Any) -> UOp | None:
         """y's node where `self op y` is one ALU node of the two nodes, broadcast (`UOp._pair`), without the Tensors
         `_broadcasted` makes for the operands (a third of an elementwise op's cost): y a Tensor of self's dtype and
-        device, neither from a Python scalar, static shapes where they differ, nothing to detach for no_grad."""
-        T = type(self)
-        if y.__class__ is not T or self.dtype != y.dtype or self._weak or y._weak or self.device != y.device or \
+        device, neither from a Python scalar, static shapes where they differ, nothing to detach for no_grad. Or y a
+        Python number that keeps self's dtype (a float with a float tensor, an int with a float or int one): then
+        y's node is the constant at self's shape that `_broadcasted` would make, without its two Tensors."""
+        T, cls = type(self), y.__class__
+        if cls is float or cls is int:
+            dt = self.dtype
+            if self._weak or (T.no_grad and self.requires_grad) or \
+                    not (dtypes.is_float(dt) or (cls is int and dtypes.is_int(dt))): return None
+            return build.const(y, dt, self.device, self.shape)
+        if cls is not T or self.dtype != y.dtype or self._weak or y._weak or self.device != y.device or \
                 (T.no_grad and (self.requires_grad or y.requires_grad)): return None
         if self.shape != y.shape and not all(d.__class__ is int for d in self.shape + y.shape): return None
         return y.uop
 
+    def _node_result(self: "Tensor", u: UOp, y: Any) -> "Tensor":
+        """The Tensor of `self op y`'s node `u` (y a Tensor, or the Python number `_node_operand` took)."""
+        return type(self)._wrap(u, self, y) if y.__class__ is type(self) else type(self)._wrap(u, self)
+
     def add(self: "Tensor", x: "Tensor | ConstType", reverse: bool = False) -> "Tensor":
-        if (u := self._node_operand(x)) is not None: return type(self)._wrap(self.uop.add(u, reverse), self, x)
+        if (u := self._node_operand(x)) is not None: return self._node_result(self.uop.add(u, reverse), x)
         a, b = self._broadcasted(x, reverse)
         return a._alu(Ops.ADD, b)
 
@@ -127,7 +138,7 @@ class ALUMixin:
         (`1.0 - mask` is float32); PyTorch raises for any bool operand. Only when both sides are bool (so the
         result would be bool) it raises, as NumPy and PyTorch do (tinygrad computes `a | ~b` there)."""
         if dtypes.is_float(self.dtype) and (u := self._node_operand(x)) is not None:
-            return type(self)._wrap(self.uop.sub(u, reverse), self, x)
+            return self._node_result(self.uop.sub(u, reverse), x)
         a, b = self._broadcasted(x, reverse)
         if dtypes.is_bool(a.dtype):
             raise RuntimeError("Subtraction, the `-` operator, of two bools is not supported (as in torch and NumPy); "
@@ -135,7 +146,7 @@ class ALUMixin:
         return a._alu(Ops.ADD, b.neg())
 
     def mul(self: "Tensor", x: "Tensor | ConstType", reverse: bool = False) -> "Tensor":
-        if (u := self._node_operand(x)) is not None: return type(self)._wrap(self.uop.mul(u, reverse), self, x)
+        if (u := self._node_operand(x)) is not None: return self._node_result(self.uop.mul(u, reverse), x)
         a, b = self._broadcasted(x, reverse)
         return a._alu(Ops.MUL, b)
 
@@ -155,7 +166,7 @@ class ALUMixin:
             raise RuntimeError(f"div expected rounding_mode to be one of None, 'trunc', or 'floor' but found "
                                f"{rounding_mode!r}")
         if dtypes.is_float(self.dtype) and (u := self._node_operand(x)) is not None:
-            return type(self)._wrap(self.uop.div(u, reverse), self, x)
+            return self._node_result(self.uop.div(u, reverse), x)
         a, b = self._broadcasted(x, reverse)
         a, b = a._float_or_self(), b._float_or_self()
         return a._alu(Ops.MUL, b.reciprocal())

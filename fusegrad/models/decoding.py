@@ -220,6 +220,58 @@ class Generator:
             elif temperature == 0: tok = (self._greedy if self.jit else self._greedy_step)(tok.contiguous(), pos)
             else: tok = (self._sample if self.jit else self._sample_step)(tok.contiguous(), pos, temp)
 
+    def generate_batch(self, prompts: Sequence[Sequence[int]], max_new: int, temperature: float = 0.0,
+                       stop: Callable[[int], bool] | None = None, sampling: Sampling | None = None) -> list[list[int]]:
+        """New token ids for several prompts at once, one row of a batch each (up to `max_new` per prompt; a row
+        ends early where stop(token) is true). Prompts may differ in length, with no padding and no mask: the common
+        prefix (as long as the shortest prompt) is prefilled as one (B, T) batch, then every step feeds each row its
+        next token at the same position, which is the row's own next prompt token until that prompt is used up and
+        then the token the row generated. So each row sees exactly what a batch of one would (greedy: the same
+        tokens as `generate` of that prompt alone); rows whose prompts are longer generate later. Greedy and on-device
+        sampling (`temperature`) draw in the decode step; `sampling` picks on the host, each row with its own history
+        (and one NumPy generator for the batch, seeded by `sampling.seed`)."""
+        if not prompts: return []
+        lens = [len(p) for p in prompts]
+        for p in prompts: self.check_length(len(p), max_new)
+        if temperature < 0: raise ValueError(f"temperature must be >= 0, got {temperature}")
+        if max_new <= 0: return [[] for _ in prompts]
+        B, start = len(prompts), min(lens)
+        host = sampling is not None and not sampling.on_device
+        rng = np.random.default_rng(sampling.seed if sampling is not None else None)
+        out: list[list[int]] = [[] for _ in prompts]
+        done = [False] * B
+        logits = self.model.forward(Tensor([list(p[:start]) for p in prompts], dtype=dtypes.int32), 0)   # (B, V)
+        if KVCache.allocations != self._caches_seen:   # new cache buffers (this batch size is new): capture again
+            self._greedy.reset()
+            self._sample.reset()
+            self._logits.reset()
+            self._caches_seen = KVCache.allocations
+        temp = Tensor([temperature]).realize()
+        pos_now = start   # the position whose token each row feeds next
+        while True:
+            if host:
+                assert sampling is not None
+                rows = logits.numpy()
+                picked = [sampling.pick(rows[b], list(prompts[b]) + out[b], rng) if pos_now >= lens[b] else -1
+                          for b in range(B)]
+            else:
+                if temperature == 0: picked = logits.argmax(-1).numpy().reshape(-1).tolist()
+                else: picked = (logits / temp).softmax(-1).multinomial(1).numpy().reshape(-1).tolist()
+            feed = []
+            for b in range(B):
+                if pos_now < lens[b]: feed.append(prompts[b][pos_now])   # still reading its prompt
+                else:
+                    t = int(picked[b])
+                    if not done[b]:
+                        out[b].append(t)
+                        done[b] = len(out[b]) >= max_new or (stop is not None and stop(t))
+                    feed.append(t)
+            if all(done) or pos_now >= self.model.max_context: return out
+            pos = self.start_pos.bind(pos_now)
+            tok = Tensor([[t] for t in feed], dtype=dtypes.int32)
+            logits = (self._logits if self.jit else self._logits_step)(tok, pos)
+            pos_now += 1
+
     def generate(self, prompt: Sequence[int], max_new: int, temperature: float = 0.0,
                  stop: Callable[[int], bool] | None = None, sampling: Sampling | None = None) -> Generation:
         """All new tokens at once, with the prefill and per-token decode times."""

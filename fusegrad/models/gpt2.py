@@ -1,6 +1,6 @@
-"""GPT-2 with Hugging Face parameter names (transformer.h.N.attn.c_attn, ...), loaded from model.safetensors or
-pytorch_model.bin. HF's Conv1D layers store weights as (in, out), the transpose of nn.Linear, so they are applied as
-x @ W + b. Generation (greedy or sampled) runs through decoding.Generator: a KV cache and TinyJit'd decode steps."""
+"""GPT-2 with Hugging Face parameter names (transformer.h.N.attn.c_attn, ...), loaded from model.safetensors,
+pytorch_model.bin or a llama.cpp GGUF file (architecture 'gpt2'). HF's Conv1D layers store weights as (in, out), the
+transpose of nn.Linear, so they are applied as x @ W + b. Generation (greedy or sampled) runs through decoding.Generator: a KV cache and TinyJit'd decode steps."""
 from __future__ import annotations
 
 import math
@@ -14,6 +14,8 @@ from fusegrad.models.activations import HF_ACTIVATIONS
 from fusegrad.models.decoding import Generator, KVCache, causal_mask
 from fusegrad.models.weights import (
     Namespace,
+    Renamed,
+    WeightsMismatch,
     WeightsNotFound,
     fetch_files,
     load_weights,
@@ -23,6 +25,7 @@ from fusegrad.models.weights import (
     strip_prefix,
     weight_file,
 )
+from fusegrad.nn.state import gguf_load
 from fusegrad.tensor import Tensor
 
 
@@ -133,6 +136,7 @@ class GPT2:
         """Load a folder written by transformers' save_pretrained (config.json + model.safetensors or
         pytorch_model.bin). max_context caps the KV cache (default: the config's n_positions)."""
         d = pathlib.Path(path)
+        if d.suffix == ".gguf": return cls.from_gguf(d, max_context)
         if d.is_file(): d = d.parent
         wf = weight_file(d) if d.is_dir() else None
         if wf is None:
@@ -144,6 +148,53 @@ class GPT2:
                      sd=strip_prefix(read_checkpoint(wf), "transformer."),
                      ignore=lambda k: k == "lm_head.weight" or k.endswith((".attn.bias", ".attn.masked_bias")))
         return model
+
+
+    @classmethod
+    def from_gguf(cls, path: str | pathlib.Path, max_context: int | None = None) -> GPT2:
+        """Load a llama.cpp GGUF file of architecture 'gpt2': the config from its `gpt2.*` metadata, llama.cpp's names
+        (`token_embd`, `position_embd`, `blk.N.attn_qkv`, ...) mapped to HF's, its projection weights (stored as
+        (out, in), like nn.Linear) transposed back to Conv1D's (in, out). Every tensor type gguf_load reads works; a
+        quantized one is dequantized to float32 when loaded. The file's `output.weight` is the tied embedding again
+        and is not read."""
+        meta, tensors = gguf_load(path)
+        if (arch := meta.get("general.architecture")) != "gpt2":
+            raise WeightsMismatch(f"{path}: general.architecture is {arch!r}, not 'gpt2'")
+
+        def get(k: str) -> Any:
+            if f"gpt2.{k}" not in meta: raise WeightsMismatch(f"{path}: metadata gpt2.{k} is missing")
+            return meta[f"gpt2.{k}"]
+        C = get("embedding_length")
+        cfg = GPT2Config(vocab_size=tensors.shape_of("token_embd.weight")[0], n_positions=get("context_length"),
+                         n_embd=C, n_layer=get("block_count"), n_head=get("attention.head_count"),
+                         n_inner=get("feed_forward_length"), layer_norm_epsilon=get("attention.layer_norm_epsilon"))
+        names = {"wte.weight": "token_embd.weight", "wpe.weight": "position_embd.weight",
+                 "ln_f.weight": "output_norm.weight", "ln_f.bias": "output_norm.bias"}
+        for i in range(cfg.n_layer):
+            for hf, gg in _GGUF_GPT2_LAYER.items():
+                for part in ("weight", "bias"): names[f"h.{i}.{hf}.{part}"] = f"blk.{i}.{gg}.{part}"
+        model = cls(cfg, max_context)
+        load_weights(model, path, f"GPT-2 ({cfg.n_layer} layers x {C})", sd=_GGUFConv1D(tensors, names))
+        return model
+
+
+# HF GPT-2 module -> llama.cpp's GGUF name (each with .weight and .bias)
+_GGUF_GPT2_LAYER = {"ln_1": "attn_norm", "attn.c_attn": "attn_qkv", "attn.c_proj": "attn_output", "ln_2": "ffn_norm",
+                    "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down"}
+
+
+class _GGUFConv1D(Renamed):
+    """A GPT-2 GGUF file's tensors under HF's names, the 2-D projection weights transposed to Conv1D's (in, out)."""
+
+    def _conv(self, k: str) -> bool: return k.endswith(".weight") and (".attn.c_" in k or ".mlp.c_" in k)
+
+    def __getitem__(self, k: str) -> Tensor:
+        t = self.sd[self.names[k]].float()
+        return t.T.contiguous() if self._conv(k) else t
+
+    def shape_of(self, k: str) -> tuple[int, ...]:
+        s = tuple(self.sd.shape_of(self.names[k]))   # type: ignore[attr-defined]
+        return s[::-1] if self._conv(k) else s
 
 
 GPT2_NAMES = ("openai-community/gpt2", "gpt2")

@@ -1,6 +1,8 @@
 """A LLaMA-style decoder (RMSNorm, rotary position embeddings, grouped-query attention, SwiGLU MLP) with Hugging Face
 LlamaForCausalLM parameter names, loaded from safetensors (one file or shards) or from a GGUF file (llama.cpp's names,
-its q/k row order undone). Generation runs through decoding.Generator: a KV cache and TinyJit'd decode steps."""
+its q/k row order undone). The same decoder with biases on the q/k/v projections is Qwen2 (Qwen2ForCausalLM, GGUF
+architecture 'qwen2'); RoPE may be plain, linearly scaled or Llama 3.1's (`rope_inv_freq`). Generation runs through
+decoding.Generator: a KV cache and TinyJit'd decode steps."""
 from __future__ import annotations
 
 import json
@@ -32,7 +34,10 @@ from fusegrad.nn.state import gguf_load
 from fusegrad.tensor import Tensor
 
 
-LinearFactory = Callable[[int, int, str], Any]   # (in_features, out_features, "self_attn.q_proj") -> a linear module
+# (in_features, out_features, "self_attn.q_proj", bias) -> a linear module
+LinearFactory = Callable[[int, int, str, bool], Any]
+# the architectures this decoder is: transformers' model_type, and the same names in GGUF's general.architecture
+ARCHITECTURES = ("llama", "qwen2")
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,15 @@ class LlamaConfig:
     rope_theta: float = 10000.0
     tie_word_embeddings: bool = False
     hidden_act: str = "silu"
+    qkv_bias: bool = False            # biases on q_proj, k_proj, v_proj (Qwen2; LLaMA's attention_bias)
+    o_bias: bool = False              # a bias on o_proj (LLaMA's attention_bias)
+    # RoPE scaling as (key, value) pairs of HF's rope_scaling: rope_type "linear" (factor) or "llama3" (factor,
+    # low_freq_factor, high_freq_factor, original_max_position_embeddings); None for plain RoPE
+    rope_scaling: tuple[tuple[str, Any], ...] | None = None
+    # per-frequency divisors of the rotary inverse frequencies (a GGUF file's rope_freqs.weight: Llama 3.1's scaling
+    # as llama.cpp stores it), applied after rope_scaling
+    rope_freq_factors: tuple[float, ...] | None = None
+    model_type: str = "llama"
 
     @property
     def kv_heads(self) -> int: return self.num_key_value_heads or self.num_attention_heads
@@ -58,22 +72,61 @@ class LlamaConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> LlamaConfig:
-        """From config.json (transformers 4 keeps rope_theta at the top, 5 in rope_parameters)."""
-        if d.get("model_type", "llama") != "llama":
-            raise ValueError(f"config.json is for a {d['model_type']!r} model, not LLaMA")
+        """From config.json of a LLaMA or Qwen2 model (transformers 4 keeps rope_theta and rope_scaling at the top,
+        5 both in rope_parameters)."""
+        kind = d.get("model_type", "llama")
+        if kind not in ARCHITECTURES:
+            raise ValueError(f"config.json is for a {kind!r} model, not one of {', '.join(ARCHITECTURES)}")
         d = dict(d)
-        rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
-        if rope.get("rope_type", rope.get("type", "default")) != "default":
-            raise ValueError(f"RoPE scaling {rope} is not supported (only plain RoPE, rope_type 'default')")
+        rope = dict(d.get("rope_parameters") or d.get("rope_scaling") or {})
         if "rope_theta" in rope: d.setdefault("rope_theta", rope["rope_theta"])
+        scaling = {k: v for k, v in rope.items() if k not in ("rope_theta", "type")}
+        scaling["rope_type"] = rope.get("rope_type", rope.get("type", "default"))
+        d["rope_scaling"] = None if scaling["rope_type"] == "default" else tuple(sorted(scaling.items()))
+        if d["rope_scaling"] is not None: rope_inv_freq(8, 10000.0, d["rope_scaling"])   # refuses other kinds now
         if d.get("hidden_act", "silu") != "silu": raise ValueError(f"hidden_act {d['hidden_act']!r} is not supported")
-        if d.get("attention_bias") or d.get("mlp_bias"): raise ValueError("attention_bias / mlp_bias are not supported")
+        if d.get("mlp_bias"): raise ValueError("mlp_bias is not supported")
+        if kind == "qwen2":
+            if d.get("use_sliding_window"): raise ValueError("Qwen2 with use_sliding_window is not supported")
+            d["qkv_bias"] = True
+        elif d.get("attention_bias"): d["qkv_bias"] = d["o_bias"] = True
         return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d and d[f.name] is not None})
 
 
-def rope_tables(head_dim: int, max_len: int, theta: float) -> tuple[Tensor, Tensor]:
-    """cos and sin (max_len, head_dim) of HF's RoPE: angle p * theta^(-2i/d), the half-dim table repeated twice."""
+def rope_inv_freq(head_dim: int, theta: float, scaling: tuple[tuple[str, Any], ...] | None = None,
+                  freq_factors: tuple[float, ...] | None = None) -> np.ndarray:
+    """The rotary inverse frequencies theta^(-2i/d) (float64, head_dim/2 of them), scaled as HF's rope_scaling says:
+    "linear" divides all by `factor`; "llama3" (Llama 3.1) divides the low frequencies (wavelength past
+    original_max_position_embeddings / low_freq_factor) by `factor`, keeps the high ones (wavelength under
+    original_max_position_embeddings / high_freq_factor) and blends in between. `freq_factors` divide them further
+    (GGUF's rope_freqs.weight). Other kinds (yarn, dynamic, longrope) raise ValueError."""
     inv = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
+    sc = dict(scaling or ())
+    kind = sc.get("rope_type", "default")
+    if kind == "linear": inv = inv / float(sc["factor"])
+    elif kind == "llama3":
+        try:
+            factor, lo, hi = float(sc["factor"]), float(sc["low_freq_factor"]), float(sc["high_freq_factor"])
+            old = float(sc["original_max_position_embeddings"])
+        except KeyError as e: raise ValueError(f"llama3 RoPE scaling {sc} lacks {e.args[0]!r}") from None
+        wavelen = 2 * math.pi / inv
+        smooth = (old / wavelen - lo) / (hi - lo)
+        blended = (1 - smooth) * inv / factor + smooth * inv
+        inv = np.where(wavelen > old / lo, inv / factor, np.where(wavelen < old / hi, inv, blended))
+    elif kind != "default":
+        raise ValueError(f"RoPE scaling {sc} is not supported (rope_type 'default', 'linear' or 'llama3')")
+    if freq_factors is not None:
+        if len(freq_factors) != len(inv):
+            raise ValueError(f"{len(freq_factors)} RoPE frequency factors for {len(inv)} frequencies")
+        inv = inv / np.asarray(freq_factors, dtype=np.float64)
+    return inv
+
+
+def rope_tables(head_dim: int, max_len: int, theta: float, scaling: tuple[tuple[str, Any], ...] | None = None,
+                freq_factors: tuple[float, ...] | None = None) -> tuple[Tensor, Tensor]:
+    """cos and sin (max_len, head_dim) of HF's RoPE: angle p * inv_freq_i (`rope_inv_freq`), the half-dim table
+    repeated twice."""
+    inv = rope_inv_freq(head_dim, theta, scaling, freq_factors)
     ang = np.outer(np.arange(max_len, dtype=np.float64), inv)                 # (L, D/2)
     ang = np.concatenate([ang, ang], axis=1).astype(np.float32)              # (L, D)
     return Tensor(np.cos(ang)).realize(), Tensor(np.sin(ang)).realize()
@@ -99,17 +152,17 @@ class LlamaLayer:
 
     def __init__(self, cfg: LlamaConfig, max_context: int, linear: LinearFactory | None = None):
         C, H, KV, D = cfg.hidden_size, cfg.num_attention_heads, cfg.kv_heads, cfg.dim_per_head
-        lin = linear or (lambda i, o, name: nn.Linear(i, o, bias=False))
+        lin = linear or (lambda i, o, name, bias: nn.Linear(i, o, bias=bias))
         if H % KV: raise ValueError(f"{H} attention heads can't be shared by {KV} key/value heads")
         self.H, self.KV, self.D = H, KV, D
         self.self_attn = Namespace()
-        a = self.self_attn
-        a.q_proj, a.k_proj = lin(C, H * D, "self_attn.q_proj"), lin(C, KV * D, "self_attn.k_proj")
-        a.v_proj, a.o_proj = lin(C, KV * D, "self_attn.v_proj"), lin(H * D, C, "self_attn.o_proj")
+        a, qkv = self.self_attn, cfg.qkv_bias
+        a.q_proj, a.k_proj = lin(C, H * D, "self_attn.q_proj", qkv), lin(C, KV * D, "self_attn.k_proj", qkv)
+        a.v_proj, a.o_proj = lin(C, KV * D, "self_attn.v_proj", qkv), lin(H * D, C, "self_attn.o_proj", cfg.o_bias)
         self.mlp = Namespace()
         I = cfg.intermediate_size
-        self.mlp.gate_proj, self.mlp.up_proj = lin(C, I, "mlp.gate_proj"), lin(C, I, "mlp.up_proj")
-        self.mlp.down_proj = lin(I, C, "mlp.down_proj")
+        self.mlp.gate_proj, self.mlp.up_proj = lin(C, I, "mlp.gate_proj", False), lin(C, I, "mlp.up_proj", False)
+        self.mlp.down_proj = lin(I, C, "mlp.down_proj", False)
         self.input_layernorm = nn.RMSNorm(C, eps=cfg.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(C, eps=cfg.rms_norm_eps)
         self._cache = KVCache(max_context)
@@ -159,7 +212,8 @@ class Llama:
         # `head`: a module for the output projection (a QuantizedLinear over the tied embedding's blocks, say)
         if head is not None: self.lm_head = head
         elif not cfg.tie_word_embeddings: self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self._rope = _Rope(*rope_tables(cfg.dim_per_head, self.max_context, cfg.rope_theta))
+        self._rope = _Rope(*rope_tables(cfg.dim_per_head, self.max_context, cfg.rope_theta, cfg.rope_scaling,
+                                        cfg.rope_freq_factors))
         self._generator: Generator | None = None
 
     def forward(self, tokens: Tensor, start_pos: int | UOp = 0) -> Tensor:
@@ -205,25 +259,26 @@ class Llama:
 
     @classmethod
     def from_gguf(cls, path: str | pathlib.Path, max_context: int | None = None, quantized: bool = True) -> Llama:
-        """Load a llama.cpp GGUF file (architecture 'llama'; any tensor type fusegrad's gguf_load reads). With
-        `quantized` (the default), the layers' projections, the output head and the embedding table stored in Q4_0,
-        Q4_1, Q8_0, Q4_K, Q5_K or Q6_K stay in their blocks (QuantizedLinear, dequantized inside the matmul kernel;
-        QuantizedEmbedding, which dequantizes the rows a lookup gathers and is the head too when it is tied); the norms
-        and the other types, and everything with quantized=False, are dequantized to float32 when loaded."""
+        """Load a llama.cpp GGUF file (architecture 'llama' or 'qwen2'; any tensor type fusegrad's gguf_load reads).
+        With `quantized` (the default), the layers' projections, the output head and the embedding table stored in
+        Q4_0, Q4_1, Q8_0, Q4_K, Q5_K or Q6_K stay in their blocks (QuantizedLinear, dequantized inside the matmul
+        kernel; QuantizedEmbedding, which dequantizes the rows a lookup gathers and is the head too when it is tied);
+        the norms, biases and the other types, and everything with quantized=False, are dequantized to float32 when
+        loaded."""
         meta, tensors = gguf_load(path)
-        if meta.get("general.architecture") != "llama":
-            raise WeightsMismatch(f"{path}: general.architecture is {meta.get('general.architecture')!r}, not 'llama'")
+        if (arch := meta.get("general.architecture")) not in ARCHITECTURES:
+            raise WeightsMismatch(f"{path}: general.architecture is {arch!r}, not one of {', '.join(ARCHITECTURES)}")
         cfg = config_from_gguf(meta, tensors, str(path))
         names = GGUFNames(tensors, cfg)
         types = getattr(tensors, "ggml_types", {}) if quantized else {}
         gguf_name = {hf[:-len(".weight")]: gg for hf, gg in _GGUF_LAYER.items() if hf.endswith("_proj.weight")}
 
         def linear(i: int) -> LinearFactory:
-            def make(n_in: int, n_out: int, name: str) -> Any:
+            def make(n_in: int, n_out: int, name: str, bias: bool) -> Any:
                 gtype = types.get(f"blk.{i}.{gguf_name[name]}")
-                if gtype not in QUANTIZED_TYPES: return nn.Linear(n_in, n_out, bias=False)
+                if gtype not in QUANTIZED_TYPES: return nn.Linear(n_in, n_out, bias=bias)
                 names.keep_quantized(f"model.layers.{i}.{name}.weight", gtype)
-                return QuantizedLinear(n_in, n_out, gtype)
+                return (BiasedQuantizedLinear if bias else QuantizedLinear)(n_in, n_out, gtype)
             return make
         head = embed = None
         if types.get("output.weight") in QUANTIZED_TYPES:
@@ -241,24 +296,49 @@ class Llama:
         return model
 
 
-def _what(cfg: LlamaConfig) -> str: return f"LLaMA ({cfg.num_hidden_layers} layers x {cfg.hidden_size})"
+class BiasedQuantizedLinear(QuantizedLinear):
+    """A QuantizedLinear plus a float32 bias (Qwen2's q/k/v projections)."""
+
+    def __init__(self, in_features: int, out_features: int, ggml_type: int):
+        super().__init__(in_features, out_features, ggml_type)
+        self.bias = Tensor.zeros(out_features).contiguous()
+
+    def __call__(self, x: Tensor) -> Tensor: return super().__call__(x) + self.bias
+
+
+def _what(cfg: LlamaConfig) -> str:
+    return f"{'Qwen2' if cfg.model_type == 'qwen2' else 'LLaMA'} ({cfg.num_hidden_layers} layers x {cfg.hidden_size})"
 
 
 def config_from_gguf(meta: dict[str, Any], tensors: Any, source: str) -> LlamaConfig:
-    """A LlamaConfig from GGUF metadata (llama.* keys)."""
+    """A LlamaConfig from GGUF metadata (`<architecture>.*` keys) and which tensors the file has (biases, Llama 3.1's
+    rope_freqs.weight)."""
+    arch = meta.get("general.architecture", "llama")
+
     def get(k: str, default: Any = None) -> Any:
-        if f"llama.{k}" not in meta and default is None:
-            raise WeightsMismatch(f"{source}: metadata llama.{k} is missing")
-        return meta.get(f"llama.{k}", default)
+        if f"{arch}.{k}" not in meta and default is None:
+            raise WeightsMismatch(f"{source}: metadata {arch}.{k} is missing")
+        return meta.get(f"{arch}.{k}", default)
     heads = get("attention.head_count")
     n_vocab = get("vocab_size", 0) or tensors.shape_of("token_embd.weight")[0]
+    scaling = None
+    if (kind := get("rope.scaling.type", "none")) == "linear":
+        scaling = (("factor", float(get("rope.scaling.factor"))), ("rope_type", "linear"))
+    elif kind != "none":
+        raise WeightsMismatch(f"{source}: RoPE scaling {kind!r} is not supported ('linear', or Llama 3.1's "
+                              "rope_freqs.weight)")
+    factors = None
+    if "rope_freqs.weight" in tensors:
+        factors = tuple(float(f) for f in tensors["rope_freqs.weight"].float().numpy().reshape(-1))
     return LlamaConfig(vocab_size=n_vocab, hidden_size=get("embedding_length"),
                        intermediate_size=get("feed_forward_length"), num_hidden_layers=get("block_count"),
                        num_attention_heads=heads, num_key_value_heads=get("attention.head_count_kv", heads),
                        head_dim=get("attention.key_length", 0) or None,
                        max_position_embeddings=get("context_length"),
                        rms_norm_eps=get("attention.layer_norm_rms_epsilon"), rope_theta=get("rope.freq_base", 10000.0),
-                       tie_word_embeddings="output.weight" not in tensors)
+                       tie_word_embeddings="output.weight" not in tensors,
+                       qkv_bias="blk.0.attn_q.bias" in tensors, o_bias="blk.0.attn_output.bias" in tensors,
+                       rope_scaling=scaling, rope_freq_factors=factors, model_type=arch)
 
 
 _GGUF_LAYER = {"input_layernorm.weight": "attn_norm.weight", "self_attn.q_proj.weight": "attn_q.weight",
@@ -266,19 +346,28 @@ _GGUF_LAYER = {"input_layernorm.weight": "attn_norm.weight", "self_attn.q_proj.w
                "self_attn.o_proj.weight": "attn_output.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
                "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
                "mlp.down_proj.weight": "ffn_down.weight"}
+_GGUF_BIAS = {"self_attn.q_proj.bias": "attn_q.bias", "self_attn.k_proj.bias": "attn_k.bias",
+              "self_attn.v_proj.bias": "attn_v.bias"}
+# GGUF tensors read into the config, not weights of the model
+_GGUF_CONFIG_TENSORS = {"rope_freqs.weight"}
 
 
 class GGUFNames(Mapping):
-    """A GGUF file's tensors under HF's names. llama.cpp stores q/k projection rows with each head's two rotary halves
-    interleaved (for its RoPE); they are put back in HF's half-split order here."""
+    """A GGUF file's tensors under HF's names. In a 'llama' file llama.cpp stores q/k projection rows with each head's
+    two rotary halves interleaved (for its RoPE); they are put back in HF's half-split order here. A 'qwen2' file keeps
+    HF's order (llama.cpp rotates Qwen2's halves as HF does)."""
 
     def __init__(self, tensors: Any, cfg: LlamaConfig):
         self.tensors, self.cfg = tensors, cfg
         self.names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
         if "output.weight" in tensors: self.names["lm_head.weight"] = "output.weight"
+        layer = {**_GGUF_LAYER, **(_GGUF_BIAS if cfg.qkv_bias else {}),
+                 **({"self_attn.o_proj.bias": "attn_output.bias"} if cfg.o_bias else {})}
         for i in range(cfg.num_hidden_layers):
-            for hf, gg in _GGUF_LAYER.items(): self.names[f"model.layers.{i}.{hf}"] = f"blk.{i}.{gg}"
-        self.names.update({k: k for k in tensors if k not in set(self.names.values())})   # unknown extras
+            for hf, gg in layer.items(): self.names[f"model.layers.{i}.{hf}"] = f"blk.{i}.{gg}"
+        known = set(self.names.values()) | _GGUF_CONFIG_TENSORS
+        self.names.update({k: k for k in tensors if k not in known})   # unknown extras
+        self.interleaved = cfg.model_type == "llama"
         self.planes: dict[str, tuple[str, int, str]] = {}   # "...q_proj.qs" -> (gguf name, ggml type, plane)
         self._cache: dict[str, dict[str, np.ndarray]] = {}
         self._served: dict[str, set[str]] = {}
@@ -301,6 +390,7 @@ class GGUFNames(Mapping):
         return tuple(self.tensors.shape_of(self.names[k]))
 
     def _heads(self, k: str) -> int | None:
+        if not self.interleaved: return None
         if ".q_proj." in k: return self.cfg.num_attention_heads
         if ".k_proj." in k: return self.cfg.kv_heads
         return None
@@ -326,9 +416,9 @@ class GGUFNames(Mapping):
             if len(served) == len(planes): del self._cache[gg], self._served[gg]   # all handed out: drop the copies
             return out
         t = self.tensors[self.names[k]].float()
-        if (heads := self._heads(k)) is not None:
-            rows, cols = t.shape
-            t = t.reshape(heads, rows // heads // 2, 2, cols).transpose(1, 2).reshape(rows, cols)
+        if (heads := self._heads(k)) is not None:   # (a bias's rows too)
+            rows, rest = t.shape[0], t.shape[1:]
+            t = t.reshape(heads, rows // heads // 2, 2, *rest).transpose(1, 2).reshape(rows, *rest)
         return t
 
 
@@ -356,4 +446,5 @@ class _Sharded(Renamed):
         return tuple(sd.shape_of(name)) if hasattr(sd, "shape_of") else tuple(sd[name].shape)
 
 
-__all__ = ["Llama", "LlamaConfig", "apply_rope", "rope_tables"]
+__all__ = ["ARCHITECTURES", "BiasedQuantizedLinear", "Llama", "LlamaConfig", "apply_rope", "rope_inv_freq",
+           "rope_tables"]

@@ -146,3 +146,63 @@ def test_example(saved, tmp_path):
         finally:
             if old is None: del os.environ["XDG_CACHE_HOME"]
             else: os.environ["XDG_CACHE_HOME"] = old
+
+
+GGUF_GPT2_LAYER = {"ln_1": "attn_norm", "attn.c_attn": "attn_qkv", "attn.c_proj": "attn_output", "ln_2": "ffn_norm",
+                   "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down"}
+
+
+def write_gpt2_gguf(path: pathlib.Path, model, quant: str | None = None) -> dict[str, np.ndarray]:
+    """`model`'s weights as llama.cpp's converter writes a GPT-2: its names, the Conv1D weights transposed to (out, in),
+    the tied embedding again as output.weight. Returns the HF state dict the file holds (dequantized)."""
+    gguf = pytest.importorskip("gguf", reason="GGUF files are written with the gguf package")
+    cfg = model.config
+    sd = {k.removeprefix("transformer."): v.numpy().astype(np.float32) for k, v in model.state_dict().items()}
+    w = gguf.GGUFWriter(str(path), "gpt2")
+    w.add_context_length(cfg.n_positions)
+    w.add_embedding_length(cfg.n_embd)
+    w.add_feed_forward_length(cfg.n_inner or 4 * cfg.n_embd)
+    w.add_block_count(cfg.n_layer)
+    w.add_head_count(cfg.n_head)
+    w.add_layer_norm_eps(cfg.layer_norm_epsilon)
+    names = {"wte.weight": "token_embd.weight", "wpe.weight": "position_embd.weight", "ln_f.weight": "output_norm.weight",
+             "ln_f.bias": "output_norm.bias"}
+    for i in range(cfg.n_layer):
+        for hf, gg in GGUF_GPT2_LAYER.items():
+            for part in ("weight", "bias"): names[f"h.{i}.{hf}.{part}"] = f"blk.{i}.{gg}.{part}"
+    held = {}
+    for hf, gg in list(names.items()) + [("wte.weight", "output.weight")]:
+        conv = hf.endswith(".weight") and (".attn.c_" in hf or ".mlp.c_" in hf)
+        arr = np.ascontiguousarray(sd[hf].T) if conv else sd[hf]
+        if quant and arr.ndim == 2:
+            qt = gguf.GGMLQuantizationType[quant]
+            q = gguf.quants.quantize(arr, qt)
+            w.add_tensor(gg, q, raw_shape=q.shape, raw_dtype=qt)
+            arr = gguf.quants.dequantize(q, qt).reshape(arr.shape)
+        else: w.add_tensor(gg, arr)
+        if gg != "output.weight": held["transformer." + hf] = arr.T if conv else arr
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return held
+
+
+@pytest.mark.parametrize("quant", [None, "Q8_0"])
+def test_gguf(saved, tmp_path, quant):
+    d, ref = saved
+    held = write_gpt2_gguf(tmp_path / "g.gguf", ref, quant)
+    ours = GPT2.from_pretrained(tmp_path / "g.gguf")
+    assert ours.config.n_layer == 3 and ours.config.n_embd == 64 and ours.config.vocab_size == ref.config.vocab_size
+    if quant:   # the reference runs on the weights the file really holds
+        ref = transformers.GPT2LMHeadModel(ref.config).eval()
+        ref.load_state_dict({k: torch.tensor(np.ascontiguousarray(v)) for k, v in held.items()}, strict=False)
+        ref.tie_weights()
+    for p in PROMPTS:
+        with torch.no_grad(): want = ref(torch.tensor([p])).logits[0, -1].numpy()
+        got = ours.forward(Tensor([p]), 0).numpy()[0]
+        assert np.abs(got - want).max() / np.abs(want).max() < 1e-4
+    assert ours.generate(PROMPTS[0], 10) == reference_greedy(ref, PROMPTS[0], 10)
+    from fusegrad.models.llama import Llama
+    with pytest.raises(WeightsMismatch, match="general.architecture is 'gpt2', not one of llama, qwen2"):
+        Llama.from_pretrained(tmp_path / "g.gguf")

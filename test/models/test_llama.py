@@ -109,14 +109,18 @@ def write_gguf(path: pathlib.Path, model, quant: str | Callable[[str], str | Non
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_rope_freq_base(cfg.rope_parameters["rope_theta"] if hasattr(cfg, "rope_parameters") else cfg.rope_theta)
     names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
-    if not cfg.tie_word_embeddings: names["lm_head.weight"] = "output.weight"   # tied: the head reads token_embd
+    if "lm_head.weight" in sd and not getattr(cfg, "tie_word_embeddings", False):   # tied: the head reads token_embd
+        names["lm_head.weight"] = "output.weight"
     for i in range(cfg.num_hidden_layers):
-        for hf, gg in GGUF_LAYER.items(): names[f"model.layers.{i}.{hf}.weight"] = f"blk.{i}.{gg}.weight"
+        for hf, gg in GGUF_LAYER.items():
+            names[f"model.layers.{i}.{hf}.weight"] = f"blk.{i}.{gg}.weight"
+            if f"model.layers.{i}.{hf}.bias" in sd: names[f"model.layers.{i}.{hf}.bias"] = f"blk.{i}.{gg}.bias"
+    interleave = arch == "llama"   # llama.cpp's converter reorders q/k rows for 'llama' only (not for 'qwen2')
     held = {}
     for hf, gg in names.items():
         arr = sd[hf]
-        if hf.endswith("q_proj.weight"): arr = to_llama_cpp_rows(arr, cfg.num_attention_heads)
-        if hf.endswith("k_proj.weight"): arr = to_llama_cpp_rows(arr, cfg.num_key_value_heads)
+        if interleave and hf.endswith("q_proj.weight"): arr = to_llama_cpp_rows(arr, cfg.num_attention_heads)
+        if interleave and hf.endswith("k_proj.weight"): arr = to_llama_cpp_rows(arr, cfg.num_key_value_heads)
         name = quant(gg) if callable(quant) else quant
         if name and arr.ndim == 2:
             qt = gguf.GGMLQuantizationType[name]
@@ -124,7 +128,7 @@ def write_gguf(path: pathlib.Path, model, quant: str | Callable[[str], str | Non
             w.add_tensor(gg, q, raw_shape=q.shape, raw_dtype=qt)
             arr = gguf.quants.dequantize(q, qt).reshape(arr.shape)
         else: w.add_tensor(gg, arr)
-        if hf.endswith(("q_proj.weight", "k_proj.weight")):   # back to HF's order for the reference
+        if interleave and hf.endswith(("q_proj.weight", "k_proj.weight")):   # back to HF's order for the reference
             heads = cfg.num_attention_heads if hf.endswith("q_proj.weight") else cfg.num_key_value_heads
             rows, cols = arr.shape
             arr = arr.reshape(heads, rows // heads // 2, 2, cols).swapaxes(1, 2).reshape(rows, cols)
@@ -163,9 +167,124 @@ def test_errors(saved, tmp_path):
     with pytest.raises(WeightsMismatch, match=r"first mismatch at 'model\.embed_tokens\.weight': model has "
                        r"\(256, 64\), state_dict has no such key"):
         Llama.from_pretrained(tmp_path / "gpt2")
-    write_gguf(tmp_path / "other.gguf", tiny_llama(), arch="qwen2")
-    with pytest.raises(WeightsMismatch, match="general.architecture is 'qwen2', not 'llama'"):
+    write_gguf(tmp_path / "other.gguf", tiny_llama(), arch="gemma3")
+    with pytest.raises(WeightsMismatch, match="general.architecture is 'gemma3', not one of llama, qwen2"):
         Llama.from_pretrained(tmp_path / "other.gguf")
     with pytest.raises(WeightsNotFound): Llama.from_pretrained(tmp_path / "nothing")
-    with pytest.raises(ValueError, match="RoPE scaling"):
+    with pytest.raises(ValueError, match="lacks 'low_freq_factor'"):
         LlamaConfig.from_dict({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}})
+    with pytest.raises(ValueError, match="RoPE scaling .* is not supported"):
+        LlamaConfig.from_dict({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
+    with pytest.raises(ValueError, match="'mistral' model, not one of llama, qwen2"):
+        LlamaConfig.from_dict({"model_type": "mistral"})
+
+
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64}
+
+
+def tiny_llama3(seed: int = 0):
+    """Llama 3.1's RoPE scaling on a tiny model: with theta 500, head_dim 16 and an original context of 64, the 8
+    frequencies fall in all three of its bands (kept, blended, divided by the factor)."""
+    cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=48,
+                                   rope_theta=500.0, rms_norm_eps=1e-5, initializer_range=0.3,
+                                   rope_scaling=dict(LLAMA3_ROPE), bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(seed)
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
+def test_rope_inverse_frequencies_equal_transformers():
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    from fusegrad.models.llama import rope_inv_freq
+    for kind, extra in (("llama3", LLAMA3_ROPE), ("linear", {"rope_type": "linear", "factor": 3.0})):
+        cfg = transformers.LlamaConfig(hidden_size=64, num_attention_heads=4, rope_theta=500.0,
+                                       rope_scaling=dict(extra))
+        want, _ = ROPE_INIT_FUNCTIONS[kind](cfg, "cpu")
+        got = rope_inv_freq(16, 500.0, tuple(sorted(extra.items())))
+        np.testing.assert_allclose(got, want.numpy(), rtol=1e-6)
+        assert not np.allclose(got, rope_inv_freq(16, 500.0))   # the scaling changes something
+    # the three bands of llama3 are all present in this configuration
+    ratio = rope_inv_freq(16, 500.0) / rope_inv_freq(16, 500.0, tuple(sorted(LLAMA3_ROPE.items())))
+    assert np.isclose(ratio, 1).any() and np.isclose(ratio, 8).any() and ((ratio > 1.01) & (ratio < 7.99)).any()
+
+
+def llama_cpp_rope_factors(rope: dict, head_dim: int, theta: float) -> np.ndarray:
+    """The rope_freqs.weight llama.cpp's converter writes for Llama 3.1 scaling: per frequency, how much it is divided."""
+    from fusegrad.models.llama import rope_inv_freq
+    return (rope_inv_freq(head_dim, theta) / rope_inv_freq(head_dim, theta, tuple(sorted(rope.items())))).astype(
+        np.float32)
+
+
+def test_llama3_rope_scaling(tmp_path):
+    ref = tiny_llama3()
+    ref.save_pretrained(tmp_path / "hf")
+    ours = Llama.from_pretrained(tmp_path / "hf")
+    assert dict(ours.config.rope_scaling)["rope_type"] == "llama3"
+    assert_logits(ours, ref)
+    assert ours.generate(PROMPTS[2], 12) == ref_greedy(ref, PROMPTS[2], 12)
+    # GGUF: the scaling travels as the rope_freqs.weight tensor, as llama.cpp writes it
+    factors = llama_cpp_rope_factors(LLAMA3_ROPE, 16, 500.0)
+    write_gguf(tmp_path / "l3.gguf", ref, extra=lambda w: w.add_tensor("rope_freqs.weight", factors))
+    g = Llama.from_pretrained(tmp_path / "l3.gguf")
+    assert g.config.rope_freq_factors is not None and g.config.rope_scaling is None
+    assert_logits(g, ref)
+    assert g.generate(PROMPTS[2], 12) == ref_greedy(ref, PROMPTS[2], 12)
+
+
+def tiny_qwen2(seed: int = 0, tie: bool = True):
+    cfg = transformers.Qwen2Config(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=48,
+                                   rope_theta=1000.0, rms_norm_eps=1e-6, tie_word_embeddings=tie,
+                                   initializer_range=0.3, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(seed)
+    m = transformers.Qwen2ForCausalLM(cfg).eval()
+    with torch.no_grad():   # q/k/v biases are zero when initialized: make them count
+        for layer in m.model.layers:
+            for p in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                p.bias.normal_(0, 0.5)
+    return m
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_qwen2(tmp_path, tie):
+    ref = tiny_qwen2(tie=tie)
+    ref.save_pretrained(tmp_path / "hf")
+    ours = Llama.from_pretrained(tmp_path / "hf")
+    assert ours.config.qkv_bias and not ours.config.o_bias and ours.config.model_type == "qwen2"
+    assert_logits(ours, ref)
+    assert ours.generate(PROMPTS[0], 10) == ref_greedy(ref, PROMPTS[0], 10)
+    for quant in (None, "Q8_0"):
+        held = write_gguf(tmp_path / f"q{quant}.gguf", ref, quant, arch="qwen2")
+        g = Llama.from_pretrained(tmp_path / f"q{quant}.gguf")
+        assert g.config.model_type == "qwen2" and g.config.qkv_bias
+        r = ref
+        if quant:
+            r = tiny_qwen2(tie=tie)
+            r.load_state_dict({k: torch.tensor(v) for k, v in held.items()}, strict=False)
+        assert_logits(g, r, PROMPTS[:2])
+        assert g.generate(PROMPTS[0], 10) == ref_greedy(r, PROMPTS[0], 10)
+
+
+@pytest.mark.parametrize("jit", [True, False])
+def test_batched_generation_equals_one_prompt_at_a_time(saved, jit):
+    """Prompts of different lengths in one batch (no padding: each row reads its prompt, then its own tokens): every
+    row's greedy tokens equal that prompt run alone and transformers' greedy decoding."""
+    from fusegrad.models.decoding import Generator, Sampling
+    d, ref = saved
+    ours = Llama.from_pretrained(d)
+    gen = Generator(ours, jit=jit)
+    prompts = [PROMPTS[2], PROMPTS[0], PROMPTS[1], PROMPTS[0][:3]]
+    batch = gen.generate_batch(prompts, 8)
+    assert batch == [ref_greedy(ref, p, 8) for p in prompts]
+    assert batch == [gen.generate(p, 8).tokens for p in prompts]
+    # a row stops at its own stop token; the others go on
+    first = batch[1][2]
+    cut = gen.generate_batch(prompts, 8, stop=lambda t: t == first)
+    for row, want in zip(cut, batch):
+        assert row == (want[:want.index(first) + 1] if first in want else want)
+    # host sampling: reproducible with a seed, top_k=1 is greedy
+    s = Sampling(temperature=0.7, top_k=5, seed=3)
+    assert gen.generate_batch(prompts, 6, sampling=s) == gen.generate_batch(prompts, 6, sampling=s)
+    assert gen.generate_batch(prompts, 6, sampling=Sampling(temperature=1.0, top_k=1)) == [b[:6] for b in batch]
+    with pytest.raises(ValueError, match="longer than the model's context"): gen.generate_batch([[1] * 45, [1]], 4)

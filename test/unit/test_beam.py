@@ -63,7 +63,8 @@ def test_beam_never_slower_than_heuristic_choice():
     """The heuristic's opts are always a candidate: the pick is at most as slow as they are (on the timer's runs)."""
     a = Tensor(rng.standard_normal((32, 32)).astype(np.float32)).realize()
     (si,) = (a @ a + 1).schedule()
-    with Context(BEAM=1, BEAM_BUDGET=2, IGNORE_BEAM_CACHE=1):
+    # (a budget that a loaded machine also gets past its first few candidates in: it is a cap, not a wait)
+    with Context(BEAM=1, BEAM_BUDGET=10, IGNORE_BEAM_CACHE=1):
         opts = search.beam_search(si.ast, "CPU", 1)
     rep = search.last_search
     assert tuple(opts) == rep["best"] and rep["heuristic"] in rep["tried"]

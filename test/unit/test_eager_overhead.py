@@ -209,6 +209,37 @@ def test_binary_ops_of_two_tensors_build_the_broadcast_graph(monkeypatch, op, sh
                                               "div": np.divide}[name](a, b), rtol=1e-6)
 
 
+@pytest.mark.parametrize("op", ["add", "sub", "mul", "div", "radd", "rsub", "rmul", "rdiv"])
+@pytest.mark.parametrize("dt", ["float32", "float16", "int32", "uint8", "int64", "bool"])
+@pytest.mark.parametrize("y", [2, -3, 0.5, -0.0, float("inf"), True])
+@pytest.mark.parametrize("grad", [False, True])
+def test_binary_ops_with_a_python_number_build_the_tensor_path_graph(monkeypatch, op, dt, y, grad):
+    # the one-step path for `tensor op number` makes the nodes _broadcasted's Tensors make (or leaves the case to it),
+    # and the same dtype, requires_grad and values, eager and under no_grad
+    from fusegrad.mixin.alu import ALUMixin
+    rev = op.startswith("r")
+    name = op[1:] if rev else op
+    dtype = getattr(dtypes, dt)
+    if grad and not dtypes.is_float(dtype): return
+    xn = np.array([[1, 2, 3], [4, 5, 7]]).astype(dt)
+    for no_grad in (False, True):
+        x = Tensor(xn, requires_grad=grad)
+        prev, Tensor.no_grad = Tensor.no_grad, no_grad
+        try:
+            try: fast = getattr(x, name)(y, rev)
+            except RuntimeError as e: fast = e
+            with monkeypatch.context() as m:
+                m.setattr(ALUMixin, "_node_operand", lambda *a: None)
+                try: slow = getattr(x, name)(y, rev)
+                except RuntimeError as e: slow = e
+        finally: Tensor.no_grad = prev
+        if isinstance(slow, Exception):
+            assert type(fast) is type(slow)
+            continue
+        assert fast.uop is slow.uop and fast.dtype == slow.dtype and fast.requires_grad == slow.requires_grad
+        with np.errstate(all="ignore"): np.testing.assert_array_equal(fast.numpy(), slow.numpy())
+
+
 def test_binary_ops_one_step_path_leaves_errors_and_promotion_to_the_tensor_path():
     from fusegrad.helpers import ShapeError
     with pytest.raises(ShapeError): Tensor.ones(2, 3) + Tensor.ones(3, 2)
