@@ -94,10 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     w.add_tensor("output_norm.weight", np.ones(H, np.float32))
     for i in range(n):
         big = "Q6_K" if args.mix == "Q4_K_M" and more_bits(i, n) else base
-        for name, rows, cols, qtype in [("attn_q", H, H, base), ("attn_k", args.kv_heads * hd, H, base),
-                                        ("attn_v", args.kv_heads * hd, H, big), ("attn_output", H, H, base),
-                                        ("ffn_gate", args.intermediate, H, base), ("ffn_up", args.intermediate, H, base),
-                                        ("ffn_down", H, args.intermediate, big)]:
+        F, KV = args.intermediate, args.kv_heads * hd
+        for name, rows, cols, qtype in [("attn_q", H, H, base), ("attn_k", KV, H, base), ("attn_v", KV, H, big),
+                                        ("attn_output", H, H, base), ("ffn_gate", F, H, base), ("ffn_up", F, H, base),
+                                        ("ffn_down", H, F, big)]:
             matrix(f"blk.{i}.{name}.weight", rows, cols, qtype)
         w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(H, np.float32))
         w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(H, np.float32))

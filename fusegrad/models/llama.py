@@ -265,6 +265,14 @@ class Llama:
         kernel; QuantizedEmbedding, which dequantizes the rows a lookup gathers and is the head too when it is tied);
         the norms, biases and the other types, and everything with quantized=False, are dequantized to float32 when
         loaded."""
+        model = cls._from_gguf(path, max_context, quantized)
+        # the loading's temporaries (each tensor's copy before it is copied into the model's buffer) wait in the
+        # allocator's cache of freed buffers, where nothing of their sizes will ask for them again: give them back
+        Device[Device.DEFAULT].allocator.free_cache()
+        return model
+
+    @classmethod
+    def _from_gguf(cls, path: str | pathlib.Path, max_context: int | None, quantized: bool) -> Llama:
         meta, tensors = gguf_load(path)
         if (arch := meta.get("general.architecture")) not in ARCHITECTURES:
             raise WeightsMismatch(f"{path}: general.architecture is {arch!r}, not one of {', '.join(ARCHITECTURES)}")
@@ -289,10 +297,6 @@ class Llama:
             embed = QuantizedEmbedding(cfg.vocab_size, cfg.hidden_size, types["token_embd.weight"])
         model = cls(cfg, max_context, linear=linear, head=head, embed=embed)
         load_weights(model, path, _what(cfg), sd=names)
-        # the loading's temporaries (each tensor's copy before it is copied into the model's buffer) wait in the
-        # allocator's cache of freed buffers, where nothing of their sizes will ask for them again: give them back
-        del names, tensors
-        Device[Device.DEFAULT].allocator.free_cache()
         return model
 
 
