@@ -261,7 +261,7 @@ class Llama:
     def from_gguf(cls, path: str | pathlib.Path, max_context: int | None = None, quantized: bool = True) -> Llama:
         """Load a llama.cpp GGUF file (architecture 'llama' or 'qwen2'; any tensor type fusegrad's gguf_load reads).
         With `quantized` (the default), the layers' projections, the output head and the embedding table stored in
-        Q4_0, Q4_1, Q8_0, Q4_K, Q5_K or Q6_K stay in their blocks (QuantizedLinear, dequantized inside the matmul
+        Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K or Q6_K stay in their blocks (QuantizedLinear, dequantized inside the matmul
         kernel; QuantizedEmbedding, which dequantizes the rows a lookup gathers and is the head too when it is tied);
         the norms, biases and the other types, and everything with quantized=False, are dequantized to float32 when
         loaded."""

@@ -1,5 +1,5 @@
-"""Linear layers whose weights stay in ggml's block-quantized form (Q4_0, Q4_1, Q8_0, and the K types Q4_K, Q5_K,
-Q6_K) in memory: the packed values and the per-block scales are kept, and every call dequantizes them inside the
+"""Linear layers whose weights stay in ggml's block-quantized form (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, and the K types
+Q4_K, Q5_K, Q6_K) in memory: the packed values and the per-block scales are kept, and every call dequantizes them inside the
 matmul kernel. The reduction runs over the block structure (blocks x values, the pieces of a block that unpack with
 different constant masks and shifts, a 4-bit block's low and high nibbles say, as separate terms of one sum), so
 every unpacking is a constant mask or shift and the whole product is one fused kernel that reads about a quarter of the
@@ -15,7 +15,8 @@ from fusegrad.dtype import DType, dtypes
 from fusegrad.tensor import Tensor
 
 # ggml type id -> (name, values per block, bytes per block); only these stay quantized
-QUANTIZED_TYPES: dict[int, tuple[str, int, int]] = {2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 8: ("Q8_0", 32, 34),
+QUANTIZED_TYPES: dict[int, tuple[str, int, int]] = {2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 6: ("Q5_0", 32, 22),
+                                                     7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34),
                                                      12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176),
                                                      14: ("Q6_K", 256, 210)}
 
@@ -24,6 +25,9 @@ QUANTIZED_TYPES: dict[int, tuple[str, int, int]] = {2: ("Q4_0", 32, 18), 3: ("Q4
 PLANES: dict[int, dict[str, tuple[tuple[int, ...], DType]]] = {
     2: {"d": ((), dtypes.float32), "qs": ((16,), dtypes.uint8)},
     3: {"d": ((), dtypes.float32), "m": ((), dtypes.float32), "qs": ((16,), dtypes.uint8)},
+    6: {"d": ((), dtypes.float32), "qh": ((2, 2), dtypes.uint8), "qs": ((2, 8), dtypes.uint8)},
+    7: {"d": ((), dtypes.float32), "m": ((), dtypes.float32), "qh": ((2, 2), dtypes.uint8),
+        "qs": ((2, 8), dtypes.uint8)},
     8: {"d": ((), dtypes.float32), "qs": ((32,), dtypes.int8)},
     12: {"d": ((), dtypes.float32), "dmin": ((), dtypes.float32), "sc": ((8,), dtypes.uint8),
          "mn": ((8,), dtypes.uint8), "qs": ((4, 32), dtypes.uint8)},
@@ -36,6 +40,7 @@ PLANES: dict[int, dict[str, tuple[tuple[int, ...], DType]]] = {
 # `terms` products of shape (*pre, *post), each unpacked with its own constant shifts and masks
 LAYOUT: dict[int, tuple[tuple[int, ...], int, tuple[int, ...]]] = {
     2: ((), 2, (16,)), 3: ((), 2, (16,)), 8: ((), 1, (32,)),
+    6: ((), 2, (2, 8)), 7: ((), 2, (2, 8)),   # value 16h + 8a + b: nibble h of qs[8a + b], bit b of qh byte 2h + a
     12: ((4,), 2, (32,)),         # 4 groups of 32 bytes: low nibbles are sub-block 2g, high nibbles 2g+1
     13: ((), 8, (32,)),           # as Q4_K, plus bit j of qh[l] as value l's fifth bit in sub-block j
     14: ((2,), 4, (2, 16))}       # 2 halves of 128 x 4 quarters (the shift pairs of ql/qh) x 32 values (2 scales)
@@ -70,6 +75,11 @@ def block_planes(raw: np.ndarray | bytes, ggml_type: int, rows: int, cols: int) 
     if ggml_type == 8: return {"d": f16(0), "qs": b[:, :, 2:34].copy().view(np.int8)}
     if ggml_type == 2: return {"d": f16(0), "qs": b[:, :, 2:18].copy()}
     if ggml_type == 3: return {"d": f16(0), "m": f16(2), "qs": b[:, :, 4:20].copy()}
+    if ggml_type in (6, 7):
+        at = 2 if ggml_type == 6 else 4
+        out = {"d": f16(0)} if ggml_type == 6 else {"d": f16(0), "m": f16(2)}
+        return {**out, "qh": b[:, :, at:at + 4].reshape(rows, nb, 2, 2).copy(),
+                "qs": b[:, :, at + 4:at + 20].reshape(rows, nb, 2, 8).copy()}
     if ggml_type == 14:
         return {"d": f16(208), "sc": b[:, :, 192:208].copy().view(np.int8),
                 "ql": b[:, :, 0:128].reshape(rows, nb, 2, 2, 32).copy(),
@@ -83,8 +93,9 @@ def block_planes(raw: np.ndarray | bytes, ggml_type: int, rows: int, cols: int) 
 
 class QuantizedLinear:
     """y = x @ W.T with W (out_features, in_features) held as ggml blocks, one tensor per plane (PLANES), loaded like
-    any weights (get_state_dict sees them). W's value j of block b is d*(q-8) (Q4_0), d*q+m (Q4_1), d*q (Q8_0); a
-    4-bit block keeps its first 16 values in the low nibbles and the next 16 in the high ones. A K block holds 256
+    any weights (get_state_dict sees them). W's value j of block b is d*(q-8) (Q4_0), d*q+m (Q4_1), d*(q-16) (Q5_0),
+    d*q+m (Q5_1), d*q (Q8_0); a 4- or 5-bit block keeps its first 16 values in the low nibbles and the next 16 in the
+    high ones, and a 5-bit block value j's fifth bit in bit j of qh. A K block holds 256
     values: (d*sc)*q - dmin*mn in sub-blocks of 32 (Q4_K, Q5_K: 4-bit q, and a fifth bit from qh), (d*sc)*(q-32) in
     sub-blocks of 16 (Q6_K: low 4 bits in ql, high 2 in qh), the float operations in the order of the gguf package's
     NumPy dequantization, so the values are bit for bit the same.
@@ -120,6 +131,12 @@ class QuantizedLinear:
             if t == 2: return [d * (q - 8) for q in halves]
             m = p["m"].reshape(O, nb, 1)
             return [d * q + m for q in halves]
+        if t in (6, 7):   # term h: nibble h of qs, the fifth bit from qh's bytes 2h, 2h + 1 (bit b for value b)
+            bit = Tensor.arange(8, device=p["qh"].device, dtype=dtypes.uint8).reshape(1, 1, 1, 8)
+            q5 = [((p["qs"] >> (4 * h)) & 15) | (((p["qh"][:, :, h].reshape(O, nb, 2, 1) >> bit) & 1) << 4)
+                  for h in range(2)]
+            if t == 6: return [d * (q.float() - 16) for q in q5]
+            return [d * q.float() + p["m"].reshape(d.shape) for q in q5]
         if t == 14:   # term k: ql[h, k % 2] shifted by 4 * (k // 2), qh[h] shifted by 2k; scales (h, k, 2)
             sc = p["sc"].reshape(O, nb, 2, 4, 2, 1).float()
             out = []

@@ -1,8 +1,8 @@
 """QuantizedLinear (fusegrad/models/quantized.py): block planes split from bytes the gguf package (or, for the K types
 it can't write, kquants.py) quantizes, dequantized bit for bit as gguf.quants' NumPy dequantization, random block bytes
-included; the product equal to x @ dequantize(W).T in float64 to float32 tolerance for Q4_0, Q4_1, Q8_0, Q4_K, Q5_K
-and Q6_K, one kernel per call; and Llama.from_gguf(quantized=True) giving the same logits and greedy tokens as the
-float32 path and transformers, with the blocks held in about the file's bytes."""
+included; the product equal to x @ dequantize(W).T in float64 to float32 tolerance for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+Q4_K, Q5_K and Q6_K, one kernel for one row; QuantizedEmbedding's rows; and Llama.from_gguf(quantized=True) giving the
+same logits and greedy tokens as the float32 path and transformers, with the blocks held in about the file's bytes."""
 from __future__ import annotations
 
 import numpy as np
@@ -18,7 +18,9 @@ from .kquants import quantize
 
 gguf = pytest.importorskip("gguf", reason="the blocks are dequantized with the gguf package as the reference")
 NAMES = [v[0] for v in QUANTIZED_TYPES.values()]
-K_F16 = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}   # byte offsets of the float16 scales in a K block
+F16_AT = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q4_K": (0, 2), "Q5_K": (0, 2),
+          "Q6_K": (208,)}   # byte offsets of the float16 scales in a block
+BLOCK = {v[0]: v[1] for v in QUANTIZED_TYPES.values()}
 
 
 def quantized_linear(raw: np.ndarray, qt: int, O: int, I: int) -> QuantizedLinear:
@@ -44,7 +46,7 @@ def check_product(lin: QuantizedLinear, w: np.ndarray, x: np.ndarray, call=None)
 def test_product_equals_dequantized_matmul(name, lead):
     qt = gguf.GGMLQuantizationType[name]
     rng = np.random.default_rng(int(qt))
-    O, I = 24, (512 if name in K_F16 else 96)
+    O, I = 24, (512 if BLOCK[name] == 256 else 96)
     raw = quantize(rng.standard_normal((O, I)).astype(np.float32), name)
     w = gguf.quants.dequantize(raw, qt)
     lin = quantized_linear(raw, int(qt), O, I)
@@ -58,7 +60,7 @@ def test_embedding_rows_bit_exact(name):
     kernel; its `project` is the product with the table."""
     qt = gguf.GGMLQuantizationType[name]
     rng = np.random.default_rng(3 + int(qt))
-    V, C = 40, (256 if name in K_F16 else 64)
+    V, C = 40, max(BLOCK[name], 64)
     raw = quantize(rng.standard_normal((V, C)).astype(np.float32), name)
     w = gguf.quants.dequantize(raw, qt)
     emb = QuantizedEmbedding(V, C, int(qt))
@@ -71,22 +73,22 @@ def test_embedding_rows_bit_exact(name):
     with pytest.raises(TypeError, match="indices must be integers"): emb(Tensor([1.0]))
 
 
-@pytest.mark.parametrize("name", list(K_F16))
-def test_k_types_random_blocks_bit_exact(name):
-    """Every byte random (all bit patterns of the packed values, 6-bit scales and signed Q6_K scales) except finite
-    float16 super-scales: the dequantized weight equals gguf.quants.dequantize bit for bit, the product float64's."""
+@pytest.mark.parametrize("name", NAMES)
+def test_random_blocks_bit_exact(name):
+    """Every byte random (all bit patterns of the packed values, fifth bits, 6-bit and signed sub-block scales) except
+    finite float16 scales: the dequantized weight equals gguf.quants.dequantize bit for bit, the product float64's."""
     qt = gguf.GGMLQuantizationType[name]
-    _, _, nbytes = QUANTIZED_TYPES[int(qt)]
+    _, block, nbytes = QUANTIZED_TYPES[int(qt)]
     rng = np.random.default_rng(7 + int(qt))
     O, nb = 40, 3
     raw = rng.integers(0, 256, (O * nb, nbytes), dtype=np.uint8)
-    for at in K_F16[name]:
+    for at in F16_AT[name]:
         raw[:, at:at + 2] = rng.uniform(-0.1, 0.1, O * nb).astype(np.float16).reshape(-1, 1).view(np.uint8)
     raw = raw.reshape(O, nb * nbytes)
     w = gguf.quants.dequantize(raw, qt)
-    lin = quantized_linear(raw, int(qt), O, nb * 256)
+    lin = quantized_linear(raw, int(qt), O, nb * block)
     np.testing.assert_array_equal(lin.dequantize().numpy(), w)
-    check_product(lin, w, rng.standard_normal((3, nb * 256)).astype(np.float32))
+    check_product(lin, w, rng.standard_normal((3, nb * block)).astype(np.float32))
 
 
 def test_planes_stay_near_file_size():
@@ -119,7 +121,8 @@ def q4_k_m(tie: bool):
     return lambda gg: "Q6_K" if gg.startswith(six) or ".attn_v." in gg or ".ffn_down." in gg else "Q4_K"
 
 
-@pytest.mark.parametrize("quant,tie", [("Q8_0", False), ("Q4_0", True), ("Q4_1", False), ("Q4_K", False),
+@pytest.mark.parametrize("quant,tie", [("Q8_0", False), ("Q4_0", True), ("Q4_1", False), ("Q5_0", False),
+                                       ("Q5_1", True), ("Q4_K", False),
                                        ("Q5_K", False), ("Q6_K", True), ("Q4_K_M", False), ("Q4_K_M", True)])
 def test_llama_quantized_equals_float_path_and_transformers(tmp_path, quant, tie):
     torch = pytest.importorskip("torch")
