@@ -22,9 +22,9 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "test" / "models"))   # `test` is also the standard library's package name
-from kquants import quantize  # noqa: E402
+from kquants import quantize
 
-from fusegrad.nn.state import gguf_load  # noqa: E402
+from fusegrad.nn.state import gguf_load
 
 
 def smollm2_file() -> pathlib.Path | None:

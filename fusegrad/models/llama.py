@@ -18,8 +18,7 @@ from fusegrad import nn
 from fusegrad.device import Device
 from fusegrad.ir.ops import UOp
 from fusegrad.models.decoding import Generator, KVCache, causal_mask
-from fusegrad.models.quantized import (QUANTIZED_TYPES, QuantizedEmbedding, QuantizedLinear, block_planes,
-                                       plane_names)
+from fusegrad.models.quantized import QUANTIZED_TYPES, QuantizedEmbedding, QuantizedLinear, block_planes, plane_names
 from fusegrad.models.weights import (
     Namespace,
     Renamed,
@@ -32,7 +31,6 @@ from fusegrad.models.weights import (
 )
 from fusegrad.nn.state import gguf_load
 from fusegrad.tensor import Tensor
-
 
 # (in_features, out_features, "self_attn.q_proj", bias) -> a linear module
 LinearFactory = Callable[[int, int, str, bool], Any]
@@ -260,8 +258,8 @@ class Llama:
     @classmethod
     def from_gguf(cls, path: str | pathlib.Path, max_context: int | None = None, quantized: bool = True) -> Llama:
         """Load a llama.cpp GGUF file (architecture 'llama' or 'qwen2'; any tensor type fusegrad's gguf_load reads).
-        With `quantized` (the default), the layers' projections, the output head and the embedding table stored in
-        Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K or Q6_K stay in their blocks (QuantizedLinear, dequantized inside the matmul
+        With `quantized` (the default), the layers' projections, the output head and the embedding table stored in Q4_0,
+        Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K or Q6_K stay in their blocks (QuantizedLinear, dequantized inside the matmul
         kernel; QuantizedEmbedding, which dequantizes the rows a lookup gathers and is the head too when it is tied);
         the norms, biases and the other types, and everything with quantized=False, are dequantized to float32 when
         loaded."""

@@ -1,12 +1,13 @@
-"""Linear layers whose weights stay in ggml's block-quantized form (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, and the K types
-Q4_K, Q5_K, Q6_K) in memory: the packed values and the per-block scales are kept, and every call dequantizes them inside the
+"""Linear layers whose weights stay in ggml's block-quantized form (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, and the K types Q4_K,
+Q5_K, Q6_K) in memory: the packed values and the per-block scales are kept, and every call dequantizes them inside the
 matmul kernel. The reduction runs over the block structure (blocks x values, the pieces of a block that unpack with
-different constant masks and shifts, a 4-bit block's low and high nibbles say, as separate terms of one sum), so
-every unpacking is a constant mask or shift and the whole product is one fused kernel that reads about a quarter of the
+different constant masks and shifts, a 4-bit block's low and high nibbles say, as separate terms of one sum), so every
+unpacking is a constant mask or shift and the whole product is one fused kernel that reads about a quarter of the
 float32 bytes.
 
-Consumes the raw blocks of a GGUF tensor (nn/gguf.py's `GGUFFile.blocks`); produces a module `QuantizedLinear` with
-the same call as nn.Linear (no bias)."""
+Consumes the raw blocks of a GGUF tensor (nn/gguf.py's `GGUFFile.blocks`); produces the modules `QuantizedLinear`,
+with the same call as nn.Linear (no bias), and `QuantizedEmbedding`, a lookup table that dequantizes only the rows it
+gathers."""
 from __future__ import annotations
 
 import numpy as np
@@ -71,7 +72,7 @@ def block_planes(raw: np.ndarray | bytes, ggml_type: int, rows: int, cols: int) 
     b = np.frombuffer(raw, dtype=np.uint8)
     if b.size != rows * nb * nbytes: raise ValueError(f"{b.size} bytes don't hold a ({rows}, {cols}) {name} weight")
     b = b.reshape(rows, nb, nbytes)
-    f16 = lambda at: b[:, :, at:at + 2].copy().view(np.float16)[..., 0].astype(np.float32)   # noqa: E731
+    f16 = lambda at: b[:, :, at:at + 2].copy().view(np.float16)[..., 0].astype(np.float32)
     if ggml_type == 8: return {"d": f16(0), "qs": b[:, :, 2:34].copy().view(np.int8)}
     if ggml_type == 2: return {"d": f16(0), "qs": b[:, :, 2:18].copy()}
     if ggml_type == 3: return {"d": f16(0), "m": f16(2), "qs": b[:, :, 4:20].copy()}
@@ -169,7 +170,7 @@ class QuantizedLinear:
         parts = self._terms(self._planes())
         nb = parts[0].shape[1]
         xs = x.reshape(*x.shape[:-1], 1, nb, *pre, n_terms, *post)             # (..., 1, nb, *pre, terms, *post)
-        pick = lambda i: xs[(..., i) + (slice(None),) * len(post)]   # noqa: E731
+        pick = lambda i: xs[(..., i) + (slice(None),) * len(post)]
         prod_ = sum((pick(i) * w for i, w in enumerate(parts[1:], 1)), pick(0) * parts[0])
         # contiguous: a kernel of its own, so a consumer that writes a bigger buffer (the KV cache update) doesn't
         # recompute the product for every element it writes

@@ -10,8 +10,7 @@ import pytest
 
 from fusegrad import Tensor
 from fusegrad.helpers import GlobalCounters
-from fusegrad.models.quantized import (LAYOUT, PLANES, QUANTIZED_TYPES, QuantizedEmbedding, QuantizedLinear,
-                                       block_planes)
+from fusegrad.models.quantized import LAYOUT, PLANES, QUANTIZED_TYPES, QuantizedEmbedding, QuantizedLinear, block_planes
 from fusegrad.nn.state import load_state_dict
 
 from .kquants import quantize
