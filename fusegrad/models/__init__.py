@@ -5,7 +5,7 @@ Vision: `EfficientNet` (B0-B7, Lite0-4) and `ResNet` (18/34/50/101/152); `imagen
 Text: `BertModel` / `SentenceEncoder` (sentence embeddings, e.g. all-MiniLM-L6-v2), `GPT2`, `Llama` (also Qwen2),
 `Gemma3`, with the `WordPieceTokenizer` and byte-level `BPETokenizer`, and `GGUFTokenizer` (a GGUF file's own
 tokenizer); `Generator` decodes with a KV cache under TinyJit (`Sampling`: temperature, top-k, top-p, repetition
-penalty); `QuantizedLinear` keeps GGUF Q4_0/Q4_1/Q8_0 weights in their blocks.
+penalty); `QuantizedLinear` keeps GGUF Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K weights in their blocks.
 Weights (finding, reading, strict loading) are in `fusegrad.models.weights`.
 """
 from fusegrad.models.bert import BertModel, SentenceEncoder

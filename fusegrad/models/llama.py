@@ -15,9 +15,10 @@ from typing import Any
 import numpy as np
 
 from fusegrad import nn
+from fusegrad.device import Device
 from fusegrad.ir.ops import UOp
 from fusegrad.models.decoding import Generator, KVCache, causal_mask
-from fusegrad.models.quantized import QUANTIZED_TYPES, QuantizedLinear, block_planes
+from fusegrad.models.quantized import QUANTIZED_TYPES, QuantizedEmbedding, QuantizedLinear, block_planes, plane_names
 from fusegrad.models.weights import (
     Namespace,
     Renamed,
@@ -30,7 +31,6 @@ from fusegrad.models.weights import (
 )
 from fusegrad.nn.state import gguf_load
 from fusegrad.tensor import Tensor
-
 
 # (in_features, out_features, "self_attn.q_proj", bias) -> a linear module
 LinearFactory = Callable[[int, int, str, bool], Any]
@@ -196,11 +196,13 @@ class Llama:
     """
 
     def __init__(self, cfg: LlamaConfig, max_context: int | None = None,
-                 linear: Callable[[int], LinearFactory] | None = None, head: Any | None = None):
+                 linear: Callable[[int], LinearFactory] | None = None, head: Any | None = None,
+                 embed: Any | None = None):
         self.config = cfg
         self.max_context = min(max_context or cfg.max_position_embeddings, cfg.max_position_embeddings)
         self.model = Namespace()
-        self.model.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        # `embed`: a module for the token lookup (a QuantizedEmbedding, whose `project` is then the tied head)
+        self.model.embed_tokens = embed if embed is not None else nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         # linear(i) makes layer i's projections (in_features, out_features, name) -> module; default nn.Linear
         self.model.layers = [LlamaLayer(cfg, self.max_context, linear(i) if linear else None)
                              for i in range(cfg.num_hidden_layers)]
@@ -225,7 +227,8 @@ class Llama:
         for layer in self.model.layers: x = layer(x, cos, sin, start_pos, mask)
         x = self.model.norm(x[:, -1, :])                                     # (B, C)
         if "lm_head" in vars(self): return self.lm_head(x)                   # (B, V)
-        return x @ self.model.embed_tokens.weight.T
+        emb = self.model.embed_tokens
+        return emb.project(x) if isinstance(emb, QuantizedEmbedding) else x @ emb.weight.T
 
     def generate(self, prompt: list[int], max_new: int, temperature: float = 0.0, jit: bool = True) -> list[int]:
         """New token ids after `prompt` (greedy when temperature is 0). Raises ValueError when the prompt (or the prompt
@@ -254,11 +257,20 @@ class Llama:
 
     @classmethod
     def from_gguf(cls, path: str | pathlib.Path, max_context: int | None = None, quantized: bool = True) -> Llama:
-        """Load a llama.cpp GGUF file (architecture 'llama' or 'qwen2'; any tensor type fusegrad's gguf_load reads). With
-        `quantized` (the default), the layers' projections and the output head (the tied embedding's blocks when
-        there is no output.weight) stored in Q4_0, Q4_1 or Q8_0 stay in their blocks (QuantizedLinear, dequantized
-        inside the matmul kernel); everything else (the embedding lookup, norms, other types), and everything with
-        quantized=False, is dequantized to float32 when loaded."""
+        """Load a llama.cpp GGUF file (architecture 'llama' or 'qwen2'; any tensor type fusegrad's gguf_load reads).
+        With `quantized` (the default), the layers' projections, the output head and the embedding table stored in Q4_0,
+        Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K or Q6_K stay in their blocks (QuantizedLinear, dequantized inside the matmul
+        kernel; QuantizedEmbedding, which dequantizes the rows a lookup gathers and is the head too when it is tied);
+        the norms, biases and the other types, and everything with quantized=False, are dequantized to float32 when
+        loaded."""
+        model = cls._from_gguf(path, max_context, quantized)
+        # the loading's temporaries (each tensor's copy before it is copied into the model's buffer) wait in the
+        # allocator's cache of freed buffers, where nothing of their sizes will ask for them again: give them back
+        Device[Device.DEFAULT].allocator.free_cache()
+        return model
+
+    @classmethod
+    def _from_gguf(cls, path: str | pathlib.Path, max_context: int | None, quantized: bool) -> Llama:
         meta, tensors = gguf_load(path)
         if (arch := meta.get("general.architecture")) not in ARCHITECTURES:
             raise WeightsMismatch(f"{path}: general.architecture is {arch!r}, not one of {', '.join(ARCHITECTURES)}")
@@ -274,12 +286,14 @@ class Llama:
                 names.keep_quantized(f"model.layers.{i}.{name}.weight", gtype)
                 return (BiasedQuantizedLinear if bias else QuantizedLinear)(n_in, n_out, gtype)
             return make
-        head_gg = "output.weight" if "output.weight" in tensors else "token_embd.weight"
-        head = None
-        if types.get(head_gg) in QUANTIZED_TYPES:
-            names.keep_quantized("lm_head.weight", types[head_gg], gg=head_gg)
-            head = QuantizedLinear(cfg.hidden_size, cfg.vocab_size, types[head_gg])
-        model = cls(cfg, max_context, linear=linear, head=head)
+        head = embed = None
+        if types.get("output.weight") in QUANTIZED_TYPES:
+            names.keep_quantized("lm_head.weight", types["output.weight"])
+            head = QuantizedLinear(cfg.hidden_size, cfg.vocab_size, types["output.weight"])
+        if types.get("token_embd.weight") in QUANTIZED_TYPES:   # tied: its `project` is the head
+            names.keep_quantized("model.embed_tokens.weight", types["token_embd.weight"])
+            embed = QuantizedEmbedding(cfg.vocab_size, cfg.hidden_size, types["token_embd.weight"])
+        model = cls(cfg, max_context, linear=linear, head=head, embed=embed)
         load_weights(model, path, _what(cfg), sd=names)
         return model
 
@@ -366,7 +380,7 @@ class GGUFNames(Mapping):
         gg = self.names.pop(hf_weight, None) or gg
         assert gg is not None, hf_weight
         prefix = hf_weight[:-len("weight")]
-        for plane in ("d", "qs") + (("m",) if gtype == 3 else ()):
+        for plane in plane_names(gtype):
             self.names[prefix + plane] = gg
             self.planes[prefix + plane] = (gg, gtype, plane)
 

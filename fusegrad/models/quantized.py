@@ -1,25 +1,70 @@
-"""Linear layers whose weights stay in ggml's block-quantized form (Q4_0, Q4_1, Q8_0) in memory: the packed values and
-the per-block scales are kept, and every call dequantizes them inside the matmul kernel. The reduction runs over the
-block structure (blocks x values, a 4-bit block's low and high nibbles as two terms of one sum), so the unpacking is a
-constant mask or shift and the whole product is one fused kernel that reads about a quarter of the float32 bytes.
+"""Linear layers whose weights stay in ggml's block-quantized form (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, and the K types Q4_K,
+Q5_K, Q6_K) in memory: the packed values and the per-block scales are kept, and every call dequantizes them inside the
+matmul kernel. The reduction runs over the block structure (blocks x values, the pieces of a block that unpack with
+different constant masks and shifts, a 4-bit block's low and high nibbles say, as separate terms of one sum), so every
+unpacking is a constant mask or shift and the whole product is one fused kernel that reads about a quarter of the
+float32 bytes.
 
-Consumes the raw blocks of a GGUF tensor (nn/gguf.py's `GGUFFile.blocks`); produces a module `QuantizedLinear` with
-the same call as nn.Linear (no bias)."""
+Consumes the raw blocks of a GGUF tensor (nn/gguf.py's `GGUFFile.blocks`); produces the modules `QuantizedLinear`,
+with the same call as nn.Linear (no bias), and `QuantizedEmbedding`, a lookup table that dequantizes only the rows it
+gathers."""
 from __future__ import annotations
 
 import numpy as np
 
-from fusegrad.dtype import dtypes
+from fusegrad.dtype import DType, dtypes
 from fusegrad.tensor import Tensor
 
 # ggml type id -> (name, values per block, bytes per block); only these stay quantized
-QUANTIZED_TYPES: dict[int, tuple[str, int, int]] = {2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 8: ("Q8_0", 32, 34)}
+QUANTIZED_TYPES: dict[int, tuple[str, int, int]] = {2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 6: ("Q5_0", 32, 22),
+                                                     7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34),
+                                                     12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176),
+                                                     14: ("Q6_K", 256, 210)}
+
+# ggml type id -> its planes: name -> (shape per block, dtype). A plane of shape () is (rows, blocks); the others are
+# (rows, blocks, *shape).
+PLANES: dict[int, dict[str, tuple[tuple[int, ...], DType]]] = {
+    2: {"d": ((), dtypes.float32), "qs": ((16,), dtypes.uint8)},
+    3: {"d": ((), dtypes.float32), "m": ((), dtypes.float32), "qs": ((16,), dtypes.uint8)},
+    6: {"d": ((), dtypes.float32), "qh": ((2, 2), dtypes.uint8), "qs": ((2, 8), dtypes.uint8)},
+    7: {"d": ((), dtypes.float32), "m": ((), dtypes.float32), "qh": ((2, 2), dtypes.uint8),
+        "qs": ((2, 8), dtypes.uint8)},
+    8: {"d": ((), dtypes.float32), "qs": ((32,), dtypes.int8)},
+    12: {"d": ((), dtypes.float32), "dmin": ((), dtypes.float32), "sc": ((8,), dtypes.uint8),
+         "mn": ((8,), dtypes.uint8), "qs": ((4, 32), dtypes.uint8)},
+    13: {"d": ((), dtypes.float32), "dmin": ((), dtypes.float32), "sc": ((8,), dtypes.uint8),
+         "mn": ((8,), dtypes.uint8), "qh": ((32,), dtypes.uint8), "qs": ((4, 32), dtypes.uint8)},
+    14: {"d": ((), dtypes.float32), "sc": ((16,), dtypes.int8), "ql": ((2, 2, 32), dtypes.uint8),
+         "qh": ((2, 32), dtypes.uint8)}}
+
+# ggml type id -> (pre, terms, post): a block's values in ggml's order, seen as (*pre, terms, *post); the kernel sums
+# `terms` products of shape (*pre, *post), each unpacked with its own constant shifts and masks
+LAYOUT: dict[int, tuple[tuple[int, ...], int, tuple[int, ...]]] = {
+    2: ((), 2, (16,)), 3: ((), 2, (16,)), 8: ((), 1, (32,)),
+    6: ((), 2, (2, 8)), 7: ((), 2, (2, 8)),   # value 16h + 8a + b: nibble h of qs[8a + b], bit b of qh byte 2h + a
+    12: ((4,), 2, (32,)),         # 4 groups of 32 bytes: low nibbles are sub-block 2g, high nibbles 2g+1
+    13: ((), 8, (32,)),           # as Q4_K, plus bit j of qh[l] as value l's fifth bit in sub-block j
+    14: ((2,), 4, (2, 16))}       # 2 halves of 128 x 4 quarters (the shift pairs of ql/qh) x 32 values (2 scales)
 
 
-def block_planes(raw: np.ndarray, ggml_type: int, rows: int, cols: int) -> dict[str, np.ndarray]:
-    """The blocks of a (rows, cols) weight, `raw` uint8 bytes in ggml's layout, split into planes: `d` (rows, nb)
-    float32 scales, `m` (rows, nb) float32 minimums (Q4_1), `qs` (rows, nb, 16) uint8 nibble pairs (Q4_0, Q4_1) or
-    (rows, nb, 32) int8 values (Q8_0). The float16 scales become float32 exactly."""
+def plane_names(ggml_type: int) -> tuple[str, ...]:
+    """The names of the tensors a QuantizedLinear of this type holds (besides nothing else), in load order."""
+    if ggml_type not in PLANES: raise ValueError(f"ggml type {ggml_type} has no quantized kernel")
+    return tuple(PLANES[ggml_type])
+
+
+def _k_scale_min(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K's/Q5_K's 12 bytes (..., 12) -> the 8 six-bit scales and 8 six-bit minimums (..., 8) uint8 each."""
+    a, b, c = s[..., 0:4], s[..., 4:8], s[..., 8:12]
+    sc = np.concatenate([a & 63, (c & 15) | ((a >> 6) << 4)], axis=-1)
+    mn = np.concatenate([b & 63, (c >> 4) | ((b >> 6) << 4)], axis=-1)
+    return sc, mn
+
+
+def block_planes(raw: np.ndarray | bytes, ggml_type: int, rows: int, cols: int) -> dict[str, np.ndarray]:
+    """The blocks of a (rows, cols) weight, `raw` uint8 bytes in ggml's layout, split into the planes PLANES lists:
+    float16 scales become float32 exactly (`d`, Q4_1's `m`, the K types' `dmin`), Q4_K/Q5_K's packed 6-bit sub-block
+    scales and minimums become bytes (`sc`, `mn`), and the packed values keep their bytes (`qs`, `ql`, `qh`)."""
     if ggml_type not in QUANTIZED_TYPES: raise ValueError(f"ggml type {ggml_type} has no quantized kernel")
     name, block, nbytes = QUANTIZED_TYPES[ggml_type]
     if cols % block: raise ValueError(f"{cols} columns are not whole {name} blocks of {block}")
@@ -27,16 +72,34 @@ def block_planes(raw: np.ndarray, ggml_type: int, rows: int, cols: int) -> dict[
     b = np.frombuffer(raw, dtype=np.uint8)
     if b.size != rows * nb * nbytes: raise ValueError(f"{b.size} bytes don't hold a ({rows}, {cols}) {name} weight")
     b = b.reshape(rows, nb, nbytes)
-    f16 = lambda at: b[:, :, at:at + 2].copy().view(np.float16)[..., 0].astype(np.float32)   # noqa: E731
+    f16 = lambda at: b[:, :, at:at + 2].copy().view(np.float16)[..., 0].astype(np.float32)
     if ggml_type == 8: return {"d": f16(0), "qs": b[:, :, 2:34].copy().view(np.int8)}
     if ggml_type == 2: return {"d": f16(0), "qs": b[:, :, 2:18].copy()}
-    return {"d": f16(0), "m": f16(2), "qs": b[:, :, 4:20].copy()}
+    if ggml_type == 3: return {"d": f16(0), "m": f16(2), "qs": b[:, :, 4:20].copy()}
+    if ggml_type in (6, 7):
+        at = 2 if ggml_type == 6 else 4
+        out = {"d": f16(0)} if ggml_type == 6 else {"d": f16(0), "m": f16(2)}
+        return {**out, "qh": b[:, :, at:at + 4].reshape(rows, nb, 2, 2).copy(),
+                "qs": b[:, :, at + 4:at + 20].reshape(rows, nb, 2, 8).copy()}
+    if ggml_type == 14:
+        return {"d": f16(208), "sc": b[:, :, 192:208].copy().view(np.int8),
+                "ql": b[:, :, 0:128].reshape(rows, nb, 2, 2, 32).copy(),
+                "qh": b[:, :, 128:192].reshape(rows, nb, 2, 32).copy()}
+    sc, mn = _k_scale_min(b[:, :, 4:16])
+    out = {"d": f16(0), "dmin": f16(2), "sc": sc, "mn": mn}
+    if ggml_type == 13: out["qh"] = b[:, :, 16:48].copy()
+    out["qs"] = b[:, :, nbytes - 128:nbytes].reshape(rows, nb, 4, 32).copy()
+    return out
 
 
 class QuantizedLinear:
-    """y = x @ W.T with W (out_features, in_features) held as ggml blocks: `qs`, `d` (and `m` for Q4_1) tensors, loaded
-    like any weights (get_state_dict sees them). W's value j of block b is d*(q-8) (Q4_0), d*q+m (Q4_1), d*q (Q8_0);
-    a 4-bit block keeps its first 16 values in the low nibbles and the next 16 in the high ones.
+    """y = x @ W.T with W (out_features, in_features) held as ggml blocks, one tensor per plane (PLANES), loaded like
+    any weights (get_state_dict sees them). W's value j of block b is d*(q-8) (Q4_0), d*q+m (Q4_1), d*(q-16) (Q5_0),
+    d*q+m (Q5_1), d*q (Q8_0); a 4- or 5-bit block keeps its first 16 values in the low nibbles and the next 16 in the
+    high ones, and a 5-bit block value j's fifth bit in bit j of qh. A K block holds 256
+    values: (d*sc)*q - dmin*mn in sub-blocks of 32 (Q4_K, Q5_K: 4-bit q, and a fifth bit from qh), (d*sc)*(q-32) in
+    sub-blocks of 16 (Q6_K: low 4 bits in ql, high 2 in qh), the float operations in the order of the gguf package's
+    NumPy dequantization, so the values are bit for bit the same.
 
     >>> lin = QuantizedLinear(64, 3, ggml_type=8)
     >>> lin(Tensor.ones(2, 64)).shape
@@ -49,36 +112,92 @@ class QuantizedLinear:
         name, block, _ = QUANTIZED_TYPES[ggml_type]
         if in_features % block: raise ValueError(f"{in_features} inputs are not whole {name} blocks of {block}")
         nb = in_features // block
-        self.d = Tensor.zeros(out_features, nb).contiguous()
-        if ggml_type == 3: self.m = Tensor.zeros(out_features, nb).contiguous()
-        self.qs = Tensor.zeros(out_features, nb, 32 if ggml_type == 8 else 16,
-                               dtype=dtypes.int8 if ggml_type == 8 else dtypes.uint8).contiguous()
+        for plane, (shape, dt) in PLANES[ggml_type].items():
+            setattr(self, plane, Tensor.zeros(out_features, nb, *shape, dtype=dt).contiguous())
 
-    def _values(self) -> list[Tensor]:
-        """The dequantized weight as (out, nb, values) pieces: Q8_0's 32 values, or a 4-bit block's low-nibble and
-        high-nibble halves (kept apart, so no kernel has to pick a nibble per element)."""
-        O, nb = self.d.shape
-        d = self.d.reshape(O, nb, 1)
-        if self.ggml_type == 8: return [d * self.qs.float()]
-        halves = [(self.qs & 15).float(), (self.qs >> 4).float()]
-        if self.ggml_type == 2: return [d * (q - 8) for q in halves]
-        m = self.m.reshape(O, nb, 1)
-        return [d * q + m for q in halves]
+    def _planes(self, rows: Tensor | None = None) -> dict[str, Tensor]:
+        """The planes, or only the rows `rows` (int (N,)) of each."""
+        return {k: getattr(self, k) if rows is None else getattr(self, k)[rows] for k in PLANES[self.ggml_type]}
+
+    def _terms(self, p: dict[str, Tensor]) -> list[Tensor]:
+        """The dequantized weight (rows of planes `p`) as LAYOUT's terms, each (rows, nb, *pre, *post): Q8_0's 32
+        values, a 4-bit block's low-nibble and high-nibble halves, a K block's pieces (kept apart, so no kernel picks a
+        nibble or a shift per element)."""
+        t = self.ggml_type
+        O, nb = p["d"].shape
+        d = p["d"].reshape(O, nb, *(1,) * (len(LAYOUT[t][0]) + len(LAYOUT[t][2])))
+        if t == 8: return [d * p["qs"].float()]
+        if t in (2, 3):
+            halves = [(p["qs"] & 15).float(), (p["qs"] >> 4).float()]
+            if t == 2: return [d * (q - 8) for q in halves]
+            m = p["m"].reshape(O, nb, 1)
+            return [d * q + m for q in halves]
+        if t in (6, 7):   # term h: nibble h of qs, the fifth bit from qh's bytes 2h, 2h + 1 (bit b for value b)
+            bit = Tensor.arange(8, device=p["qh"].device, dtype=dtypes.uint8).reshape(1, 1, 1, 8)
+            q5 = [((p["qs"] >> (4 * h)) & 15) | (((p["qh"][:, :, h].reshape(O, nb, 2, 1) >> bit) & 1) << 4)
+                  for h in range(2)]
+            if t == 6: return [d * (q.float() - 16) for q in q5]
+            return [d * q.float() + p["m"].reshape(d.shape) for q in q5]
+        if t == 14:   # term k: ql[h, k % 2] shifted by 4 * (k // 2), qh[h] shifted by 2k; scales (h, k, 2)
+            sc = p["sc"].reshape(O, nb, 2, 4, 2, 1).float()
+            out = []
+            for k in range(4):
+                low = (p["ql"][:, :, :, k % 2] >> (4 * (k // 2))) & 15
+                q = (low | (((p["qh"] >> (2 * k)) & 3) << 4)).reshape(O, nb, 2, 2, 16)
+                out.append((d * sc[:, :, :, k]) * (q.float() - 32))
+            return out
+        dmin, qs = p["dmin"].reshape(d.shape), p["qs"]
+        if t == 12:   # term hi: nibble hi of the 4 groups, sub-blocks 2g + hi
+            sc, mn = p["sc"].reshape(O, nb, 4, 2).float(), p["mn"].reshape(O, nb, 4, 2).float()
+            return [(d * sc[:, :, :, hi:hi + 1]) * ((qs >> (4 * hi)) & 15).float() - dmin * mn[:, :, :, hi:hi + 1]
+                    for hi in range(2)]
+        sc, mn, qh = p["sc"].float(), p["mn"].float(), p["qh"]   # Q5_K, term j: sub-block j, group j // 2
+        return [(d * sc[:, :, j:j + 1]) * (((qs[:, :, j // 2] >> (4 * (j % 2))) & 15) | (((qh >> j) & 1) << 4)).float()
+                - dmin * mn[:, :, j:j + 1] for j in range(8)]
+
+    def _join(self, parts: list[Tensor]) -> Tensor:
+        """LAYOUT's terms (rows, nb, *pre, *post) -> the weight's rows (rows, in_features) in ggml's order."""
+        return parts[0].stack(*parts[1:], dim=2 + len(LAYOUT[self.ggml_type][0])).reshape(-1, self.in_features)
 
     def dequantize(self) -> Tensor:
         """W (out_features, in_features) in float32."""
-        parts = self._values()
-        O, nb, per = parts[0].shape
-        return parts[0].unsqueeze(2).cat(*(p.unsqueeze(2) for p in parts[1:]), dim=2).reshape(O, nb * len(parts) * per)
+        return self._join(self._terms(self._planes()))
 
     def __call__(self, x: Tensor) -> Tensor:
-        parts = self._values()
-        _, nb, per = parts[0].shape
-        xs = x.reshape(*x.shape[:-1], 1, nb, len(parts), per)                  # (..., 1, nb, halves, values)
-        prod = sum((xs[..., h, :] * w for h, w in enumerate(parts[1:], 1)), xs[..., 0, :] * parts[0])
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"input has {x.shape[-1]} features, the layer takes {self.in_features}")
+        pre, n_terms, post = LAYOUT[self.ggml_type]
+        parts = self._terms(self._planes())
+        nb = parts[0].shape[1]
+        xs = x.reshape(*x.shape[:-1], 1, nb, *pre, n_terms, *post)             # (..., 1, nb, *pre, terms, *post)
+        pick = lambda i: xs[(..., i) + (slice(None),) * len(post)]
+        prod_ = sum((pick(i) * w for i, w in enumerate(parts[1:], 1)), pick(0) * parts[0])
         # contiguous: a kernel of its own, so a consumer that writes a bigger buffer (the KV cache update) doesn't
         # recompute the product for every element it writes
-        return prod.sum((-2, -1)).contiguous()
+        return prod_.sum(tuple(range(-1 - len(pre) - len(post), 0))).contiguous()
 
 
-__all__ = ["QUANTIZED_TYPES", "QuantizedLinear", "block_planes"]
+class QuantizedEmbedding(QuantizedLinear):
+    """An embedding table (vocab_size, embed_size) held as ggml blocks: `emb(idx)` gathers the blocks of the rows it
+    needs and dequantizes only those, so no float32 table is kept; `emb.project(x)` is x @ table.T (a tied output
+    head reading the same blocks).
+
+    >>> emb = QuantizedEmbedding(5, 32, ggml_type=8)
+    >>> emb(Tensor([[0, 4, 4]])).shape
+    (1, 3, 32)
+    """
+
+    def __init__(self, vocab_size: int, embed_size: int, ggml_type: int):
+        super().__init__(embed_size, vocab_size, ggml_type)
+
+    def __call__(self, idx: Tensor) -> Tensor:   # type: ignore[override]
+        if not dtypes.is_int(idx.dtype): raise TypeError(f"embedding indices must be integers, got {idx.dtype}")
+        return self._join(self._terms(self._planes(idx.reshape(-1)))).reshape(*idx.shape, self.in_features)
+
+    def project(self, x: Tensor) -> Tensor:
+        """x (..., embed_size) @ table.T -> (..., vocab_size), dequantized inside the kernel as QuantizedLinear's."""
+        return super().__call__(x)
+
+
+__all__ = ["LAYOUT", "PLANES", "QUANTIZED_TYPES", "QuantizedEmbedding", "QuantizedLinear", "block_planes",
+           "plane_names"]

@@ -346,6 +346,13 @@ class CPUAllocator(Allocator):
         self.libc = ctypes.CDLL(None)
         self.libc.posix_memalign.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t, ctypes.c_size_t]
         self.libc.free.argtypes = [ctypes.c_void_p]
+        self.trim = getattr(self.libc, "malloc_trim", None)   # glibc only
+
+    def free_cache(self) -> None:
+        """Free the cached buffers, then ask glibc to hand its free heap pages back to the system: it keeps them
+        otherwise (a GGUF model's loading left 130 MB of freed temporaries resident next to 79 MB of weights)."""
+        super().free_cache()
+        if self.trim is not None: self.trim(0)
 
     def _alloc(self, nbytes: int) -> int:
         ptr = ctypes.c_void_p()

@@ -15,17 +15,20 @@ from fusegrad import Tensor
 from fusegrad.models.llama import Llama, LlamaConfig
 from fusegrad.models.weights import WeightsMismatch, WeightsNotFound
 
+from .kquants import quantize
+
 torch = pytest.importorskip("torch", reason="the reference model runs in PyTorch")
 transformers = pytest.importorskip("transformers", reason="the reference LLaMA comes from transformers")
 PROMPTS = [[5, 17, 200, 3, 99, 42], [1], [250, 251, 252, 7, 7, 7, 7, 30, 31, 32, 33, 34]]
 
 
-def tiny_llama(tie: bool = False, seed: int = 0):
-    """4 query heads sharing 2 key/value heads, head_dim 16; initializer_range 0.3 keeps greedy picks off near-ties."""
-    cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=48,
-                                   rope_theta=500.0, rms_norm_eps=1e-5, tie_word_embeddings=tie,
-                                   initializer_range=0.3, bos_token_id=1, eos_token_id=2)
+def tiny_llama(tie: bool = False, seed: int = 0, hidden: int = 64, intermediate: int = 128):
+    """4 query heads sharing 2 key/value heads, head_dim 16 (hidden 64); initializer_range 0.3 keeps greedy picks off
+    near-ties."""
+    cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=hidden, intermediate_size=intermediate,
+                                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                   max_position_embeddings=48, rope_theta=500.0, rms_norm_eps=1e-5,
+                                   tie_word_embeddings=tie, initializer_range=0.3, bos_token_id=1, eos_token_id=2)
     torch.manual_seed(seed)
     return transformers.LlamaForCausalLM(cfg).eval()
 
@@ -88,10 +91,11 @@ GGUF_LAYER = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "sel
               "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
 
 
-def write_gguf(path: pathlib.Path, model, quant: str | None = None, arch: str = "llama",
-               extra: Callable[[Any], Any] | None = None) -> dict[str, np.ndarray]:
-    """Write `model`'s weights as llama.cpp names them; quant="Q8_0" quantizes the 2-D weights; extra(writer) adds
-    more metadata (a tokenizer). Returns the HF state dict the file holds (dequantized), for the reference."""
+def write_gguf(path: pathlib.Path, model, quant: str | Callable[[str], str | None] | None = None,
+               arch: str = "llama", extra: Callable[[Any], Any] | None = None) -> dict[str, np.ndarray]:
+    """Write `model`'s weights as llama.cpp names them; quant="Q8_0" quantizes the 2-D weights (the K types with
+    kquants.py's encoder), or quant(gguf_name) picks each one's type (None: float32); extra(writer) adds more
+    metadata (a tokenizer). Returns the HF state dict the file holds (dequantized), for the reference."""
     gguf = pytest.importorskip("gguf", reason="GGUF files are written with the gguf package")
     cfg = model.config
     sd = {k: v.numpy().astype(np.float32) for k, v in model.state_dict().items()}
@@ -105,7 +109,8 @@ def write_gguf(path: pathlib.Path, model, quant: str | None = None, arch: str = 
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_rope_freq_base(cfg.rope_parameters["rope_theta"] if hasattr(cfg, "rope_parameters") else cfg.rope_theta)
     names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
-    if "lm_head.weight" in sd and not getattr(cfg, "tie_word_embeddings", False): names["lm_head.weight"] = "output.weight"
+    if "lm_head.weight" in sd and not getattr(cfg, "tie_word_embeddings", False):   # tied: the head reads token_embd
+        names["lm_head.weight"] = "output.weight"
     for i in range(cfg.num_hidden_layers):
         for hf, gg in GGUF_LAYER.items():
             names[f"model.layers.{i}.{hf}.weight"] = f"blk.{i}.{gg}.weight"
@@ -116,9 +121,10 @@ def write_gguf(path: pathlib.Path, model, quant: str | None = None, arch: str = 
         arr = sd[hf]
         if interleave and hf.endswith("q_proj.weight"): arr = to_llama_cpp_rows(arr, cfg.num_attention_heads)
         if interleave and hf.endswith("k_proj.weight"): arr = to_llama_cpp_rows(arr, cfg.num_key_value_heads)
-        if quant and arr.ndim == 2:
-            qt = gguf.GGMLQuantizationType[quant]
-            q = gguf.quants.quantize(arr, qt)
+        name = quant(gg) if callable(quant) else quant
+        if name and arr.ndim == 2:
+            qt = gguf.GGMLQuantizationType[name]
+            q = quantize(arr, name)
             w.add_tensor(gg, q, raw_shape=q.shape, raw_dtype=qt)
             arr = gguf.quants.dequantize(q, qt).reshape(arr.shape)
         else: w.add_tensor(gg, arr)

@@ -1,6 +1,8 @@
-"""QuantizedLinear (fusegrad/models/quantized.py): block planes split from bytes the gguf package quantizes, the
-product equal to x @ dequantize(W).T (gguf.quants' NumPy dequantization) for Q4_0, Q4_1 and Q8_0, one kernel per call;
-and Llama.from_gguf(quantized=True) giving the same logits and greedy tokens as the float32 path and transformers."""
+"""QuantizedLinear (fusegrad/models/quantized.py): block planes split from bytes the gguf package (or, for the K types
+it can't write, kquants.py) quantizes, dequantized bit for bit as gguf.quants' NumPy dequantization, random block bytes
+included; the product equal to x @ dequantize(W).T in float64 to float32 tolerance for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+Q4_K, Q5_K and Q6_K, one kernel for one row; QuantizedEmbedding's rows; and Llama.from_gguf(quantized=True) giving the
+same logits and greedy tokens as the float32 path and transformers, with the blocks held in about the file's bytes."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,51 +10,142 @@ import pytest
 
 from fusegrad import Tensor
 from fusegrad.helpers import GlobalCounters
-from fusegrad.models.quantized import QuantizedLinear, block_planes
+from fusegrad.models.quantized import LAYOUT, PLANES, QUANTIZED_TYPES, QuantizedEmbedding, QuantizedLinear, block_planes
 from fusegrad.nn.state import load_state_dict
 
-gguf = pytest.importorskip("gguf", reason="the blocks are quantized with the gguf package")
+from .kquants import quantize
+
+gguf = pytest.importorskip("gguf", reason="the blocks are dequantized with the gguf package as the reference")
+NAMES = [v[0] for v in QUANTIZED_TYPES.values()]
+F16_AT = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q4_K": (0, 2), "Q5_K": (0, 2),
+          "Q6_K": (208,)}   # byte offsets of the float16 scales in a block
+BLOCK = {v[0]: v[1] for v in QUANTIZED_TYPES.values()}
 
 
-@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q8_0"])
+def quantized_linear(raw: np.ndarray, qt: int, O: int, I: int) -> QuantizedLinear:
+    lin = QuantizedLinear(I, O, qt)
+    load_state_dict(lin, {k: Tensor(v) for k, v in block_planes(raw.tobytes(), qt, O, I).items()}, verbose=False)
+    return lin
+
+
+def check_product(lin: QuantizedLinear, w: np.ndarray, x: np.ndarray, call=None) -> None:
+    GlobalCounters.reset()
+    got = (call or lin)(Tensor(x)).numpy()
+    if x.size == x.shape[-1]: assert GlobalCounters.kernel_count == 1, "a matvec should be one kernel"
+    else:   # several rows: the recompute cost model may give a term its own buffer rather than redo it for every row
+        assert GlobalCounters.kernel_count <= 1 + LAYOUT[lin.ggml_type][1]
+    x64, w64 = x.astype(np.float64), w.astype(np.float64)
+    bound = 1e-5 * (np.abs(x64) @ np.abs(w64).T)          # float32 rounding, relative to the sum of |terms|
+    err = np.abs(got - x64 @ w64.T)
+    assert got.shape == err.shape and (err <= bound).all(), f"max error {err.max()} over the float32 bound"
+
+
+@pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("lead", [(1,), (1, 1), (2, 5)])
 def test_product_equals_dequantized_matmul(name, lead):
     qt = gguf.GGMLQuantizationType[name]
     rng = np.random.default_rng(int(qt))
-    O, I = 24, 96
-    raw = gguf.quants.quantize(rng.standard_normal((O, I)).astype(np.float32), qt)
+    O, I = 24, (512 if BLOCK[name] == 256 else 96)
+    raw = quantize(rng.standard_normal((O, I)).astype(np.float32), name)
     w = gguf.quants.dequantize(raw, qt)
-    lin = QuantizedLinear(I, O, int(qt))
-    planes = block_planes(raw.tobytes(), int(qt), O, I)
-    load_state_dict(lin, {k: Tensor(v) for k, v in planes.items()}, verbose=False)
+    lin = quantized_linear(raw, int(qt), O, I)
     np.testing.assert_array_equal(lin.dequantize().numpy(), w)           # the planes hold exactly the file's values
-    x = rng.standard_normal((*lead, I)).astype(np.float32)
+    check_product(lin, w, rng.standard_normal((*lead, I)).astype(np.float32))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_embedding_rows_bit_exact(name):
+    """QuantizedEmbedding gathers the blocks of the rows it is asked for: equal to the dequantized table's rows, one
+    kernel; its `project` is the product with the table."""
+    qt = gguf.GGMLQuantizationType[name]
+    rng = np.random.default_rng(3 + int(qt))
+    V, C = 40, max(BLOCK[name], 64)
+    raw = quantize(rng.standard_normal((V, C)).astype(np.float32), name)
+    w = gguf.quants.dequantize(raw, qt)
+    emb = QuantizedEmbedding(V, C, int(qt))
+    load_state_dict(emb, {k: Tensor(v) for k, v in block_planes(raw.tobytes(), int(qt), V, C).items()}, verbose=False)
+    idx = np.array([[0, 39, 5], [5, 5, 17]], np.int32)
     GlobalCounters.reset()
-    got = lin(Tensor(x)).numpy()
-    assert GlobalCounters.kernel_count == 1, "dequantization and product should be one kernel"
-    np.testing.assert_allclose(got, x @ w.T, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(emb(Tensor(idx)).numpy(), w[idx])
+    assert GlobalCounters.kernel_count == 1
+    check_product(emb, w, rng.standard_normal((1, C)).astype(np.float32), emb.project)
+    with pytest.raises(TypeError, match="indices must be integers"): emb(Tensor([1.0]))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_random_blocks_bit_exact(name):
+    """Every byte random (all bit patterns of the packed values, fifth bits, 6-bit and signed sub-block scales) except
+    finite float16 scales: the dequantized weight equals gguf.quants.dequantize bit for bit, the product float64's."""
+    qt = gguf.GGMLQuantizationType[name]
+    _, block, nbytes = QUANTIZED_TYPES[int(qt)]
+    rng = np.random.default_rng(7 + int(qt))
+    O, nb = 40, 3
+    raw = rng.integers(0, 256, (O * nb, nbytes), dtype=np.uint8)
+    for at in F16_AT[name]:
+        raw[:, at:at + 2] = rng.uniform(-0.1, 0.1, O * nb).astype(np.float16).reshape(-1, 1).view(np.uint8)
+    raw = raw.reshape(O, nb * nbytes)
+    w = gguf.quants.dequantize(raw, qt)
+    lin = quantized_linear(raw, int(qt), O, nb * block)
+    np.testing.assert_array_equal(lin.dequantize().numpy(), w)
+    check_product(lin, w, rng.standard_normal((3, nb * block)).astype(np.float32))
+
+
+def test_planes_stay_near_file_size():
+    """The planes of a K-type weight take at most 6% more bytes than its blocks in the file."""
+    for qt, (name, block, nbytes) in QUANTIZED_TYPES.items():
+        rows, nb = 8, 2
+        planes = block_planes(np.zeros(rows * nb * nbytes, np.uint8), qt, rows, nb * block)
+        assert set(planes) == set(PLANES[qt])
+        for k, (shape, dt) in PLANES[qt].items():
+            assert planes[k].shape == (rows, nb, *shape) and planes[k].dtype.itemsize == dt.itemsize, (name, k)
+        held = sum(p.nbytes for p in planes.values())
+        assert held <= rows * nb * nbytes * (1.06 if block == 256 else 1.2), (name, held)
 
 
 def test_bad_input():
-    with pytest.raises(ValueError, match="no quantized kernel"): QuantizedLinear(32, 2, 12)
+    with pytest.raises(ValueError, match="no quantized kernel"): QuantizedLinear(32, 2, 10)
+    with pytest.raises(ValueError, match="no quantized kernel"): block_planes(b"", 11, 1, 256)
     with pytest.raises(ValueError, match="40 inputs are not whole Q8_0 blocks"): QuantizedLinear(40, 2, 8)
+    with pytest.raises(ValueError, match="288 inputs are not whole Q4_K blocks of 256"): QuantizedLinear(288, 2, 12)
     with pytest.raises(ValueError, match="don't hold a"): block_planes(b"\0" * 33, 8, 1, 32)
+    with pytest.raises(ValueError, match="don't hold a"): block_planes(b"\0" * 209, 14, 1, 256)
+    with pytest.raises(ValueError, match="input has 255 features, the layer takes 256"):
+        QuantizedLinear(256, 2, 14)(Tensor.ones(1, 255))
 
 
-@pytest.mark.parametrize("quant", ["Q8_0", "Q4_0", "Q4_1"])
-def test_llama_quantized_equals_float_path_and_transformers(tmp_path, quant):
+def q4_k_m(tie: bool):
+    """Roughly llama.cpp's Q4_K_M mix: Q6_K for the output head (the embedding, when tied), attn_v and ffn_down,
+    Q4_K for the rest."""
+    six = ("output.", "token_embd.") if tie else ("output.",)
+    return lambda gg: "Q6_K" if gg.startswith(six) or ".attn_v." in gg or ".ffn_down." in gg else "Q4_K"
+
+
+@pytest.mark.parametrize("quant,tie", [("Q8_0", False), ("Q4_0", True), ("Q4_1", False), ("Q5_0", False),
+                                       ("Q5_1", True), ("Q4_K", False),
+                                       ("Q5_K", False), ("Q6_K", True), ("Q4_K_M", False), ("Q4_K_M", True)])
+def test_llama_quantized_equals_float_path_and_transformers(tmp_path, quant, tie):
     torch = pytest.importorskip("torch")
+    from fusegrad.device import Device
     from fusegrad.models.llama import Llama
 
     from .test_llama import PROMPTS, assert_logits, ref_greedy, tiny_llama, write_gguf
-    held = write_gguf(tmp_path / "q.gguf", tiny_llama(), quant)
-    ref = tiny_llama()
-    ref.load_state_dict({k: torch.tensor(v) for k, v in held.items()})
+    sizes = {"hidden": 256, "intermediate": 512} if quant[2] == "_" else {}    # K blocks hold 256 values
+    held = write_gguf(tmp_path / "q.gguf", tiny_llama(tie, **sizes), q4_k_m(tie) if quant == "Q4_K_M" else quant)
+    ref = tiny_llama(tie, **sizes)
+    ref.load_state_dict({k: torch.tensor(v) for k, v in held.items()}, strict=not tie)   # tied: no lm_head key
     ours = Llama.from_gguf(tmp_path / "q.gguf", quantized=True)
-    assert type(ours.model.layers[0].self_attn.q_proj).__name__ == "QuantizedLinear"
+    assert not Device[Device.DEFAULT].allocator.cache, "the loading's freed buffers should be given back"
+    layer = ours.model.layers[0]
+    lins = [layer.self_attn.q_proj, layer.self_attn.v_proj, layer.mlp.down_proj, ours.model.embed_tokens]
+    assert all(isinstance(m, QuantizedLinear) for m in lins) and isinstance(lins[-1], QuantizedEmbedding)
+    assert tie == ("lm_head" not in vars(ours))   # tied: the embedding's blocks are the head
+    if not tie: lins.append(ours.lm_head)
+    if quant == "Q4_K_M": assert [m.ggml_type for m in lins] == [12, 14, 14] + ([14] if tie else [12, 14])
     flt = Llama.from_gguf(tmp_path / "q.gguf", quantized=False)
-    for p in PROMPTS[:2]:
-        np.testing.assert_allclose(ours.forward(Tensor([p]), 0).numpy(), flt.forward(Tensor([p]), 0).numpy(),
-                                   rtol=1e-4, atol=1e-4)
+    for p in PROMPTS[:2]:   # the same float32 values in both, summed in other orders
+        want = flt.forward(Tensor([p]), 0).numpy()
+        np.testing.assert_allclose(ours.forward(Tensor([p]), 0).numpy(), want, rtol=1e-4, atol=1e-4 * abs(want).max())
     assert_logits(Llama.from_gguf(tmp_path / "q.gguf", quantized=True), ref, PROMPTS[:2])
-    assert ours.generate(PROMPTS[0], 10) == ref_greedy(ref, PROMPTS[0], 10)
+    want = ref_greedy(ref, PROMPTS[0], 10)
+    assert ours.generate(PROMPTS[0], 10) == want
+    assert flt.generate(PROMPTS[0], 10) == want
