@@ -22,5 +22,6 @@ def test_first_profile_small_batch():
     cold, warm = (re.search(rf"^{k}: .* (\d+) compiler runs \((\d+) in init", out.stdout, re.MULTILINE)
                   for k in ("cold", "warm"))
     assert cold and warm, out.stdout
-    assert int(cold[1]) > 0 and int(cold[2]) > 0, out.stdout   # an empty cache compiles, in init and in the step
+    # an empty cache compiles in the step; init runs no kernel (random initialization and optimizer state are lazy)
+    assert int(cold[1]) > 0 and int(cold[2]) == 0, out.stdout
     assert int(warm[1]) == 0, out.stdout                        # the cache the cold process left serves everything
