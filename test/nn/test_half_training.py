@@ -124,3 +124,31 @@ def test_half_conv_net_trains_like_torch():
         ref, torch_err = ref_state[k], np.abs(half_state[k] - ref_state[k]).max()
         err = np.abs(v.float().numpy() - ref).max()
         assert err <= 2 * torch_err + 1e-3 * np.abs(ref).max(), f"{k}: {err} from float32, torch's float16 {torch_err}"
+
+
+def test_half_batchnorm_many_elements_per_channel():
+    """BatchNorm over 65536 float16 elements per channel (64 x 32 x 32): the closed-form gradient's n * g passed
+    float16's largest value and the input gradient came out NaN. Output and gradients against torch in float32 (which
+    is what torch computes half BatchNorm in), within float16 rounding."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(0, 1, (64, 4, 32, 32)).astype(np.float16)
+    g = rng.uniform(-1, 1, x.shape).astype(np.float16)
+    old = dtypes.default_float
+    dtypes.default_float = dtypes.half
+    try:
+        bn, xt = nn.BatchNorm(4), Tensor(x, requires_grad=True)
+        with Tensor.train():
+            out = bn(xt)
+            (out * Tensor(g)).sum().backward()
+    finally:
+        dtypes.default_float = old
+    tbn, tx = torch.nn.BatchNorm2d(4), torch.tensor(x).float().requires_grad_()
+    tout = tbn(tx)
+    (tout * torch.tensor(g).float()).sum().backward()
+    assert out.dtype == dtypes.half and xt.grad is not None and xt.grad.dtype == dtypes.half
+    np.testing.assert_allclose(out.numpy().astype(np.float32), tout.detach().numpy(), rtol=HALF_ULP, atol=HALF_ULP)
+    np.testing.assert_allclose(xt.grad.numpy().astype(np.float32), tx.grad.numpy(), rtol=2 * HALF_ULP, atol=1e-3)
+    for ours, theirs in ((bn.weight, tbn.weight), (bn.bias, tbn.bias)):
+        assert ours.grad is not None
+        np.testing.assert_allclose(ours.grad.numpy().astype(np.float32), theirs.grad.numpy(), rtol=HALF_ULP)
+    np.testing.assert_allclose(bn.running_var.numpy().astype(np.float32), tbn.running_var.numpy(), rtol=HALF_ULP)
