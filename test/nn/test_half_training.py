@@ -152,3 +152,24 @@ def test_half_batchnorm_many_elements_per_channel():
         assert ours.grad is not None
         np.testing.assert_allclose(ours.grad.numpy().astype(np.float32), theirs.grad.numpy(), rtol=HALF_ULP)
     np.testing.assert_allclose(bn.running_var.numpy().astype(np.float32), tbn.running_var.numpy(), rtol=HALF_ULP)
+
+
+def test_half_conv2d_rounds_once():
+    """A float16 convolution multiplies in float32 and sums in float32, then rounds once (torch's CPU half conv and a
+    GEMM do the same): nearly every output and weight-gradient element is the float64 result rounded to float16
+    (the rest within float32 summation error). Products rounded to half first left 42% of the outputs off."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(0, 1, (8, 32, 16, 16)).astype(np.float16)
+    w = rng.normal(0, 0.2, (64, 32, 3, 3)).astype(np.float16)
+    g = rng.normal(0, 1, (8, 64, 16, 16)).astype(np.float16)
+    xt, wt = Tensor(x, requires_grad=True), Tensor(w, requires_grad=True)
+    out = xt.conv2d(wt, padding=1)
+    (out * Tensor(g)).sum().backward()
+    tx, tw = torch.tensor(x).double().requires_grad_(), torch.tensor(w).double().requires_grad_()
+    ref = torch.nn.functional.conv2d(tx, tw, padding=1)
+    (ref * torch.tensor(g).double()).sum().backward()
+    assert out.dtype == dtypes.half and wt.grad is not None and xt.grad is not None
+    for name, ours, theirs in (("output", out, ref.detach()), ("weight grad", wt.grad, tw.grad),
+                               ("input grad", xt.grad, tx.grad)):
+        exact = ours.numpy() == theirs.numpy().astype(np.float16)
+        assert exact.mean() > 0.99, f"{name}: only {exact.mean():.3f} of the elements rounded once"
