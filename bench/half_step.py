@@ -30,9 +30,10 @@ def child(bs: int, depth: int, steps: int) -> None:
 
     class Group:
         def __init__(self, cin: int, cout: int):
-            self.conv1, self.conv2 = nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.Conv2d(cout, cout, 3, padding=1,
-                                                                                                bias=False)
-            self.norm1, self.norm2 = nn.BatchNorm(cout, track_running_stats=False), nn.BatchNorm(cout, track_running_stats=False)
+            self.conv1 = nn.Conv2d(cin, cout, 3, padding=1, bias=False)
+            self.conv2 = nn.Conv2d(cout, cout, 3, padding=1, bias=False)
+            self.norm1 = nn.BatchNorm(cout, track_running_stats=False)
+            self.norm2 = nn.BatchNorm(cout, track_running_stats=False)
 
         def __call__(self, x: Tensor) -> Tensor:
             x = self.norm1(self.conv1(x).max_pool2d().float()).cast(dt).quick_gelu()
