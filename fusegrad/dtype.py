@@ -401,6 +401,14 @@ def sum_acc_dtype(dt: DType) -> DType:
     return least_upper_dtype(dt, dtypes.float32)
 
 
+def reduce_acc_dtype(dt: DType) -> DType:
+    """The dtype a sum or product of `dt` values accumulates in, inside the kernel: float16, bfloat16 and fp8 in
+    float32, rounded back to `dt` once at the end (torch's and tinygrad's rule: a float16 accumulator stops growing at
+    2048 when the terms are below 1, and overflows where the result doesn't); every other dtype in its own. A max needs
+    no wider accumulator. `sum_acc_dtype` is sum()'s own, wider choice (ints too), whose result keeps that dtype."""
+    return dtypes.float32 if dtypes.is_float(dt) and dt.scalar().itemsize < 4 else dt
+
+
 def to_np_dtype(dt: DType) -> Any:
     import numpy as np
     if dt.fmt is None: raise TypeError(f"numpy has no {dt.name}; cast to float32 first")

@@ -173,20 +173,26 @@ VECTOR_DTYPES = {dtypes.float32, dtypes.float64, dtypes.int32, dtypes.uint32, dt
 
 
 def elementwise_opts(nodes: list[UOp], renderer: Renderer | None) -> list[Opt]:
-    """Elementwise kernels are left to the C compiler's vectorizer, except those that evaluate exp2 or log2 (exp,
-    sigmoid, tanh, erf, GELU, log, softplus) where the renderer has them for whole vectors: GCC -O2 doesn't vectorize
-    a loop whose bounds are a thread's chunk, so each element ran the scalar fg_exp2f and the selects around it one by
-    one (GELU over 1024x1536: 7.5 ms). VECTORIZE the range along which the loads and stores are contiguous, at the
-    SIMD width (or half, or a quarter, when that doesn't divide it)."""
+    """Elementwise kernels are left to the C compiler's vectorizer, except two kinds that it leaves scalar:
+    - those that evaluate exp2 or log2 (exp, sigmoid, tanh, erf, GELU, log, softplus) where the renderer has them for
+      whole vectors: GCC -O2 doesn't vectorize a loop whose bounds are a thread's chunk, so each element ran the scalar
+      fg_exp2f and the selects around it one by one (GELU over 1024x1536: 7.5 ms);
+    - those that load or store float16, where the machine converts whole vectors (`Machine.half_vectors`): GCC 12
+      converts each _Float16 on its own, so a half `x * y` ran at a fifth of float32's speed. Vectorized, the renderer
+      converts each load and store as one vector (F16C) and computes in float32 vectors.
+    VECTORIZE the range along which the loads and stores are contiguous, at the float32 SIMD width (or half, or a
+    quarter, when that doesn't divide it)."""
     if renderer is None or not renderer.vector_math or not renderer.simd_bytes: return []
-    if not any(n.op in (Ops.EXP2, Ops.LOG2) and n.dtype == dtypes.float32 for n in nodes): return []
-    if not {n.dtype.scalar() for n in nodes if n.op not in (Ops.STORE, Ops.PARAM, Ops.INDEX, Ops.SINK)} <= \
-            {dtypes.float32, dtypes.int32, dtypes.bool}: return []
+    kinds = {n.dtype.scalar() for n in nodes if n.op not in (Ops.STORE, Ops.PARAM, Ops.INDEX, Ops.SINK)}
+    if not kinds <= {dtypes.float32, dtypes.int32, dtypes.bool, dtypes.float16}: return []
+    half = dtypes.float16 in kinds
+    if not half and not any(n.op in (Ops.EXP2, Ops.LOG2) for n in nodes): return []
     sizes = {n: int(n.src[0].arg) for n in nodes if n.op is Ops.RANGE and n.src[0].op is Ops.CONST}
     accesses = [n.src[0] for n in nodes if n.op in (Ops.LOAD, Ops.STORE) and n.src[0].src[0].op is Ops.PARAM]
     best, pick = 0, None
     for r in sorted(sizes, key=lambda r: -r.arg[0]):  # ties: the innermost range
-        w = next((w for w in (renderer.simd_bytes // 4 >> k for k in range(3)) if w >= 4 and sizes[r] % w == 0), 0)
+        w = next((w for w in (renderer.simd_bytes // 4 >> k for k in range(3)) if w >= 4 and sizes[r] % w == 0 and
+                  (not half or (renderer.machine is not None and renderer.machine.half_vectors(w)))), 0)
         if w and (sc := _vector_score(accesses, r, masked=_masked_loads(nodes, renderer)) * w) > best:
             best, pick = sc, Opt("VECTORIZE", r.arg[0], w)
     return [pick] if pick is not None else []

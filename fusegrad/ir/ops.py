@@ -21,7 +21,7 @@ import weakref
 from _weakref import _remove_dead_weakref  # type: ignore[attr-defined]
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
-from fusegrad.dtype import ConstType, DType, DTypeLike, PtrDType, dtypes, least_upper_float, to_dtype
+from fusegrad.dtype import ConstType, DType, DTypeLike, PtrDType, dtypes, least_upper_float, reduce_acc_dtype, to_dtype
 from fusegrad.ir.shape import broadcast_shape, canonical_shape, infer_shape, sprod   # (shape.py: no module-level
                                                                                     # import of this one)
 
@@ -592,10 +592,16 @@ class UOp(OpMixin, metaclass=UOpMetaClass):
         return self.reshape((1,) * (len(shape) - len(s)) + s).expand(shape)  # type: ignore[arg-type,operator]
 
     def reduce_axis(self, op: Ops, axes: "Sequence[int]") -> "UOp":
+        """Reduce `axes` with `op`. A sum or product of a float narrower than float32 accumulates in float32 and is
+        rounded back once (`reduce_acc_dtype`): every tensor-graph reduce is made here, so the gradient of a broadcast
+        (a bias's: the sum over the batch), a split reduce's partials and a convolution's weight gradient all follow
+        the rule that sum() does."""
         assert op in GroupOp.Reduce and self.shape is not None
         shape = self.shape
         axes = tuple(sorted(a for a in axes if shape[a] != 1))
         if not axes: return self
+        if op is not Ops.MAX and (acc := reduce_acc_dtype(self.dtype)) != self.dtype:
+            return self.cast(acc).reduce_axis(op, axes).cast(self.dtype)
         if any(shape[a] == 0 for a in axes):  # reducing nothing gives the identity
             assert self.device is not None
             ident = {Ops.ADD: 0, Ops.MUL: 1, Ops.MAX: dtypes.min(self.dtype)}[op]

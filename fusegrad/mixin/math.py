@@ -98,11 +98,14 @@ class MathMixin:
         # selects instead of relu differences, so +-inf give 1/0 (not inf - inf) and the kinks get gradient 0
         y = alpha * self + beta
         return (y <= 0).where(0, (y >= 1).where(1, y))
-    def elu(self: "Tensor", alpha: float = 1.0) -> "Tensor": return self.relu() - alpha * (1 - self.exp()).relu()
+    # elu, celu, selu: exp of the non-positive part only. exp(x) of a large positive x is inf (past 11 in float16, 88
+    # in float32), and the gradient that a select or relu masks to 0 became 0 * inf = NaN (torch: 1)
+    def _nonpositive(self: "Tensor") -> "Tensor": return (self > 0).where(0, self)
+    def elu(self: "Tensor", alpha: float = 1.0) -> "Tensor": return self.relu() + alpha * (self._nonpositive().exp() - 1)
     def celu(self: "Tensor", alpha: float = 1.0) -> "Tensor":
-        return self.maximum(0) + (alpha * ((self / alpha).exp() - 1)).minimum(0)
+        return self.maximum(0) + alpha * ((self._nonpositive() / alpha).exp() - 1)
     def selu(self: "Tensor", alpha: float = 1.67326, gamma: float = 1.0507) -> "Tensor":
-        return gamma * (self >= 0).where(self, alpha * (self.exp() - 1))
+        return gamma * (self >= 0).where(self, alpha * (self._nonpositive().exp() - 1))
     def swish(self: "Tensor") -> "Tensor": return self * self.sigmoid()
     def silu(self: "Tensor") -> "Tensor": return self.swish()
     def relu6(self: "Tensor") -> "Tensor":   # (elementwise only: any float dtype can run it on nodes)

@@ -8,7 +8,7 @@ import math
 from typing import Any, Callable, Sequence, TYPE_CHECKING
 
 from fusegrad.autograd import custom_grad
-from fusegrad.dtype import DTypeLike, dtypes, least_upper_dtype, sum_acc_dtype
+from fusegrad.dtype import DTypeLike, dtypes, least_upper_dtype, reduce_acc_dtype, sum_acc_dtype
 from fusegrad.helpers import ShapeError, TRAINING, make_tuple, prod
 from fusegrad.ir import build
 from fusegrad.ir.ops import OpMixin, Ops, UOp
@@ -78,7 +78,10 @@ def _conv_backward(g: "Tensor", x: "Tensor", w: "Tensor", k: tuple[int, ...], st
         # (contiguous 8-16 lane loads) instead of along the short output rows (conv2 of beautiful_mnist: 2.5x)
         gw = g.permute([0] + [2 + i for i in range(nd)] + [1]).contiguous().permute([0, nd + 1] + [1 + i for i in range(nd)])
     gr = gw.reshape((n, groups, cout // groups) + o + (1,) * (nd + 1))
-    prod_ = unfold(x) * gr                                   # (N, G, Cout/G, *O, Cg, *K)
+    # half: float32 products (as the forward); x is cast before the unfold, whose copies a cast would otherwise
+    # make worth storing (recompute.py: a 9x bigger im2col buffer and a matmul over it)
+    mul_dt = reduce_acc_dtype(least_upper_dtype(x.dtype, gr.dtype))
+    prod_ = unfold(x.cast(mul_dt)) * gr.cast(mul_dt)        # (N, G, Cout/G, *O, Cg, *K)
     # the weight gradient reduces over the batch and every position into a small output, so each output tile would
     # stream the whole batch from memory; summing groups of samples first (the group is the outer output loop) keeps
     # one group's inputs in the cache while every tile reads them, then a small second kernel adds the groups
@@ -137,6 +140,12 @@ class NNMixin:
         def forward_uop(x: "UOp", wt: "UOp") -> "UOp":
             """`forward` of detached operands on the graph nodes: the same nodes, with one Tensor for the result, not
             about fifteen (a third of an eager EfficientNet call's graph building went to conv intermediates)."""
+            dt = least_upper_dtype(x.dtype, wt.dtype)          # the multiply's promotion and broadcast
+            # 16-bit floats multiply in float32 (exact products, as torch and a GEMM do) into the float32 sum: a
+            # product rounded to half was converted back to float32 for the sum, two conversions per multiply-add.
+            # The cast comes before the unfold: on the unfolded view it made the 9x bigger im2col worth storing.
+            mul_dt = reduce_acc_dtype(dt)
+            x, wt = build.cast(x, mul_dt), build.cast(wt, mul_dt)
             xu, _ = pool_uop(build.pad(x, [(0, 0), (0, 0)] + pads), k, st, dl)          # (N, Cin, *O, *K)
             o = xu.shape[2:2 + nd]
             xu = build.permute(build.reshape(xu, (n, groups, 1, cg) + o + k),
@@ -148,8 +157,6 @@ class NNMixin:
                 if not is_contiguous_buffer(w): w = UOp(Ops.CONTIGUOUS, w.dtype, (w,))
                 w = build.permute(w, [0, nd + 2] + list(range(1, nd + 2)))
             w = build.reshape(w, (1, groups, cout // groups) + (1,) * nd + (cg,) + k)
-            dt = least_upper_dtype(xu.dtype, w.dtype)          # the multiply's promotion and broadcast
-            xu, w = build.cast(xu, dt), build.cast(w, dt)
             full = tuple(max(a, b) for a, b in zip(xu.shape, w.shape))
             prod_ = build.alu(Ops.MUL, build.expand(xu, full), build.expand(w, full))
             axes = tuple(len(full) - 1 - i for i in range(nd + 1))

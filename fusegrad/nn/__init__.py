@@ -18,7 +18,7 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
-from fusegrad.dtype import dtypes
+from fusegrad.dtype import dtypes, least_upper_dtype, reduce_acc_dtype
 from fusegrad.helpers import TRAINING, make_tuple, prod
 from fusegrad.autograd import custom_grad
 from fusegrad.nn import datasets, optim, state
@@ -180,24 +180,28 @@ class BatchNorm:
         """Normalize with the batch's statistics, with the closed-form gradient: per channel, with xhat the
         normalized input and n the elements per channel, dx = weight * invstd / n * (n g - sum(g) - xhat sum(g xhat)),
         dweight = sum(g xhat), dbias = sum(g). Two reductions backward, where differentiating through mean and var
-        takes five (and their elementwise kernels)."""
+        takes five (and their elementwise kernels).
+        float16 and bfloat16 inputs are normalized, and their gradient computed, in float32 (`reduce_acc_dtype`, as
+        torch does) and rounded once: in half, n g overflowed past 65504 (n = 65536 elements per channel gave NaN)."""
         axes = tuple(a for a in range(x.ndim) if a != 1)
         shape = (1, -1) + (1,) * (x.ndim - 2)
         n = x.numel() // x.shape[1]
-        xd = x.detach()
+        params = [p for p in (self.weight, self.bias) if p is not None]
+        out_dtype = least_upper_dtype(x.dtype, *[p.dtype for p in params])
+        xd = x.detach().cast(reduce_acc_dtype(x.dtype))
         mean, var = _batch_mean_var(xd)
         invstd = (var + self.eps).rsqrt()
         if is_training() and self.running_mean is not None and self.running_var is not None:
             self._update_running_stats(mean, var * (n / max(n - 1, 1)))
-        params = [p for p in (self.weight, self.bias) if p is not None]
-        value = xd.batchnorm(*[p.detach() if p is not None else None for p in (self.weight, self.bias)], mean, invstd)
+        value = xd.batchnorm(*[p.detach() if p is not None else None for p in (self.weight, self.bias)], mean,
+                             invstd).cast(out_dtype)
         if not (x.requires_grad or any(p.requires_grad for p in params)): return value
         w, has_bias = self.weight, self.bias is not None
 
         def backward(g: Tensor, *_: Tensor) -> list[Tensor]:
             # the incoming gradient is often a fused expression (max_pool2d's backward, with its window permute) that
             # both sums and dx would each recompute with strided loads: compute it once (bs512 step: ~4 x 12 ms -> 3 ms)
-            g = g.contiguous()
+            g = g.contiguous().cast(reduce_acc_dtype(g.dtype))
             xhat = (xd - mean.reshape(shape)) * invstd.reshape(shape)
             gsum, gxhat = g.sum(axes), (g * xhat).sum(axes)
             scale = invstd if w is None else invstd * w.detach()
@@ -209,8 +213,9 @@ class BatchNorm:
     def _update_running_stats(self, mean: Tensor, var_unbiased: Tensor) -> None:
         assert self.running_mean is not None and self.running_var is not None and self.num_batches_tracked is not None
         m = self.momentum
-        self.running_mean.assign((1 - m) * self.running_mean + m * mean.detach())
-        self.running_var.assign((1 - m) * self.running_var + m * var_unbiased.detach())
+        rm, rv = self.running_mean, self.running_var
+        rm.assign(((1 - m) * rm + m * mean.detach()).cast(rm.dtype))
+        rv.assign(((1 - m) * rv + m * var_unbiased.detach()).cast(rv.dtype))
         self.num_batches_tracked.assign(self.num_batches_tracked + 1)
         for b in (self.running_mean, self.running_var, self.num_batches_tracked): b.requires_grad = False
 

@@ -537,9 +537,10 @@ class ClangRenderer(CStyleLanguage):
     def render_kernel(self, name: str, args: list[str], body: list[str], has_float_acc: bool = False) -> str:
         src = super().render_kernel(name, args, body, has_float_acc)
         used = [FAST_MATH_C[fn] for fn in FAST_MATH_C if fn + "(" in src]
+        # the half conversions first: they define the float vector types, which a float16 kernel's body may not use
+        used += [half_convert_c(w) for w in (4, 8, 16) if f"fg_h2f_x{w}(" in src or f"fg_f2h_x{w}(" in src]
         used += [vector_exp2_c(w) for w in (4, 8, 16) if f"fg_exp2f_x{w}(" in src]
         used += [vector_log2_c(w) for w in (4, 8, 16) if f"fg_log2f_x{w}(" in src]
-        used += [half_convert_c(w) for w in (4, 8, 16) if f"fg_h2f_x{w}(" in src or f"fg_f2h_x{w}(" in src]
         if "fg_h2f(" in src or "fg_f2h(" in src: used.append(HALF_SCALAR_C)
         return "".join(f + "\n" for f in used) + src + (_thread_trampoline(name, args) if args[-2:] ==
                                                          ["int core_start", "int core_end"] else "")

@@ -61,6 +61,13 @@ class Machine:
         if not self.vector_bytes: return count
         return max(-(-count * dtype.itemsize // self.vector_bytes), 1)
 
+    def half_vectors(self, lanes: int) -> bool:
+        """Whether float16 <-> float32 conversions of `lanes`-wide vectors are vector instructions on this target:
+        x86 F16C (`vcvtph2ps` / `vcvtps2ph`; 16 lanes also need AVX-512F), or ARM NEON (`fcvtl` / `fcvtn`). Without
+        them the compiler converts one lane at a time, and vectorizing float16 elementwise code gains nothing."""
+        if self.isa == "neon": return True
+        return "F16C" in self.features and (lanes <= 8 or "AVX512F" in self.features)
+
     def describe(self) -> str:
         """A few lines for people: `python -m fusegrad.runtime.machine`, the doctor, the benchmarks."""
         kib = lambda n: f"{n >> 20} MiB" if n >= 1 << 20 and n % (1 << 20) == 0 else f"{n >> 10} KiB"  # noqa: E731

@@ -86,7 +86,9 @@ def test_vector_exp2_in_source_and_threaded():
 
 def test_cheap_or_other_dtype_elementwise_left_to_the_compiler():
     assert opts_of(Tensor(X) * 2 + 1) == []                           # no exp2: GCC's business
-    assert opts_of(Tensor(X).cast(dtypes.float16).exp()) == []         # half: no vector exp2
+    half_exp = opts_of(Tensor(X).cast(dtypes.float16).exp())   # half: vectorized only where vectors convert
+    m = CPU.machine
+    assert (half_exp != []) == bool(CPU.simd_bytes and CPU.vector_math and m is not None and m.half_vectors(4))
     if CPU.simd_bytes and CPU.vector_math:   # the loops are merged first: 64*45 = 2880 = 16*180 lanes
         (si,) = Tensor(X[:, :45].copy()).exp().schedule()
         assert "fg_exp2f_x" in to_program(si.ast, CPU).src
@@ -98,3 +100,51 @@ def test_python_backend_never_vectorizes():
     t = Tensor(X, device="PYTHON").exp()
     (si,) = t.schedule()
     assert hand_coded_opts(graph_rewrite(si.ast, pm_symbolic), Device["PYTHON"].renderer) == []
+
+
+HALF_FNS = {  # name: (fusegrad, numpy on float32 then rounded to float16)
+    "mul_add": (lambda x: x * x + x, lambda x: x * x + x),
+    "quick_gelu": (lambda x: x.quick_gelu(), lambda x: x / (1 + np.exp(-1.702 * x))),
+    "relu_where": (lambda x: (x > 0).where(x, x * 0.5), lambda x: np.where(x > 0, x, x * 0.5)),
+    "to_float32": (lambda x: x.cast(dtypes.float32) * 2, lambda x: x * 2),
+}
+
+
+@pytest.mark.parametrize("name", list(HALF_FNS))
+def test_half_elementwise_is_vectorized_where_the_machine_converts_vectors(name):
+    """float16 elementwise kernels are vectorized (whole-vector F16C conversions, float32 math) where the machine
+    description says float16 vectors convert as one instruction, and left to the compiler elsewhere; the values match
+    the scalar loop and NumPy's float32 math rounded to float16 either way."""
+    fg, ref = HALF_FNS[name]
+    x = X.ravel().copy()   # specials (NaN, infinities, float16 overflow) in the first 16
+    x[16:21] = [0.0, -0.0, 60000, -60000, 1e-6]
+    with np.errstate(over="ignore"):
+        x16 = x.astype(np.float16)
+    opts = opts_of(fg(Tensor(x16).reshape(48, 64)))
+    machine = CPU.machine
+    if CPU.simd_bytes and CPU.vector_math and machine is not None and machine.half_vectors(4):
+        assert [o.op for o in opts] == ["VECTORIZE"] and opts[0].amount >= 4
+        assert machine.half_vectors(opts[0].amount)
+    else:
+        assert opts == []
+    with Context(CACHELEVEL=0):
+        out = fg(Tensor(x16)).numpy()
+    with Context(CACHELEVEL=0, NOOPT=1):
+        scalar = fg(Tensor(x16)).numpy()
+    np.testing.assert_array_equal(out, scalar)
+    fin = np.isfinite(x16) & (np.abs(x16) < 1000)   # NumPy's special values differ (-inf / inf is NaN there)
+    with np.errstate(over="ignore"):
+        want = ref(x16[fin].astype(np.float32)).astype(out.dtype).astype(np.float32)
+    # (quick_gelu rounds 1.702 and its intermediates to float16, as torch's half does: within 1%)
+    np.testing.assert_allclose(out[fin].astype(np.float32), want, rtol=1e-2, atol=1e-4)
+
+
+def test_machine_half_vectors_follows_the_target_features():
+    """Machine.half_vectors reads the target's features: F16C converts 4 and 8 lanes, 16 lanes also need AVX-512F;
+    an x86 target without F16C (x86-64-v2) converts none; ARM NEON converts any."""
+    from fusegrad.runtime.machine import Machine
+    mk = lambda isa, feats: Machine(isa=isa, march="t", vector_bytes=32, vector_registers=16, fma_pipes=2,  # noqa: E731
+                                    l1_bytes=1, l2_bytes=1, l3_bytes=0, features=feats)
+    v3, v4, v2 = mk("avx2", ("AVX2", "F16C")), mk("avx512", ("AVX512F", "AVX2", "F16C")), mk("sse4.2", ("SSE4_2",))
+    assert v3.half_vectors(8) and not v3.half_vectors(16) and v4.half_vectors(16) and not v2.half_vectors(4)
+    assert mk("neon", ("ARM_NEON",)).half_vectors(4)
