@@ -369,6 +369,9 @@ class NNMixin:
         if not 0.0 <= label_smoothing <= 1.0:
             raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
         x = self.unsqueeze(0) if self.ndim == 1 else self
+        # an int target of the logits' own shape is class probabilities (a one-hot: tinygrad decides by shape; torch
+        # would take it for indices and raise), any other int target class indices
+        if dtypes.is_int(Y.dtype) and Y.shape == self.shape: Y = Y.float()
         if dtypes.is_int(Y.dtype):
             y = Y.unsqueeze(0) if self.ndim == 1 else Y
             if y.shape != x.shape[:1] + x.shape[2:]:

@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fusegrad.device import Device
-from fusegrad.helpers import DEBUG, SPLIT_REDUCE, prod
+from fusegrad.helpers import DEBUG, SPLIT_REDUCE, SPLIT_REDUCEOP, prod
 from fusegrad.ir import build
 from fusegrad.ir.ops import Ops, UOp
 from fusegrad.ir.shape import all_static
@@ -130,7 +130,7 @@ def split_reduces(sink: UOp, topo: list[UOp]) -> tuple[UOp, dict[UOp, UOp]]:
     """The pass: the graph with every long, few-output reduce split in two, and old node -> new node for every node
     that changed. `topo` is the graph's nodes, children first (the scheduler's walk); when no reduce is split (the
     common case) this only looks at the reduces."""
-    if not SPLIT_REDUCE.value: return sink, {}
+    if not SPLIT_REDUCE.value or not SPLIT_REDUCEOP.value: return sink, {}
     plans = {n: p for n in topo if n.op is Ops.REDUCE_AXIS and (p := split_plan(n)) is not None}
     if not plans: return sink, {}
     # rebuild bottom-up: a reduce inside another one's source (a variance's mean) is split before its consumer is

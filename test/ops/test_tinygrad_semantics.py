@@ -202,3 +202,32 @@ def test_repeat_symbolic_count_still_works():
     v = Variable("rep", 1, 4).bind(3)
     out = Tensor([1.0, 2.0]).repeat(v)
     assert out.sum().item() == 9.0 and out.numpy().tolist() == [1.0, 2.0] * 3
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_cross_entropy_with_an_int_one_hot_target(smoothing):
+    """tinygrad decides by shape: an int target shaped like the logits (`Y.one_hot(10)`, as beautiful_cifar passes it)
+    is class probabilities, the same loss as its float one-hot and as torch's with the class indices."""
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal((6, 10)).astype(np.float32)
+    labels = rng.integers(0, 10, 6)
+    got = Tensor(logits).cross_entropy(Tensor(labels).one_hot(10), label_smoothing=smoothing)
+    assert dtypes.is_int(Tensor(labels).one_hot(10).dtype)
+    want = torch.nn.functional.cross_entropy(torch.tensor(logits), torch.tensor(labels), label_smoothing=smoothing)
+    np.testing.assert_allclose(got.item(), want.item(), rtol=1e-6)
+    # index targets are unchanged
+    np.testing.assert_allclose(Tensor(logits).cross_entropy(Tensor(labels), label_smoothing=smoothing).item(),
+                               want.item(), rtol=1e-6)
+
+
+def test_tinygrad_context_flags_of_beautiful_cifar():
+    """`Context(SPLIT_REDUCEOP=..., FUSE_ARANGE=...)` (tinygrad's flags) is accepted: SPLIT_REDUCEOP=0 turns the split
+    of long reduces off, FUSE_ARANGE changes nothing (arange is always fused); results are the same."""
+    from fusegrad import Context
+    x = Tensor(np.arange(1 << 20, dtype=np.float32) % 7).realize()   # long enough to be split on a CPU
+    with Context(SPLIT_REDUCEOP=1, FUSE_ARANGE=1): split = x.sum().schedule()
+    with Context(SPLIT_REDUCEOP=0, FUSE_ARANGE=1):
+        whole = x.sum().schedule()
+        v = x.sum().item()
+    assert len(split) == 2 and len(whole) == 1
+    assert v == float((np.arange(1 << 20) % 7).sum())
