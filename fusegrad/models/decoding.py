@@ -174,6 +174,15 @@ class Generator:
     def _logits_step(self, tok: Tensor, pos: Any) -> Tensor:
         return self.model.forward(tok, pos).realize()                                               # (B, V)
 
+    def _recapture_if_new_caches(self) -> None:
+        """After a prefill: if it allocated new KV-cache buffers (another batch size ran), the decode steps' captures
+        hold the old ones, so they capture again."""
+        if KVCache.allocations != self._caches_seen:
+            self._greedy.reset()
+            self._sample.reset()
+            self._logits.reset()
+            self._caches_seen = KVCache.allocations
+
     def check_length(self, n_prompt: int, max_new: int) -> None:
         """ValueError when the prompt, or the prompt plus the new tokens, doesn't fit the context."""
         ctx = self.model.max_context
@@ -200,11 +209,7 @@ class Generator:
         elif temperature == 0: tok = logits.argmax(-1).cast(dtypes.int32).reshape(1, 1)
         else: tok = (logits / temperature).softmax(-1).multinomial(1).cast(dtypes.int32)
         temp = Tensor([temperature]).realize()
-        if KVCache.allocations != self._caches_seen:   # new cache buffers (another batch size ran): capture again
-            self._greedy.reset()
-            self._sample.reset()
-            self._logits.reset()
-            self._caches_seen = KVCache.allocations
+        self._recapture_if_new_caches()
         history, rng = list(prompt), np.random.default_rng(sampling.seed if sampling is not None else None)
         for i in range(max_new):
             if host:
@@ -241,11 +246,7 @@ class Generator:
         out: list[list[int]] = [[] for _ in prompts]
         done = [False] * B
         logits = self.model.forward(Tensor([list(p[:start]) for p in prompts], dtype=dtypes.int32), 0)   # (B, V)
-        if KVCache.allocations != self._caches_seen:   # new cache buffers (this batch size is new): capture again
-            self._greedy.reset()
-            self._sample.reset()
-            self._logits.reset()
-            self._caches_seen = KVCache.allocations
+        self._recapture_if_new_caches()
         temp = Tensor([temperature]).realize()
         pos_now = start   # the position whose token each row feeds next
         while True:

@@ -18,7 +18,7 @@ from fusegrad import nn
 from fusegrad.dtype import dtypes
 from fusegrad.ir.ops import UOp
 from fusegrad.models.decoding import Generator, KVCache, causal_mask
-from fusegrad.models.llama import apply_rope, rope_tables
+from fusegrad.models.llama import RopeTables, apply_rope, rope_tables
 from fusegrad.models.weights import (
     Namespace,
     Renamed,
@@ -172,12 +172,6 @@ class Gemma3Layer:
         return x + self.post_feedforward_layernorm(self.mlp.down_proj(act * self.mlp.up_proj(h)))
 
 
-class _Rope:
-    __slots__ = ("cos", "sin")   # (slotted: get_state_dict doesn't count the tables as weights)
-
-    def __init__(self, cos: Tensor, sin: Tensor): self.cos, self.sin = cos, sin
-
-
 class Gemma3:
     """Gemma3ForCausalLM: model.embed_tokens, model.layers.N.*, model.norm; the output head is the embedding (tied).
     `forward(tokens (B, T), start_pos)` -> logits (B, V) of the last token, caching keys/values.
@@ -197,8 +191,8 @@ class Gemma3:
         self.model.layers = [Gemma3Layer(cfg, kind, self.max_context) for kind in cfg.layer_types]
         self.model.norm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         D = cfg.head_dim
-        self._rope = {FULL: _Rope(*rope_tables(D, self.max_context, cfg.rope_theta, cfg.rope_scaling)),
-                      SLIDING: _Rope(*rope_tables(D, self.max_context, cfg.rope_local_base_freq))}
+        self._rope = {FULL: RopeTables(*rope_tables(D, self.max_context, cfg.rope_theta, cfg.rope_scaling)),
+                      SLIDING: RopeTables(*rope_tables(D, self.max_context, cfg.rope_local_base_freq))}
         self._generator: Generator | None = None
 
     def forward(self, tokens: Tensor, start_pos: int | UOp = 0) -> Tensor:
@@ -268,7 +262,7 @@ class Gemma3:
                            head_dim=D, max_position_embeddings=get("context_length"),
                            rms_norm_eps=get("attention.layer_norm_rms_epsilon"),
                            rope_theta=get("rope.freq_base", 1_000_000.0), rope_scaling=scaling,
-                           query_pre_attn_scalar=_GGUF_27B_SCALAR(get) or D,
+                           query_pre_attn_scalar=_gguf_query_scalar(get) or D,
                            sliding_window=get("attention.sliding_window"),
                            final_logit_softcapping=get("final_logit_softcapping", 0.0) or None)
         names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
@@ -279,7 +273,7 @@ class Gemma3:
         return model
 
 
-def _GGUF_27B_SCALAR(get: Any) -> float | None:
+def _gguf_query_scalar(get: Any) -> float | None:
     """Gemma 3 27B's query_pre_attn_scalar (hidden_size / heads), which its GGUF file doesn't record; llama.cpp knows the
     model by its 62 layers. None for the other sizes (their scalar is the head size)."""
     return get("embedding_length") / get("attention.head_count") if get("block_count") == 62 else None

@@ -137,8 +137,8 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + rotated * sin                                           # cos, sin: (1, T, 1, D)
 
 
-class _Rope:
-    """The RoPE tables; slotted, so get_state_dict doesn't count them as weights."""
+class RopeTables:
+    """cos and sin tables of RoPE; slotted, so get_state_dict doesn't count them as weights."""
     __slots__ = ("cos", "sin")
 
     def __init__(self, cos: Tensor, sin: Tensor):
@@ -210,7 +210,7 @@ class Llama:
         # `head`: a module for the output projection (a QuantizedLinear over the tied embedding's blocks, say)
         if head is not None: self.lm_head = head
         elif not cfg.tie_word_embeddings: self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self._rope = _Rope(*rope_tables(cfg.dim_per_head, self.max_context, cfg.rope_theta, cfg.rope_scaling,
+        self._rope = RopeTables(*rope_tables(cfg.dim_per_head, self.max_context, cfg.rope_theta, cfg.rope_scaling,
                                         cfg.rope_freq_factors))
         self._generator: Generator | None = None
 
@@ -449,5 +449,5 @@ class _Sharded(Renamed):
         return tuple(sd.shape_of(name)) if hasattr(sd, "shape_of") else tuple(sd[name].shape)
 
 
-__all__ = ["ARCHITECTURES", "BiasedQuantizedLinear", "Llama", "LlamaConfig", "apply_rope", "rope_inv_freq",
-           "rope_tables"]
+__all__ = ["ARCHITECTURES", "BiasedQuantizedLinear", "Llama", "LlamaConfig", "RopeTables", "apply_rope",
+           "rope_inv_freq", "rope_tables"]

@@ -2,8 +2,11 @@
 (gguf.quants.dequantize) but not write. It is a plain round-to-nearest encoder (per sub-block range, then the 6- or
 8-bit sub-block scales against one float16 super-scale), not llama.cpp's search for the best scales: valid blocks with
 reasonable error are all the tests and benchmarks need, and the reference values are always the gguf package's
-dequantization of the bytes written. `quantize(arr, name)` also passes the other types to gguf.quants.quantize."""
+dequantization of the bytes written. `quantize(arr, name)` also passes the other types to gguf.quants.quantize;
+`add_tensor` and `finish` are the steps every test's GGUF writer shares."""
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 
@@ -70,3 +73,24 @@ def quantize(arr: np.ndarray, name: str) -> np.ndarray:
     blocks = np.asarray(arr, dtype=np.float32).reshape(-1, 256)
     out = _q6_k(blocks) if name == "Q6_K" else _q4_5_k(blocks, 4 if name == "Q4_K" else 5)
     return out.reshape(*arr.shape[:-1], arr.shape[-1] // 256 * K_BYTES[name])
+
+
+def add_tensor(w: Any, name: str, arr: np.ndarray, quant: str | None = None) -> np.ndarray:
+    """Add `arr` to the gguf.GGUFWriter `w` as tensor `name`, in ggml type `quant` when given and `arr` is 2-D (else as
+    it is); returns the values the file holds (the dequantized blocks), for the reference model."""
+    if not quant or arr.ndim != 2:
+        w.add_tensor(name, arr)
+        return arr
+    import gguf
+    qt = gguf.GGMLQuantizationType[quant]
+    q = quantize(arr, quant)
+    w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=qt)
+    return gguf.quants.dequantize(q, qt).reshape(arr.shape)
+
+
+def finish(w: Any) -> None:
+    """Write the header, metadata and tensors of the gguf.GGUFWriter `w` and close the file."""
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()

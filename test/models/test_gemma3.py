@@ -14,6 +14,8 @@ from fusegrad import Tensor
 from fusegrad.models.gemma3 import Gemma3, Gemma3Config
 from fusegrad.models.weights import WeightsMismatch
 
+from .kquants import add_tensor, finish
+
 torch = pytest.importorskip("torch", reason="the reference model runs in PyTorch")
 transformers = pytest.importorskip("transformers", reason="the reference Gemma 3 comes from transformers")
 PROMPTS = [[5, 17, 200, 3, 99, 42], [1], [250, 251, 252, 7, 7, 7, 7, 30, 31, 32, 33, 34, 8, 9, 10, 11, 12, 13]]
@@ -128,18 +130,10 @@ def write_gemma3_gguf(path: pathlib.Path, model, quant: str | None = None, extra
     held = {}
     for hf, gg in names.items():
         arr = sd[hf] + 1 if hf.endswith("norm.weight") else sd[hf]
-        if quant and arr.ndim == 2:
-            qt = gguf.GGMLQuantizationType[quant]
-            q = gguf.quants.quantize(arr, qt)
-            w.add_tensor(gg, q, raw_shape=q.shape, raw_dtype=qt)
-            arr = gguf.quants.dequantize(q, qt).reshape(arr.shape)
-        else: w.add_tensor(gg, arr)
+        arr = add_tensor(w, gg, arr, quant)
         held[hf] = arr - 1 if hf.endswith("norm.weight") else arr
     if extra is not None: extra(w)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
     return held
 
 

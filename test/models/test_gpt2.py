@@ -17,6 +17,7 @@ from fusegrad.models.gpt2 import GPT2, GPT2Config, find_gpt2_dir
 from fusegrad.models.tokenizer import BPETokenizer
 from fusegrad.models.weights import WeightsMismatch, WeightsNotFound
 
+from .kquants import add_tensor, finish
 from .test_tokenizer import train_bpe
 
 torch = pytest.importorskip("torch", reason="the reference model runs in PyTorch")
@@ -174,17 +175,9 @@ def write_gpt2_gguf(path: pathlib.Path, model, quant: str | None = None) -> dict
     for hf, gg in list(names.items()) + [("wte.weight", "output.weight")]:
         conv = hf.endswith(".weight") and (".attn.c_" in hf or ".mlp.c_" in hf)
         arr = np.ascontiguousarray(sd[hf].T) if conv else sd[hf]
-        if quant and arr.ndim == 2:
-            qt = gguf.GGMLQuantizationType[quant]
-            q = gguf.quants.quantize(arr, qt)
-            w.add_tensor(gg, q, raw_shape=q.shape, raw_dtype=qt)
-            arr = gguf.quants.dequantize(q, qt).reshape(arr.shape)
-        else: w.add_tensor(gg, arr)
+        arr = add_tensor(w, gg, arr, quant)
         if gg != "output.weight": held["transformer." + hf] = arr.T if conv else arr
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
     return held
 
 

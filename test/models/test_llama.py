@@ -15,7 +15,7 @@ from fusegrad import Tensor
 from fusegrad.models.llama import Llama, LlamaConfig
 from fusegrad.models.weights import WeightsMismatch, WeightsNotFound
 
-from .kquants import quantize
+from .kquants import add_tensor, finish
 
 torch = pytest.importorskip("torch", reason="the reference model runs in PyTorch")
 transformers = pytest.importorskip("transformers", reason="the reference LLaMA comes from transformers")
@@ -121,23 +121,14 @@ def write_gguf(path: pathlib.Path, model, quant: str | Callable[[str], str | Non
         arr = sd[hf]
         if interleave and hf.endswith("q_proj.weight"): arr = to_llama_cpp_rows(arr, cfg.num_attention_heads)
         if interleave and hf.endswith("k_proj.weight"): arr = to_llama_cpp_rows(arr, cfg.num_key_value_heads)
-        name = quant(gg) if callable(quant) else quant
-        if name and arr.ndim == 2:
-            qt = gguf.GGMLQuantizationType[name]
-            q = quantize(arr, name)
-            w.add_tensor(gg, q, raw_shape=q.shape, raw_dtype=qt)
-            arr = gguf.quants.dequantize(q, qt).reshape(arr.shape)
-        else: w.add_tensor(gg, arr)
+        arr = add_tensor(w, gg, arr, quant(gg) if callable(quant) else quant)
         if interleave and hf.endswith(("q_proj.weight", "k_proj.weight")):   # back to HF's order for the reference
             heads = cfg.num_attention_heads if hf.endswith("q_proj.weight") else cfg.num_key_value_heads
             rows, cols = arr.shape
             arr = arr.reshape(heads, rows // heads // 2, 2, cols).swapaxes(1, 2).reshape(rows, cols)
         held[hf] = arr
     if extra is not None: extra(w)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
     return held
 
 
