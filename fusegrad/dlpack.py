@@ -19,7 +19,7 @@ from fusegrad.device import Buffer, Device
 from fusegrad.dtype import DType, dtypes
 from fusegrad.helpers import prod
 from fusegrad.runtime.ops_cpu import CPUAllocator
-from fusegrad.views import sole_holder
+from fusegrad.views import realize_readers, sole_holder
 
 if TYPE_CHECKING:
     from fusegrad.tensor import Tensor
@@ -149,6 +149,9 @@ def export(t: Tensor, max_version: tuple[int, int] | None, copy: bool | None) ->
     address = host_address(buf)
     if copy is not True and whole and address is not None:
         storage.share(buf)
+        # the holder may write it from now on, unseen: lazy tensors built from it keep the value they were built with
+        # (as a write inside fusegrad leaves them)
+        realize_readers({storage.memory_of(buf)})
         return make_capsule(address, shape, t.dtype, (buf,), versioned, copied=False)
     if copy is False:
         why = "it isn't one whole realized buffer" if not whole else f"{buf.device} memory isn't host memory"
