@@ -124,7 +124,8 @@ class _function(Generic[ReturnType]):
     def _with_materialized_backward(self, inputs: tuple[Tensor, ...], outs: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
         def make(o: Tensor) -> Callable:
             def bw(ctx: UOp, node: UOp) -> tuple[UOp | None, ...]:
-                need = [t for t in inputs if t.requires_grad and dtypes.is_float(t.dtype)]
+                # (unset inputs too: backward fills their .grad, as tinygrad's does)
+                need = [t for t in inputs if t.requires_grad is not False and dtypes.is_float(t.dtype)]
                 gs = dict(zip(map(id, need), o.gradient(*need, gradient=Tensor(ctx)))) if need else {}
                 return tuple(gs[id(t)].contiguous().uop if id(t) in gs else None for t in inputs)
             return bw

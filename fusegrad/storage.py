@@ -274,6 +274,31 @@ def owns(t: Any) -> bool:
     return True
 
 
+# gradients backward() made for tensors whose requires_grad is unset (tinygrad fills those too): gradient -> its owner,
+# weakly. Nobody asked for them, so one still lazy when memory it reads is about to be overwritten (an optimizer step
+# writing the weights) is dropped, the owner's `.grad` set back to None, instead of being given copies of the old
+# memory (views.py preserve_old_values): a data tensor's gradient would otherwise cost copies every step, and one that
+# accumulates over steps (nothing zeroes it) would hold a chain of them. One that is held elsewhere (`g = x.grad`) is
+# kept like any lazy tensor.
+_unrequested: dict[int, tuple[weakref.ref[Any], weakref.ref[Any]]] = {}   # id(gradient) -> (gradient, owner), weakly
+
+
+def note_unrequested(grad: Any, owner: Any) -> None:
+    """Record `grad` as a gradient backward() made for `owner`, whose requires_grad is unset."""
+    key = id(grad)
+    _unrequested[key] = (weakref.ref(grad, lambda _, k=key: _unrequested.pop(k, None)), weakref.ref(owner))
+
+
+def drop_unrequested(t: Any, refs: int) -> bool:
+    """Drop `t` if it is an unrequested gradient (above) that only its owner's `.grad` holds: `refs` is
+    sys.getrefcount(t) minus the caller's own references. Returns whether it was dropped."""
+    e = _unrequested.get(id(t))
+    if e is None or e[0]() is not t or (owner := e[1]()) is None or owner.grad is not t or refs > 2: return False
+    owner.grad = None   # (the count: the owner's slot and getrefcount's argument)
+    del _unrequested[id(t)]
+    return True
+
+
 # ASSIGN nodes that ran: one must never run twice (a graph that still holds one after its entry was dropped reads
 # memory that a later write changed, and raises instead)
 executed: "weakref.WeakSet[UOp]" = weakref.WeakSet()

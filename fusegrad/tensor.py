@@ -44,6 +44,13 @@ def _with_history(u: UOp) -> tuple[UOp, dict[UOp, UOp]]:
     return root, back
 
 
+def _is_const(u: UOp) -> bool:
+    """Whether `u` is a constant seen through reshapes and expands (`Tensor.zeros`, `full`): such nodes are shared by
+    every equal constant, so a gradient of one would be every such tensor's."""
+    while u.op in (Ops.RESHAPE, Ops.EXPAND): u = u.src[0]
+    return u.op is Ops.CONST
+
+
 def _back_to_originals(grads: dict[UOp, UOp], back: dict[UOp, UOp]) -> dict[UOp, UOp]:
     """The gradients with every node of the rebuilt graph that stands for a node of the original one (a history for its
     realized result, a pending write rebuilt on histories for that write) turned back into it. The gradient then reads
@@ -652,11 +659,21 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
 
     # ----- autograd -----
     def backward(self, gradient: "Tensor | None" = None) -> "Tensor":
-        """Fill `.grad` of every live float tensor in this one's graph whose requires_grad is True (as in torch);
-        gradients accumulate into an existing `.grad`. One in the graph that no gradient reaches (it only feeds a
-        comparison, say) gets zeros, as in tinygrad. Tensors with the flag unset (None) get none (tinygrad fills them
-        too: docs/porting.md says why fusegrad doesn't). Use requires_grad=True on tensors made by factories like
-        `Tensor.zeros` so each gets its own gradient (identical constants otherwise share one graph node)."""
+        """Fill `.grad` of every live float tensor in this one's graph, as tinygrad does: those with requires_grad
+        True, and those with it unset (None; not False, and not a constant such as an unrealized `Tensor.zeros`, which
+        shares its graph node with every equal constant). Gradients accumulate into an existing `.grad`. One in the
+        graph that no gradient reaches (it only feeds a comparison, say) gets zeros, as in tinygrad.
+
+        A gradient of a tensor whose requires_grad is unset is lazy like any result, but nobody asked for it: if it
+        is still uncomputed when memory it reads is overwritten (an optimizer step writing the weights), it is dropped
+        and that tensor's `.grad` becomes None, unless you hold it (`g = x.grad`), which keeps its value. Realize it
+        first, or set requires_grad=True, to keep it past the step (docs/porting.md).
+
+        >>> x, w = Tensor([1.0, 2.0]), Tensor([3.0, 4.0], requires_grad=True)
+        >>> _ = (x * w).sum().backward()
+        >>> x.grad.tolist(), w.grad.tolist()
+        ([3.0, 4.0], [1.0, 2.0])
+        """
         if gradient is None:
             if self.numel() != 1:
                 raise RuntimeError(f"grad can be implicitly created only for scalar outputs, got shape {self.shape}")
@@ -668,9 +685,14 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
         topo = autograd.graph_nodes(root)
         in_graph = set(topo)
         targets: dict[Tensor, UOp] = {}
+        unrequested: set[Tensor] = set()
         for t in list(_all_tensors):
-            if t.requires_grad and dtypes.is_float(t.dtype) and t is not gradient:
-                targets[t] = lazy_of.get(t.uop, t.uop)
+            if t.requires_grad is False or not dtypes.is_float(t.dtype) or t is gradient: continue
+            u = lazy_of.get(t.uop, t.uop)
+            if t.requires_grad is None:   # unset: only if it is in this graph, and not a constant (shared by value)
+                if not (u in in_graph or t.uop in in_graph or leaf_of.get(t.uop) in in_graph) or _is_const(u): continue
+                unrequested.add(t)
+            targets[t] = u
         also = {rebuilt[t.uop] for t in targets if t.uop in rebuilt}   # (a pending write rebuilt on a history)
         grads = autograd.compute_gradient(root, gradient.uop, set(targets.values()) | {t.uop for t in targets} |
                                           {leaf_of[t.uop] for t in targets if t.uop in leaf_of} | also, topo)
@@ -684,6 +706,7 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
             else: g = Tensor._wrap(found[0] if len(found) == 1 else build.alu(Ops.ADD, *found))
             if g.dtype != t.dtype: g = g.cast(t.dtype)
             t.grad = g if t.grad is None else (t.grad + g)
+            if t in unrequested: storage.note_unrequested(t.grad, t)
         return self
 
     def gradient(self, *targets: "Tensor", gradient: "Tensor | None" = None) -> list["Tensor"]:

@@ -4,6 +4,7 @@ scheduled before the write). docs/tensor/mutation.md states the rules; storage.p
 """
 from __future__ import annotations
 
+import sys
 import weakref
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -225,6 +226,9 @@ def preserve_old_values(todo: Sequence[Tensor], readers: list[Tensor]) -> list[U
             refresh_views(t)
             continue
         if not reads_old(u): continue
+        # (a gradient nobody asked for is dropped instead; refs: minus the list, this loop's `t` and the argument `t`
+        # already on the stack)
+        if storage.drop_unrequested(t, sys.getrefcount(t) - 3): continue
         if u in in_todo and done(u) is None and not is_old(u.base):
             # a node the graphs being realized compute anyway (an activation that a custom backward's closure holds,
             # such as batchnorm's input during the optimizer step): realized with them, as one more target, instead
@@ -291,7 +295,10 @@ def realize_readers(mems: set[int]) -> None:
         u = t.uop
         if u.op is Ops.BUFFER or (u.op is Ops.RESHAPE and u.src[0].op is Ops.BUFFER): continue
         if is_realized(u) or (t._view is not None and view_chain(u, t._view[1]) is not None): continue
-        if any(storage.memory_of(b) in mems for b in storage.buffers_read(u)): lazy.append(t)
+        if any(storage.memory_of(b) in mems for b in storage.buffers_read(u)):
+            # (a gradient nobody asked for is dropped instead: storage.drop_unrequested; refs: minus the iterated
+            # list, this loop's `t` and the argument `t` already on the stack)
+            if not storage.drop_unrequested(t, sys.getrefcount(t) - 3): lazy.append(t)
     if lazy: lazy[0].realize(*lazy[1:])
 
 

@@ -200,13 +200,15 @@ def test_training_with_function_tinyjit_and_batchnorm_matches_plain():
 
 @pytest.mark.parametrize("opts", [{}, {"precompile_backward": True}])
 def test_unset_inputs_as_a_plain_call(opts):
-    """An input whose requires_grad is unset gets no gradient, as in a plain call; a flagged one the plain gradient."""
+    """An input whose requires_grad is unset gets the plain call's gradient (backward fills unset tensors, as
+    tinygrad's does), and so does a flagged one."""
     a, b = _data()[0], _data()[1]
     x, w = Tensor(a), Tensor(b, requires_grad=True)
     function(**opts)(lambda x, w: (x @ w).tanh())(x, w).sum().backward()
     x2, w2 = Tensor(a), Tensor(b, requires_grad=True)
     (x2 @ w2).tanh().sum().backward()
-    assert x.grad is None and x2.grad is None
+    assert x.grad is not None and x2.grad is not None
+    np.testing.assert_allclose(x.grad.numpy(), x2.grad.numpy(), rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(w.grad.numpy(), w2.grad.numpy(), rtol=1e-6, atol=1e-7)
 
 

@@ -3,6 +3,7 @@ subtraction promote like ints, ..."""
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings, strategies as st
 
 from fusegrad import Tensor, dtypes
 from fusegrad.dtype import to_np_dtype
@@ -142,28 +143,106 @@ def test_join_shape_mismatch_error_types(fn):
     with pytest.raises(RuntimeError): Tensor.stack()
 
 
-# ----- backward: tensors with requires_grad unset get no .grad (as torch; tinygrad fills them, see docs/porting.md) -----
+# ----- backward fills .grad of tensors whose requires_grad is unset, as tinygrad does (docs/porting.md) -----
 
-def test_backward_unset_tensors_get_no_grad_and_flagged_ones_match_torch():
+def test_backward_fills_unset_tensors_as_torch_computes_them():
     rng = np.random.default_rng(0)
     xa, wa = rng.standard_normal((4, 3)).astype(np.float32), rng.standard_normal((3, 2)).astype(np.float32)
     x, w = Tensor(xa), Tensor(wa, requires_grad=True)            # x: flag unset, as a data batch
-    tx, tw = torch.tensor(xa), torch.tensor(wa, requires_grad=True)
-    ((x @ w).relu() ** 2).sum().backward()
-    ((tx @ tw).relu() ** 2).sum().backward()
-    assert x.requires_grad is None and x.grad is None and tx.grad is None
-    np.testing.assert_allclose(w.grad.numpy(), tw.grad.numpy(), rtol=1e-5, atol=1e-6)
+    tx, tw = torch.tensor(xa, requires_grad=True), torch.tensor(wa, requires_grad=True)
+    h = x @ w
+    th = tx @ tw
+    th.retain_grad()
+    ((h.relu() ** 2).sum()).backward()
+    ((th.relu() ** 2).sum()).backward()
+    assert x.requires_grad is None
+    for ours, ref in ((x, tx), (w, tw), (h, th)):              # a leaf, a parameter and an intermediate
+        np.testing.assert_allclose(ours.grad.numpy(), ref.grad.numpy(), rtol=1e-5, atol=1e-6)
 
 
-def test_backward_dataset_used_every_step_holds_no_gradient_chain():
-    """The no-leak rule: a dataset indexed every step never collects gradients; the weights accumulate."""
-    data = Tensor(np.arange(12, dtype=np.float32).reshape(6, 2)).realize()
+def _step_kernels(data_flag):
+    from fusegrad import GlobalCounters
+    from fusegrad.nn.optim import SGD
+    data = Tensor(np.arange(12, dtype=np.float32).reshape(6, 2), requires_grad=data_flag).realize()
     w = Tensor([[1.0], [2.0]], requires_grad=True)
-    for step in range(4):
-        (data[Tensor([step % 6, (step + 1) % 6])] @ w).sum().backward()
-        assert data.grad is None
-    rows = [0, 1, 1, 2, 2, 3, 3, 4]                   # requires_grad=True: accumulated over the four steps
-    np.testing.assert_array_equal(w.grad.numpy(), data.numpy()[rows].sum(0, keepdims=True).T)
+    opt = SGD([w], lr=0.01)
+    counts = []
+    with Tensor.train():
+        for step in range(4):
+            opt.zero_grad()
+            (data[Tensor([step % 6, (step + 1) % 6])] @ w).sum().backward()
+            assert (data.grad is None) == (data_flag is False)
+            GlobalCounters.reset()
+            opt.step()
+            counts.append(GlobalCounters.kernel_count)
+    return data, w, counts
+
+
+def test_unrequested_gradient_is_dropped_by_the_optimizer_step_and_costs_no_kernels():
+    """The no-leak rule: a dataset indexed every step gets a gradient, but the step that overwrites the weights it reads
+    drops it (nobody zeroes a dataset's gradient: kept, it would be a chain of copies of old weights, one per step);
+    the step runs as many kernels as with requires_grad=False."""
+    data, w, counts = _step_kernels(None)
+    assert data.grad is None
+    _, w_off, counts_off = _step_kernels(False)
+    assert counts == counts_off
+    np.testing.assert_array_equal(w.numpy(), w_off.numpy())
+
+
+def test_unrequested_gradient_that_is_held_keeps_its_value_across_the_step():
+    from fusegrad.nn.optim import SGD
+    x = Tensor([1.0, 2.0, 3.0])
+    w = Tensor([4.0, 5.0, 6.0], requires_grad=True)
+    opt = SGD([w], lr=0.5)
+    with Tensor.train():
+        (x * w).sum().backward()
+        held = x.grad                                            # dx = w before the step
+        opt.step()
+    assert x.grad is held and held.tolist() == [4.0, 5.0, 6.0]
+    assert w.tolist() == [3.5, 4.0, 4.5]
+    y = Tensor([1.0, 1.0])
+    v = Tensor([2.0, 3.0], requires_grad=True)
+    with Tensor.train():
+        (y * v).sum().backward()
+        y.grad.realize()                                         # computed before the step: kept as well
+        SGD([v], lr=1.0).step()
+    assert y.grad.tolist() == [2.0, 3.0]
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.sampled_from(["backward", "hold", "release", "step", "check"]), min_size=1, max_size=12))
+def test_unrequested_gradients_follow_torch_or_are_dropped(steps):
+    """Property: after any sequence of backward / optimizer steps / holding the gradient / reading it, an unset
+    tensor's `.grad` is what torch accumulates for the same tensor with requires_grad=True since fusegrad last dropped
+    it, or None: a step dropped it because it overwrote the weights the gradient read while the gradient was
+    uncomputed and nobody held it. Reading it (check) computes it, so a later step keeps it."""
+    from fusegrad.nn.optim import SGD
+    xa, wa = np.array([1.0, -2.0, 3.0], np.float32), np.array([0.5, 1.5, -1.0], np.float32)
+    x, w = Tensor(xa), Tensor(wa, requires_grad=True)
+    tx, tw = torch.tensor(xa, requires_grad=True), torch.tensor(wa, requires_grad=True)
+    opt, topt = SGD([w], lr=0.25), torch.optim.SGD([tw], lr=0.25)
+    held, lazy = None, False           # lazy: x.grad reads weights and was not computed
+    with Tensor.train():
+        for s in steps:
+            if s == "backward":
+                (x * w * w).sum().backward()
+                (tx * tw * tw).sum().backward()
+                lazy = True
+            elif s == "hold": held = x.grad
+            elif s == "release": held = None
+            elif s == "step":
+                opt.step()
+                topt.step()
+                if lazy and (held is None or held is not x.grad):   # uncomputed and not held: dropped
+                    assert x.grad is None
+                    tx.grad = None
+                lazy = False   # (kept: it now reads a copy of the old weights, which no step overwrites)
+            elif s == "check":
+                if tx.grad is None: assert x.grad is None
+                else: np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=1e-6)
+                lazy = False
+            np.testing.assert_allclose(w.numpy(), tw.detach().numpy(), rtol=1e-6)
+            lazy = lazy and x.grad is not None
 
 
 def test_backward_opt_out_constants_and_other_graphs():
