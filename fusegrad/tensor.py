@@ -200,9 +200,11 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
                 arr, d = arr.view(f"u{own.itemsize}"), own
             else:  # a dtype numpy lacks (bfloat16, fp8) is reached by the cast below, from the array's own dtype
                 d = dt if dt is not None and dt.fmt is not None else from_np_dtype(arr.dtype)
-                arr = arr.astype(to_np_dtype(d))
+                arr = arr.astype(to_np_dtype(d), copy=False)   # (copied once below, into the buffer)
             arr = np.ascontiguousarray(arr).reshape(arr.shape)
-            self.uop = self._from_bytes(arr.tobytes(), d, arr.shape, dev)
+            # (the array's own memory, copied once into the buffer; a memoryview can't describe an empty array)
+            raw = memoryview(arr.reshape(-1).view(np.uint8)) if arr.size and isinstance(dev, str) else arr.tobytes()
+            self.uop = self._from_bytes(raw, d, arr.shape, dev)
         elif hasattr(data, "__dlpack__") and not isinstance(data, Tensor):   # torch.Tensor, jax arrays, ...: a copy
             if getattr(data, "requires_grad", False) and hasattr(data, "detach"): data = data.detach()
             if hasattr(data, "__dlpack_device__") and int(data.__dlpack_device__()[0]) != 1 and hasattr(data, "cpu"):
@@ -230,7 +232,7 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
         if self.uop.base.op is Ops.BUFFER: storage.claim(self)   # made from data: it owns its memory
 
     @staticmethod
-    def _from_bytes(data: bytes, dtype: DType, shape: tuple[int, ...], device: Any) -> UOp:
+    def _from_bytes(data: bytes | memoryview, dtype: DType, shape: tuple[int, ...], device: Any) -> UOp:
         n = prod(shape)
         if len(data) != n * dtype.itemsize: raise ValueError(f"{len(data)} bytes don't make {n} elements of {dtype}")
         if isinstance(device, tuple):   # one copy per device

@@ -282,6 +282,25 @@ def sole_holder(t: "Tensor") -> None:
     storage.claim(t)
 
 
+def adopt(target: "Tensor", source: "Tensor", taken: set[int]) -> bool:
+    """Point `target` at `source`'s computed memory instead of copying it in (load_state_dict's fast path), when that
+    is the same as the copy: `target` is a fresh, still uncomputed tensor (a layer's lazy initial weights) and is
+    neither a view nor viewed, and `source` is computed, same shape, dtype and device, and not given to
+    another target in this load (`taken`, ids of nodes: two parameters sharing one node would share one gradient).
+    The memory stays `source`'s while `source` is alive: a write to `target` then goes to memory of its own
+    (storage.owns), so the two never see each other's writes. Returns whether it adopted."""
+    u, v = target.uop, source.uop
+    while v.op is Ops.DETACH and v.arg is None: v = v.src[0]   # (a plain detach: the same values)
+    if target.shape != source.shape or target.dtype != source.dtype or target.device != source.device: return False
+    if not isinstance(target.device, str) or is_disk(target.device) or not is_realized(v) or id(v) in taken: return False
+    if is_realized(u) or u.op is Ops.ASSIGN or target._view is not None or target._views: return False
+    # (its graph may read memory, a random init reads the generator's state; a write it goes through stays pending
+    # on the tensor that owns it, so dropping this read changes nothing else)
+    taken.add(id(v))
+    target.uop = v
+    return True
+
+
 # ----- writing into part of a DISK tensor (a file: runtime/ops_disk.py) -----
 
 def realize_readers(mems: set[int]) -> None:

@@ -18,7 +18,8 @@ from fusegrad import nn
 from fusegrad.device import Device
 from fusegrad.ir.ops import UOp
 from fusegrad.models.decoding import Generator, KVCache, causal_mask
-from fusegrad.models.quantized import QUANTIZED_TYPES, QuantizedEmbedding, QuantizedLinear, block_planes, plane_names
+from fusegrad.models.quantized import QUANTIZED_TYPES, QuantizedEmbedding, QuantizedLinear, block_planes, plane_names, \
+    plane_shape
 from fusegrad.models.weights import (
     Namespace,
     Renamed,
@@ -389,7 +390,9 @@ class GGUFNames(Mapping):
     def __contains__(self, k: object) -> bool: return k in self.names   # (not Mapping's: that reads the tensor)
 
     def shape_of(self, k: str) -> tuple[int, ...]:
-        if k in self.planes: return tuple(self._planes(k)[self.planes[k][2]].shape)
+        if k in self.planes:   # (from the header: decoding every weight's planes for a shape check held them all)
+            gg, gtype, plane = self.planes[k]
+            return plane_shape(gtype, plane, *self.tensors.shape_of(gg))
         return tuple(self.tensors.shape_of(self.names[k]))
 
     def _heads(self, k: str) -> int | None:

@@ -53,6 +53,12 @@ def plane_names(ggml_type: int) -> tuple[str, ...]:
     return tuple(PLANES[ggml_type])
 
 
+def plane_shape(ggml_type: int, plane: str, rows: int, cols: int) -> tuple[int, ...]:
+    """The shape of plane `plane` of a (rows, cols) weight (what block_planes gives it), without reading the blocks."""
+    if ggml_type not in PLANES: raise ValueError(f"ggml type {ggml_type} has no quantized kernel")
+    return (rows, cols // QUANTIZED_TYPES[ggml_type][1], *PLANES[ggml_type][plane][0])
+
+
 def _k_scale_min(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Q4_K's/Q5_K's 12 bytes (..., 12) -> the 8 six-bit scales and 8 six-bit minimums (..., 8) uint8 each."""
     a, b, c = s[..., 0:4], s[..., 4:8], s[..., 8:12]
@@ -200,4 +206,4 @@ class QuantizedEmbedding(QuantizedLinear):
 
 
 __all__ = ["LAYOUT", "PLANES", "QUANTIZED_TYPES", "QuantizedEmbedding", "QuantizedLinear", "block_planes",
-           "plane_names"]
+           "plane_names", "plane_shape"]

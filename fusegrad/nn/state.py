@@ -35,6 +35,7 @@ from fusegrad.nn.archive import TensorIO, accept_filename, tar_extract, zip_extr
 from fusegrad.nn.gguf import ggml_data_to_tensor, gguf_load
 from fusegrad.nn.pth import torch_load
 from fusegrad.tensor import Tensor
+from fusegrad.views import adopt
 
 # ---------------------------------------------------------------------------------------------------------------------
 # state dicts
@@ -145,12 +146,14 @@ def load_state_dict(model: Any, state_dict: Mapping[str, Tensor], strict: bool =
     unexpected = [k for k in state_dict if k not in model_sd]
     if verbose and (missing or unexpected):
         print(f"load_state_dict: skipped missing keys {missing}; ignored unexpected keys {unexpected}")
-    loaded = []
+    loaded, taken = [], set()
     for k, t in model_sd.items():
         if k not in state_dict: continue
         v = state_dict[k]
         v = v.detach().cast(t.dtype).reshape(t.shape)   # detach: no autograd link to the source
-        t.assign(v.shard_like(t) if isinstance(t.device, tuple) else v.to(t.device))  # a sharded model: each its slice
+        # a fresh layer's lazy initial weights take a loaded buffer as it is, instead of a kernel copying it in
+        if not adopt(t, v, taken):
+            t.assign(v.shard_like(t) if isinstance(t.device, tuple) else v.to(t.device))  # sharded: each its slice
         loaded.append(t)
         if consume:
             del state_dict[k]  # type: ignore[attr-defined]

@@ -364,7 +364,9 @@ class CPUAllocator(Allocator):
         self.libc.free(opaque)
 
     def _copyin(self, dest: int, src: memoryview) -> None:
-        if src.readonly: ctypes.memmove(dest, src.tobytes(), src.nbytes)
+        # (ctypes passes a bytes object's own memory; only a read-only view of part of one is copied first)
+        if src.readonly: ctypes.memmove(dest, src.obj if type(src.obj) is bytes and len(src.obj) == src.nbytes
+                                        and src.c_contiguous else src.tobytes(), src.nbytes)
         else: ctypes.memmove(dest, (ctypes.c_char * src.nbytes).from_buffer(src), src.nbytes)
 
     def _copyout(self, dest: memoryview, src: int) -> None:

@@ -279,3 +279,40 @@ def test_batched_generation_equals_one_prompt_at_a_time(saved, jit):
     assert gen.generate_batch(prompts, 6, sampling=s) == gen.generate_batch(prompts, 6, sampling=s)
     assert gen.generate_batch(prompts, 6, sampling=Sampling(temperature=1.0, top_k=1)) == [b[:6] for b in batch]
     with pytest.raises(ValueError, match="longer than the model's context"): gen.generate_batch([[1] * 45, [1]], 4)
+
+
+def test_gguf_load_decodes_each_quantized_weight_once_and_copies_none_with_a_kernel(saved, tmp_path, monkeypatch):
+    """Loading keeps memory and time down: the shape check reads shapes from the header (it used to decode every
+    weight's planes at once, holding a second copy of the model), each weight's blocks are split into planes once,
+    and the planes become the model's buffers as they are (no kernel copying them in)."""
+    import fusegrad.models.llama as llama_mod
+    from fusegrad import GlobalCounters
+    from fusegrad.models.quantized import QuantizedLinear
+    _, ref = saved
+    write_gguf(tmp_path / "tiny.gguf", ref, "Q8_0")
+    import fusegrad.nn.state as state_mod
+    calls, phase = [], ["load"]
+    real, real_check = llama_mod.block_planes, state_mod.check_state_dict
+    monkeypatch.setattr(llama_mod, "block_planes", lambda raw, t, r, c: calls.append(phase[0]) or real(raw, t, r, c))
+
+    def check(*a, **k):
+        phase[0] = "check"
+        real_check(*a, **k)
+        phase[0] = "load"
+    monkeypatch.setattr(state_mod, "check_state_dict", check)
+    GlobalCounters.reset()
+    ours = Llama.from_gguf(tmp_path / "tiny.gguf")
+    quantized = [x for x in _modules(ours) if isinstance(x, QuantizedLinear)]
+    assert calls == ["load"] * len(quantized) and quantized
+    n_planes = sum(len(q._planes()) for q in quantized)
+    assert GlobalCounters.kernel_count < n_planes   # (the float32 norms are converted by kernels; no plane is copied)
+    assert ours.generate(PROMPTS[0], 4) == Llama.from_gguf(tmp_path / "tiny.gguf").generate(PROMPTS[0], 4)
+
+
+def _modules(obj, seen=None):
+    seen = set() if seen is None else seen
+    if id(obj) in seen: return
+    seen.add(id(obj))
+    yield obj
+    for v in (vars(obj).values() if hasattr(obj, "__dict__") else obj if isinstance(obj, (list, tuple)) else ()):
+        if hasattr(v, "__dict__") or isinstance(v, (list, tuple)): yield from _modules(v, seen)

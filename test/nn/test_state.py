@@ -213,3 +213,60 @@ def test_safe_save_rejects_bad_input(tmp_path):
     with pytest.raises(TypeError): safe_save({"a": [1, 2]}, tmp_path / "a.safetensors")
     with pytest.raises(TypeError): safe_save({"a": Tensor([1.0])}, tmp_path / "a.safetensors", metadata={"k": 1})
     assert not (tmp_path / "a.safetensors").exists()
+
+
+def test_load_state_dict_takes_loaded_buffers_without_copy_kernels_and_never_aliases_writes():
+    """A fresh model's lazy initial weights take a computed state dict's buffers as they are (no copy kernel), and the
+    two tensors still behave as copies: a write to either is not seen by the other (as torch's copy_ gives)."""
+    from fusegrad import GlobalCounters
+    from fusegrad.nn.state import get_state_dict, load_state_dict
+    rng = np.random.default_rng(0)
+    sd = {"weight": Tensor(rng.standard_normal((3, 4)).astype(np.float32)),
+          "bias": Tensor(rng.standard_normal(3).astype(np.float32))}
+    want = {k: v.numpy().copy() for k, v in sd.items()}
+    model = nn.Linear(4, 3)
+    GlobalCounters.reset()
+    load_state_dict(model, sd)
+    assert GlobalCounters.kernel_count == 0
+    assert model.weight.tolist() == want["weight"].tolist() and model.bias.tolist() == want["bias"].tolist()
+    model.weight.assign(model.weight * 2).realize()      # the model's write: the state dict keeps its values
+    np.testing.assert_array_equal(sd["weight"].numpy(), want["weight"])
+    np.testing.assert_array_equal(model.weight.numpy(), want["weight"] * 2)
+    sd["bias"].assign(sd["bias"] + 1).realize()          # the state dict's write: the model keeps its values
+    np.testing.assert_array_equal(model.bias.numpy(), want["bias"])
+    # a realized model weight is copied into (its buffer may be captured by TinyJit or viewed): one kernel each
+    GlobalCounters.reset()
+    load_state_dict(model, {k: Tensor(v) for k, v in want.items()})
+    assert GlobalCounters.kernel_count >= 1 and model.weight.tolist() == want["weight"].tolist()
+
+
+def test_load_state_dict_gives_two_weights_loaded_from_one_tensor_their_own_gradients():
+    """One tensor loaded into two parameters: the second gets a copy, so their gradients stay apart (sharing the
+    buffer node would give each the sum of both), as torch's load_state_dict into two Linears."""
+    from fusegrad.nn.state import load_state_dict
+    w = Tensor([[1.0, 2.0]])
+    class Two:
+        def __init__(self): self.a, self.b = nn.Linear(2, 1, bias=False), nn.Linear(2, 1, bias=False)
+    m = Two()
+    load_state_dict(m, {"a.weight": w, "b.weight": w})
+    assert m.a.weight.uop is not m.b.weight.uop
+    x = Tensor([[1.0, 1.0]])
+    for p in (m.a.weight, m.b.weight): p.requires_grad_()
+    (m.a(x) * 3 + m.b(x) * 5).sum().backward()
+    assert m.a.weight.grad.tolist() == [[3.0, 3.0]] and m.b.weight.grad.tolist() == [[5.0, 5.0]]
+
+
+def test_load_state_dict_into_a_lazy_random_layer_leaves_later_random_numbers_unchanged():
+    """Taking the loaded buffers drops the layer's pending random draws: the numbers drawn after it stay the ones a
+    run without the load draws (they depend on the order of creation only)."""
+    from fusegrad.nn.state import load_state_dict
+
+    def run(load):
+        Tensor.manual_seed(3)
+        a, b = nn.Linear(4, 3), nn.Linear(4, 3)
+        if load: load_state_dict(a, {"weight": Tensor(np.ones((3, 4), np.float32)), "bias": Tensor(np.ones(3, np.float32))})
+        return b.weight.numpy(), Tensor.rand(5).numpy(), a.weight.numpy()
+    plain, loaded = run(False), run(True)
+    np.testing.assert_array_equal(plain[0], loaded[0])
+    np.testing.assert_array_equal(plain[1], loaded[1])
+    assert (loaded[2] == 1).all()
