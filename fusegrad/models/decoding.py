@@ -4,6 +4,7 @@ step. Consumes a model with `forward(tokens, start_pos) -> logits`; produces tok
 from __future__ import annotations
 
 import time
+import types
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -11,6 +12,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from fusegrad.dtype import dtypes
+from fusegrad.engine.capture import JitError, capturing
 from fusegrad.engine.jit import TinyJit
 from fusegrad.ir.ops import UOp
 from fusegrad.tensor import Tensor
@@ -24,30 +26,67 @@ class Decoder(Protocol):
 
 class KVCache:
     """Keys and values of one attention layer for every position so far: two (B, L, H, D) buffers, written at
-    [start_pos, start_pos + T) and read as [0, start_pos + T). L is fixed, so a symbolic start_pos keeps the buffers'
-    shapes constant and TinyJit replays one capture for every step. (Slotted: get_state_dict doesn't see the caches.)
+    [start_pos, start_pos + T) and read as [0, start_pos + T). The capacity L grows with the context, in steps of
+    `STEP` positions and at least doubling, up to `max_len`: a short generation with a long-context model holds only
+    what it uses. L stays constant between growths, so a symbolic start_pos keeps the buffers' shapes constant and
+    TinyJit replays one capture for every step; a growth counts in `allocations`, which tells Generator to capture
+    again. (Slotted: get_state_dict doesn't see the caches.)
 
     >>> cache = KVCache(max_len=8)
     >>> keys, values = cache.update(Tensor.ones(1, 3, 2, 4), Tensor.ones(1, 3, 2, 4), start_pos=0)
     >>> keys.shape, cache.k.shape
     ((1, 3, 2, 4), (1, 8, 2, 4))
     """
-    __slots__ = ("k", "max_len", "v")
+    __slots__ = ("k", "max_len", "v", "_want")
+    STEP = 256
     allocations = 0   # buffers allocated so far, by all caches: a TinyJit capture holding older buffers is stale
 
     def __init__(self, max_len: int):
         self.max_len = max_len
         self.k: Tensor | None = None
         self.v: Tensor | None = None
+        self._want = 0   # positions reserved before the buffers exist
+
+    @property
+    def capacity(self) -> int:
+        """Positions the buffers hold now (0 before the first update)."""
+        return 0 if self.k is None else self.k.shape[1]
+
+    def _size_for(self, n: int) -> int:
+        return min(self.max_len, max(-(-n // self.STEP) * self.STEP, 2 * self.capacity))
+
+    def reserve(self, n: int) -> bool:
+        """Make room for `n` positions (at most max_len), keeping what is stored; returns whether the buffers were
+        reallocated. Before the first update (which knows the batch size and heads) it is remembered for that one."""
+        if n > self.max_len: raise ValueError(f"{n} positions don't fit the KV cache's {self.max_len}")
+        if self.k is None or self.v is None:
+            self._want = max(self._want, n)
+            return False
+        if n <= self.capacity: return False
+        if capturing:   # a replay would copy the old buffers over the new ones on every step
+            raise JitError(f"the KV cache must grow to {n} positions inside a TinyJit capture; reserve them before the "
+                           "jitted step (KVCache.reserve, Generator.reserve)")
+        B, L, H, D = self.k.shape
+        size = self._size_for(n)
+        k, v = Tensor.zeros(B, size, H, D, dtype=self.k.dtype).contiguous(), \
+            Tensor.zeros(B, size, H, D, dtype=self.v.dtype).contiguous()
+        k[:, :L] = self.k
+        v[:, :L] = self.v
+        self.k, self.v = k.realize(), v.realize()
+        KVCache.allocations += 1
+        return True
 
     def update(self, k: Tensor, v: Tensor, start_pos: int | UOp) -> tuple[Tensor, Tensor]:
         """Store k, v (B, T, H, D) at start_pos; returns all keys and values so far, (B, start_pos + T, H, D)."""
         B, T, H, D = k.shape
-        if self.k is None or self.k.shape != (B, self.max_len, H, D):
-            self.k = Tensor.zeros(B, self.max_len, H, D, dtype=k.dtype).contiguous().realize()
-            self.v = Tensor.zeros(B, self.max_len, H, D, dtype=v.dtype).contiguous().realize()
+        end = (start_pos if isinstance(start_pos, int) else start_pos.unbind()[1]) + T
+        if self.k is None or self.k.shape[0] != B or self.k.shape[2:] != (H, D):
+            size = min(self.max_len, -(-max(end, self._want, 1) // self.STEP) * self.STEP)
+            self.k = Tensor.zeros(B, size, H, D, dtype=k.dtype).contiguous().realize()
+            self.v = Tensor.zeros(B, size, H, D, dtype=v.dtype).contiguous().realize()
             KVCache.allocations += 1
-        assert self.v is not None
+        elif end > self.capacity: self.reserve(end)
+        assert self.k is not None and self.v is not None
         self.k[:, start_pos:start_pos + T] = k
         self.v[:, start_pos:start_pos + T] = v
         return self.k[:, :start_pos + T], self.v[:, :start_pos + T]
@@ -144,6 +183,23 @@ class Generation:
         return len(rest) / sum(rest) if rest and sum(rest) else float("nan")
 
 
+def kv_caches(model: Any) -> list[KVCache]:
+    """The KV caches a model holds, found by walking its attributes, lists and dicts (each once)."""
+    out: list[KVCache] = []
+    seen: set[int] = set()
+    todo = [model]
+    while todo:
+        o = todo.pop()
+        if id(o) in seen or isinstance(o, (Tensor, str, bytes, int, float, np.ndarray, type, types.ModuleType)) or \
+                callable(o) and not hasattr(o, "__dict__"): continue
+        seen.add(id(o))
+        if isinstance(o, KVCache): out.append(o)
+        elif isinstance(o, dict): todo.extend(o.values())
+        elif isinstance(o, (list, tuple)): todo.extend(o)
+        elif hasattr(o, "__dict__"): todo.extend(vars(o).values())
+    return out
+
+
 class Generator:
     """Runs a Decoder: `generate(prompt_ids, max_new)` greedy (temperature 0) or sampled. Decode steps run under
     TinyJit with `start_pos` a bound Variable (one capture for all positions); jit=False runs them eagerly.
@@ -154,7 +210,7 @@ class Generator:
     >>> len(Generator(model).generate([1, 2], max_new=3).tokens)
     3
     """
-    __slots__ = ("_caches_seen", "_greedy", "_logits", "_sample", "jit", "model", "start_pos")
+    __slots__ = ("_caches", "_caches_seen", "_greedy", "_logits", "_sample", "jit", "model", "start_pos")
 
     def __init__(self, model: Decoder, jit: bool = True):
         self.model, self.jit = model, jit
@@ -163,6 +219,13 @@ class Generator:
         self._sample = TinyJit(self._sample_step)
         self._logits = TinyJit(self._logits_step)
         self._caches_seen = -1
+        self._caches = kv_caches(model)
+
+    def reserve(self, n: int) -> None:
+        """Make every KV cache of the model hold `n` positions before the steps that need them run (they can't grow
+        inside a TinyJit replay), and capture the steps again if that reallocated one."""
+        for c in self._caches: c.reserve(n)
+        self._recapture_if_new_caches()
 
     def _greedy_step(self, tok: Tensor, pos: Any) -> Tensor:
         return self.model.forward(tok, pos).argmax(-1).cast(dtypes.int32).reshape(-1, 1).realize()   # (B, 1)
@@ -203,6 +266,7 @@ class Generator:
         if temperature < 0: raise ValueError(f"temperature must be >= 0, got {temperature}")
         if max_new <= 0: return
         host = sampling is not None and not sampling.on_device
+        self.reserve(len(prompt) + max_new)
         logits = self.model.forward(Tensor([list(prompt)], dtype=dtypes.int32), 0)       # prefill: (1, V)
         if host:
             tok = logits
@@ -245,6 +309,7 @@ class Generator:
         rng = np.random.default_rng(sampling.seed if sampling is not None else None)
         out: list[list[int]] = [[] for _ in prompts]
         done = [False] * B
+        self.reserve(min(max(lens) + max_new, self.model.max_context))
         logits = self.model.forward(Tensor([list(p[:start]) for p in prompts], dtype=dtypes.int32), 0)   # (B, V)
         self._recapture_if_new_caches()
         temp = Tensor([temperature]).realize()
@@ -289,4 +354,4 @@ class Generator:
         return out
 
 
-__all__ = ["Decoder", "Generation", "Generator", "KVCache", "Sampling", "causal_mask"]
+__all__ = ["Decoder", "Generation", "Generator", "KVCache", "Sampling", "causal_mask", "kv_caches"]

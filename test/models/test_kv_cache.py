@@ -1,0 +1,71 @@
+"""The KV cache grows with the context (decoding.KVCache): only the positions a generation uses are allocated, growing
+keeps what is stored, and generation gives the same tokens however often the cache grew."""
+import numpy as np
+import pytest
+
+from fusegrad import Tensor, TinyJit
+from fusegrad.engine.capture import JitError
+from fusegrad.models.decoding import Generator, KVCache, kv_caches
+from fusegrad.models.llama import Llama, LlamaConfig
+
+
+def tiny(max_context=None):
+    Tensor.manual_seed(5)
+    cfg = LlamaConfig(vocab_size=37, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=4096)
+    return Llama(cfg, max_context)
+
+
+def test_cache_grows_keeping_its_contents_and_caps_at_max_len(monkeypatch):
+    monkeypatch.setattr(KVCache, "STEP", 8)
+    c = KVCache(max_len=40)
+    rng = np.random.default_rng(0)
+    kv = rng.standard_normal((1, 5, 2, 3)).astype(np.float32)
+    c.update(Tensor(kv), Tensor(-kv), 0)
+    assert c.capacity == 8
+    more = rng.standard_normal((1, 6, 2, 3)).astype(np.float32)
+    keys, values = c.update(Tensor(more), Tensor(-more), 5)          # 11 positions: grows to 16 (at least doubles)
+    assert c.capacity == 16
+    np.testing.assert_array_equal(keys.numpy(), np.concatenate([kv, more], 1))
+    np.testing.assert_array_equal(values.numpy(), -np.concatenate([kv, more], 1))
+    assert c.reserve(33) and c.capacity == 40                           # capped at max_len
+    np.testing.assert_array_equal(c.k[:, :11].numpy(), np.concatenate([kv, more], 1))
+    with pytest.raises(ValueError, match="don't fit"): c.reserve(41)
+
+
+def test_a_long_context_model_allocates_what_the_generation_uses():
+    m = tiny()
+    assert m.max_context == 4096
+    Generator(m).generate([1, 2, 3], 5)
+    caches = kv_caches(m)
+    assert len(caches) == 2 and all(c.capacity == KVCache.STEP for c in caches)   # not 4096
+
+
+@pytest.mark.parametrize("jit", [True, False])
+def test_tokens_are_the_same_however_often_the_cache_grew(monkeypatch, jit):
+    want = [Generator(tiny(), jit=jit).generate([3, 1, 4], n).tokens for n in (6, 20)]
+    monkeypatch.setattr(KVCache, "STEP", 4)
+    m = tiny()
+    g = Generator(m, jit=jit)
+    got = [g.generate([3, 1, 4], n).tokens for n in (6, 20)]   # the second call grows every cache: 12 -> 24
+    assert got == want
+    assert all(c.capacity == 24 for c in kv_caches(m))
+    # an eager forward past the capacity grows the cache too
+    logits = m.forward(Tensor([[5]]), 24).numpy()
+    assert all(c.capacity == 48 for c in kv_caches(m)) and np.isfinite(logits).all()
+
+
+def test_growing_inside_a_tinyjit_capture_raises(monkeypatch):
+    monkeypatch.setattr(KVCache, "STEP", 4)
+    c = KVCache(max_len=64)
+    c.update(Tensor.ones(1, 2, 1, 2), Tensor.ones(1, 2, 1, 2), 0)
+
+    wanted = iter([5, 9, 17])
+
+    @TinyJit
+    def step(x):
+        c.reserve(next(wanted))   # the first call runs plainly (grows to 8); the second captures
+        return (x + 1).realize()
+    step(Tensor([1.0]))
+    assert c.capacity == 8
+    with pytest.raises(JitError, match="grow to 9 positions inside a TinyJit capture"): step(Tensor([1.0]))
