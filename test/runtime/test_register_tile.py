@@ -219,3 +219,31 @@ def test_avx2_heuristic_takes_a_remainder_where_its_blocks_split_evenly(m, threa
     assert [o.amount for o in opts if o.op == "TILE"] == [block]
     _, ren = target("x86-64-v4", monkeypatch)
     assert [o.amount for o in hand_coded_opts(matmul_ast(m, 1024, 1024), ren) if o.op == "UPCAST"] == [8, 2]
+
+
+@pytest.mark.parametrize("march,registers", [("x86-64-v3", 16), ("x86-64-v4", 32)])
+@pytest.mark.parametrize("m,rows", [(26, 13), (24, 12), (13, 13)])
+def test_skinny_products_tile_many_rows_and_put_the_columns_outermost(march, registers, m, rows, monkeypatch):
+    """A few rows against a large w (MiniLM's 26 tokens @ 384 x 1536): as many rows as the registers hold in one
+    block, the column loop outermost (split over the threads), no spills, exact results. The old 2 x 8 tile read all
+    of w once per pair of rows, from L2 (2x slower at 26 rows)."""
+    comp, ren = target(march, monkeypatch)
+    ast = matmul_ast(m, 384, 1536)
+    opts = hand_coded_opts(ast, ren)
+    ups = {o.axis: o.amount for o in opts if o.op == "UPCAST"}
+    assert ups.get(0) == rows, opts
+    assert any(o.op == "SWAP" for o in opts) == (rows < m), opts   # all rows in one block: the column loop is alone
+    spec = to_program(ast, ren)
+    spills = stack_vector_accesses(hot_loop(comp.assembly(spec.src), spec.name))
+    assert spills == [], f"{march}: the reduce loop of {spec.name} spills:\n" + "\n".join(spills)
+    if not runnable(march): pytest.skip(f"this host can't run {march} code (the assembly was checked)")
+    rng = np.random.default_rng(m)
+    a, b = rng.integers(-4, 5, (m, 384)).astype(np.float32), rng.integers(-4, 5, (384, 1536)).astype(np.float32)
+    np.testing.assert_array_equal(run(comp, spec, [a, b], (m, 1536)), a @ b)
+
+
+def test_a_small_w_or_many_rows_keep_the_usual_tile(monkeypatch):
+    _, ren = target("x86-64-v4", monkeypatch)
+    for m, k, n in ((26, 384, 384), (64, 384, 1536), (1024, 384, 1536)):   # w of 590 KB; 64 and 1024 rows
+        opts = hand_coded_opts(matmul_ast(m, k, n), ren)
+        assert not any(o.op == "SWAP" for o in opts) and all(o.amount <= 8 for o in opts if o.op == "UPCAST"), opts
