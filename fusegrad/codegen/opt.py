@@ -246,25 +246,26 @@ def register_tile(sizes: list[int], registers: int, clamp_threads: int = 0) -> l
 
 
 SKINNY_ROWS = 2 * MAX_ACCUMULATORS   # a product with at most this many rows (of x in x @ w) is "skinny"
+SWAP_ROW_BLOCKS = 16                 # the column loop goes outermost when the rows make at most this many blocks
 
 
 def skinny_tile(picked: list[UOp], sizes: dict[UOp, int], loads: list[UOp], renderer: Renderer | None,
-                registers: int) -> tuple[UOp, UOp, list[int]] | None:
-    """(rows, columns, tile) of a skinny product (x @ w with at most SKINNY_ROWS rows: MiniLM's 26 tokens, a prompt),
-    or None for any other kernel. The rows are the picked range along which w (an input of more than half the cache)
-    doesn't move; the tile takes as many of them as fit (a divisor of the rows up to MAX_ACCUMULATORS: 13 of 26), then
-    what is left of the accumulators along the columns. Each block of rows reads all of w, so fewer blocks read it
-    fewer times: 26 x 384 @ 384 x 1536 goes from 2 x 8 (13 reads of w) to 13 x 1 on AVX-512 and AVX2. The caller also
-    puts the column loop outermost (SWAP)."""
+                registers: int) -> tuple[UOp, UOp, list[int] | None] | None:
+    """(rows, columns, tile) of a product whose rows all read a large w (x @ w, w an input of more than half the cache
+    that doesn't move along the rows), or None for any other kernel. Every block of rows reads all of w, so fewer
+    blocks read it fewer times: with at most SKINNY_ROWS rows (MiniLM's 26 tokens, a prompt) the tile takes as many
+    rows as fit (a divisor of the rows up to MAX_ACCUMULATORS: 13 of 26), then what is left of the accumulators along
+    the columns (26 x 384 @ 384 x 1536: 2 x 8, 13 reads of w, becomes 13 x 1 on AVX-512 and AVX2); with more rows the
+    tile is None (the usual one). The caller puts the column loop outermost (SWAP) when the rows make few blocks."""
     if len(picked) != 2 or renderer is None or not renderer.cache_bytes: return None
     big = [a for a in loads if a.src[0].dtype.size * a.src[0].dtype.itemsize > renderer.cache_bytes // 2]
     rows = next((r for r in picked if any(_stride(a.src[1], r) == 0 for a in big)), None)
-    if rows is None or sizes[rows] > SKINNY_ROWS: return None
+    if rows is None: return None
     cols = picked[1] if rows is picked[0] else picked[0]
     n = sizes[rows]
     d = next((d for d in range(min(n, MAX_ACCUMULATORS), 1, -1) if n % d == 0 and tile_registers([d, 1]) <= registers),
              None)
-    if d is None: return None
+    if n > SKINNY_ROWS or d is None: return rows, cols, None
     b = next(b for b in range(MAX_ACCUMULATORS // d, 0, -1) if sizes[cols] % b == 0 and tile_registers([d, b]) <= registers)
     return rows, cols, [d, b]
 
@@ -348,7 +349,7 @@ def hand_coded_opts(ast: UOp, renderer: Renderer | None = None) -> list[Opt]:
         rows, cols, sk = skinny
         had = dict(zip(picked, tile))
         picked = [rows, cols]
-        tile = sk if sk[0] > had.get(rows, 1) else [had.get(rows, 1), had.get(cols, 1)]
+        tile = sk if sk is not None and sk[0] > had.get(rows, 1) else [had.get(rows, 1), had.get(cols, 1)]
     for r, k in zip(picked, tile):
         if k > 1:
             opts.append(Opt("UPCAST", r.arg[0], k))
@@ -364,9 +365,10 @@ def hand_coded_opts(ast: UOp, renderer: Renderer | None = None) -> list[Opt]:
         big = [a for a in loads if _stride(a.src[1], o) == 0 and
                a.src[0].dtype.size * a.src[0].dtype.itemsize > renderer.cache_bytes]
         if big and (k := cache_block(sizes[o], renderer.threads, clamp > 0)) > 1: opts.append(Opt("TILE", o.arg[0], k))
-    # few row blocks against a large w: the column loop goes outermost, so the threads split w's columns and each
-    # streams its part of w once while the few rows stay in L1 (rows outermost read all of w once per row block)
-    if skinny is not None and (rows := picked[0]) in sizes and sizes[rows] > 1 and \
+    # few row blocks (at most SWAP_ROW_BLOCKS) against a large w: the column loop goes outermost, so the threads split
+    # w's columns and each streams its part of w once while the rows stay in cache (rows outermost read all of w once
+    # per row block)
+    if skinny is not None and 1 < sizes[rows := picked[0]] <= SWAP_ROW_BLOCKS and \
             sizes[cols := picked[1]] >= 2 * max(renderer.threads if renderer is not None else 1, 1):
         opts.append(Opt("SWAP", rows.arg[0], cols.arg[0]))
     for key in dict.fromkeys(n.src[1:] for n in nodes if n.op is Ops.REDUCE):
