@@ -30,10 +30,12 @@ def machine_line() -> str:
     return f"fusegrad CPU target: {isa}{blas}; load average {os.getloadavg()[0]:.2f}"
 
 
-def spawn(argv: list[str], env: dict[str, str] | None = None, timeout: float = 3600) -> Any:
-    """Run `python *argv` in a new process and return the JSON value on the last line of its stdout."""
-    out = subprocess.run([sys.executable, *argv], capture_output=True, text=True, env={**os.environ, **(env or {})},
-                         check=False, timeout=timeout)
+def spawn(argv: list[str], env: dict[str, str] | None = None, timeout: float = 3600,
+          python: str | None = None) -> Any:
+    """Run `python *argv` in a new process (this Python, or `python`) and return the JSON value on the last line of
+    its stdout."""
+    out = subprocess.run([python or sys.executable, *argv], capture_output=True, text=True,
+                         env={**os.environ, **(env or {})}, check=False, timeout=timeout)
     if out.returncode != 0: raise RuntimeError(f"worker {' '.join(argv[1:])} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
