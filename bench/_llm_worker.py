@@ -16,6 +16,7 @@ neither fusegrad nor torch (it has NumPy, a dependency of llama-cpp-python).
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import pathlib
@@ -150,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--new", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
+    faulthandler.enable()     # a crash in a library's native code (a signal) leaves a Python traceback on stderr
     ids = [int(x) for x in args.ids.split(",") if x]
     if not ids: ap.error("--ids is empty")
     if args.new < 4: ap.error("--new must be at least 4 (decode speed counts the steps after the first two)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 
@@ -76,12 +77,22 @@ def test_table_ratios_targets_and_missing_llama_cpp():
     assert out.splitlines()[0].count("|") == out.splitlines()[1].count("|") == row.count("|")
     t = llm.targets(meds, 100.0)
     assert t is not None and "decode 0.50x llama.cpp (>= 1.0x) NOT met" in t and "prefill 0.50x (>= 0.5x) met" in t
-    assert "load 2.00 s per 100 MB (<= 1.0 s) NOT met" in t and "resident 2.00x the file (<= 1.3x) NOT met" in t
+    assert "load 2.00 s per 100 MB (<= 1.0 s) NOT met" in t and "resident 2.00x the file (<= 1.3x; 1.50x without the 50 MB" in t
     del meds["llama.cpp"]
     out = llm.table(meds, 100.0, {"llama.cpp": "no Python with llama-cpp-python"})
     assert "| fusegrad-q |" in out
     assert out.rstrip().endswith("| llama.cpp | not measured: no Python with llama-cpp-python |"), out
     assert "| - | - | - |" in out and llm.targets(meds, 100.0) is None
+
+
+def test_a_failed_worker_says_why_in_one_line():
+    from bench._procs import WorkerFailed, spawn
+    with pytest.raises(WorkerFailed) as e:
+        spawn(["-c", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"])
+    assert e.value.reason == f"killed by signal {int(signal.SIGSEGV)} (nothing on stderr)"
+    with pytest.raises(WorkerFailed) as e:
+        spawn(["-c", "import sys; sys.exit('no model here')"])
+    assert e.value.reason == "exit status 1: no model here"
 
 
 def test_find_llama_python_says_why_not(tmp_path, monkeypatch):
