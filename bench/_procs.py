@@ -39,9 +39,14 @@ class WorkerFailed(RuntimeError):
 
     @property
     def reason(self) -> str:
-        """One line: the exit status and the last line of stderr."""
-        last = [ln for ln in self.stderr.strip().splitlines() if ln.strip()]
-        return self.status + (f": {last[-1].strip()[:300]}" if last else " (nothing on stderr)")
+        """One line: the exit status and stderr's last line, or for a crash that faulthandler reported, its first line
+        and the innermost Python frame."""
+        lines = [ln.strip() for ln in self.stderr.strip().splitlines() if ln.strip()]
+        fatal = next((i for i, ln in enumerate(lines) if ln.startswith("Fatal Python error")), None)
+        if fatal is not None:
+            frame = next((ln for ln in lines[fatal:] if ln.startswith("File ")), "")
+            return f"{self.status}: {lines[fatal]} {frame}"[:400]
+        return self.status + (f": {lines[-1][:300]}" if lines else " (nothing on stderr)")
 
 
 def spawn(argv: list[str], env: dict[str, str] | None = None, timeout: float = 3600,

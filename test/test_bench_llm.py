@@ -93,6 +93,10 @@ def test_a_failed_worker_says_why_in_one_line():
     with pytest.raises(WorkerFailed) as e:
         spawn(["-c", "import sys; sys.exit('no model here')"])
     assert e.value.reason == "exit status 1: no model here"
+    with pytest.raises(WorkerFailed) as e:
+        spawn(["-c", "import faulthandler, os, signal; faulthandler.enable(); os.kill(os.getpid(), signal.SIGSEGV)"])
+    assert e.value.reason.startswith(f"killed by signal {int(signal.SIGSEGV)}: Fatal Python error: Segmentation fault "
+                                     'File "<string>", line 1'), e.value.reason
 
 
 def test_find_llama_python_says_why_not(tmp_path, monkeypatch):
