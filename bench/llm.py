@@ -13,7 +13,7 @@ prompt text; llama.cpp's own tokenizer of the same text is compared with them), 
 two generations in one process with the second one timed (the first compiles fusegrad's kernels; its first token time
 is the "cold first token" column). Prefill: the prompt's forward pass plus the argmax that gives the first token.
 Decode: the steps after the first two decode steps (fusegrad's TinyJit compiles and captures there), tokens / their
-summed time. Load: the model object's construction (file read or mapped, context and KV cache made), imports excluded.
+summed time; "median step" is 1 / the median of those steps' times (a step that a busy machine preempted counts once). Load: the model object's construction (file read or mapped, context and KV cache made), imports excluded.
 Memory: resident set (VmRSS) after the load and at the end, and the peak (VmHWM), interpreter and imports included.
 """
 from __future__ import annotations
@@ -84,7 +84,8 @@ def summarize(runs: list[dict[str, Any]], n_prompt: int) -> dict[str, float]:
     for r in runs:
         prefill, decode = speeds(n_prompt, r["times"])
         rows.append({"import_s": r["import_s"], "load_s": r["load_s"], "cold_first_s": r["cold_times"][0],
-                     "prefill_tok_s": prefill, "decode_tok_s": decode, "rss_import_mb": r["rss_import_mb"],
+                     "prefill_tok_s": prefill, "decode_tok_s": decode,
+                     "decode_median_tok_s": 1 / statistics.median(r["times"][3:]), "rss_import_mb": r["rss_import_mb"],
                      "rss_load_mb": r["rss_load_mb"],
                      "rss_end_mb": r["rss_end_mb"], "peak_rss_mb": r["peak_rss_mb"]})
     return {k: statistics.median(row[k] for row in rows) for k in rows[0]}
@@ -135,7 +136,8 @@ def table(meds: dict[str, dict[str, float]], file_mb: float, missing: dict[str, 
     """The markdown table: one row per library measured, ratios against llama.cpp when it was, and a line per library
     that wasn't (with the reason)."""
     ref = meds.get(REF)
-    head = ("| library | import s | load s | cold first token s | prefill tok/s | decode tok/s | RSS after load MB | "
+    head = ("| library | import s | load s | cold first token s | prefill tok/s | decode tok/s | median step tok/s | "
+            "RSS after load MB | "
             "RSS end MB | peak RSS MB | RSS end / file | decode vs llama.cpp | prefill vs llama.cpp | "
             "load vs llama.cpp |")
     lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
@@ -143,7 +145,8 @@ def table(meds: dict[str, dict[str, float]], file_mb: float, missing: dict[str, 
         r = ratios(m, ref)
         rat = (f"{r['decode']:.2f}x | {r['prefill']:.2f}x | {r['load']:.2f}x" if r else "- | - | -")
         lines.append(f"| {lib} | {m['import_s']:.2f} | {m['load_s']:.2f} | {m['cold_first_s']:.2f} | "
-                     f"{m['prefill_tok_s']:.1f} | {m['decode_tok_s']:.1f} | {m['rss_load_mb']:.0f} | "
+                     f"{m['prefill_tok_s']:.1f} | {m['decode_tok_s']:.1f} | {m['decode_median_tok_s']:.1f} | "
+                     f"{m['rss_load_mb']:.0f} | "
                      f"{m['rss_end_mb']:.0f} | {m['peak_rss_mb']:.0f} | {m['rss_end_mb'] / file_mb:.2f} | {rat} |")
     lines += [f"| {lib} | not measured: {why} |" for lib, why in missing.items()]
     return "\n".join(lines)

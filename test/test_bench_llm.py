@@ -33,6 +33,9 @@ def test_summarize_medians_and_ratios_against_llama_cpp():
     ours = llm.summarize([run([1.0, 1, 1, 0.1, 0.1], [1], load=3.0), run([2.0, 1, 1, 0.2, 0.2], [1], load=5.0),
                           run([4.0, 1, 1, 0.1, 0.1], [1], load=4.0)], n_prompt=8)
     assert ours["prefill_tok_s"] == pytest.approx(4.0) and ours["decode_tok_s"] == pytest.approx(10.0)
+    assert ours["decode_median_tok_s"] == pytest.approx(10.0)
+    one = llm.summarize([run([1.0, 1, 1, 0.1, 0.1, 0.9], [1])], n_prompt=8)    # one preempted step
+    assert one["decode_tok_s"] == pytest.approx(3 / 1.1) and one["decode_median_tok_s"] == pytest.approx(10.0)
     assert ours["load_s"] == 4.0 and ours["cold_first_s"] == 9.0 and ours["rss_end_mb"] == 110.0
     ref = llm.summarize([run([0.5, 1, 1, 0.05, 0.05], [1], load=0.5)], n_prompt=8)
     r = llm.ratios(ours, ref)
@@ -145,7 +148,7 @@ def test_runs_without_llama_cpp(tiny_gguf, tmp_path):
     lines = out.stdout.splitlines()
     assert lines[0].startswith("tiny.gguf (") and "2 threads" in lines[0] and "5 new tokens" in lines[0], lines[0]
     row = next(ln for ln in lines if ln.startswith("| fusegrad-q |")).split("|")
-    assert len(row) == 15 and float(row[6]) > 0 and row[-4:-1] == [" - ", " - ", " - "], row   # decode; no ratios
+    assert len(row) == 16 and float(row[6]) > 0 and row[-4:-1] == [" - ", " - ", " - "], row   # decode; no ratios
     assert any(ln.startswith("| llama.cpp | not measured:") and "can't be run" in ln for ln in lines), out.stdout
 
 
