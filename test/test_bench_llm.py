@@ -161,7 +161,7 @@ def test_runs_without_llama_cpp(tiny_gguf, tmp_path):
 
 def test_llama_cpp_column_when_installed(tiny_gguf):
     """With llama-cpp-python in a venv of its own (bench/README.md; CI doesn't build it), llama.cpp's row has the
-    ratios and its greedy tokens are compared with fusegrad's."""
+    ratios, its greedy tokens equal fusegrad's, and its tokenizer gives fusegrad's prompt ids."""
     python, why = llm.find_llama_python(None)
     if python is None: pytest.skip(f"llama.cpp not installed: {why}")
     out = bench(tiny_gguf, "--only", "fusegrad-q,llama.cpp", "--llama-python", python)
@@ -170,5 +170,6 @@ def test_llama_cpp_column_when_installed(tiny_gguf):
     assert any(ln.startswith("llama.cpp: llama-cpp-python ") for ln in lines), out.stdout
     row = next(ln for ln in lines if ln.startswith("| llama.cpp |")).split("|")
     assert row[-4:-1] == [" 1.00x ", " 1.00x ", " 1.00x "], row
-    assert any(ln.startswith("fusegrad-q: greedy tokens") for ln in lines), out.stdout
-    assert any(ln.startswith("prompt: llama.cpp's tokenizer") for ln in lines), out.stdout
+    # the tiny model's picks are far apart (initializer_range 0.3), so llama.cpp's 8-bit activations don't change them
+    assert "fusegrad-q: greedy tokens equal to llama.cpp's (all 5)" in lines, out.stdout
+    assert any(ln.startswith("prompt: llama.cpp's tokenizer gives the same") for ln in lines), out.stdout
