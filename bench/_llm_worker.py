@@ -23,8 +23,11 @@ import pathlib
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 LIBS = ("fusegrad-q", "fusegrad-f32", "transformers", "llama.cpp")
+# each library's (load() -> model, generate(model) -> (tokens, per-token times))
+Runner = tuple[Callable[[], Any], Callable[[Any], tuple[list[int], list[float]]]]
 
 
 def memory_mb() -> dict[str, float]:
@@ -55,11 +58,12 @@ def timed_greedy(prefill: Callable[[list[int]], int], step: Callable[[int], int]
     return tokens, times
 
 
-def run_fusegrad(path: str, ids: list[int], n_new: int, quantized: bool) -> tuple[Callable[[], object], object]:
+def run_fusegrad(path: str, ids: list[int], n_new: int, quantized: bool) -> Runner:
+    """fusegrad's Llama and Generator (its threads: CPU_THREADS, which bench/llm.py sets)."""
     from fusegrad.models.decoding import Generator
     from fusegrad.models.llama import Llama
 
-    def load() -> object:
+    def load() -> Any:
         return Generator(Llama.from_gguf(path, max_context=len(ids) + n_new + 2, quantized=quantized))
 
     def generate(gen) -> tuple[list[int], list[float]]:
@@ -68,13 +72,13 @@ def run_fusegrad(path: str, ids: list[int], n_new: int, quantized: bool) -> tupl
     return load, generate
 
 
-def run_transformers(path: str, ids: list[int], n_new: int, threads: int) -> tuple[Callable[[], object], object]:
+def run_transformers(path: str, ids: list[int], n_new: int, threads: int) -> Runner:
     import torch
     import transformers
     torch.set_num_threads(threads)
     p = pathlib.Path(path)
 
-    def load() -> object:
+    def load() -> Any:
         return transformers.AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name).eval()
 
     def generate(model) -> tuple[list[int], list[float]]:
@@ -90,13 +94,13 @@ def run_transformers(path: str, ids: list[int], n_new: int, threads: int) -> tup
 
 
 def run_llamacpp(path: str, ids: list[int], n_new: int, threads: int, text: str,
-                 info: dict[str, object]) -> tuple[Callable[[], object], object]:
+                 info: dict[str, object]) -> Runner:
     import llama_cpp
     import numpy as np
     info["version"] = llama_cpp.__version__
     info["system_info"] = llama_cpp.llama_print_system_info().decode(errors="replace").strip()
 
-    def load() -> object:
+    def load() -> Any:
         llm = llama_cpp.Llama(model_path=path, n_ctx=len(ids) + n_new + 2, n_batch=max(512, len(ids)),
                               n_threads=threads, n_threads_batch=threads, use_mmap=True, verbose=False)
         # llama.cpp's own tokenizer of the same file, to compare with the ids every library is given
