@@ -172,9 +172,11 @@ def busy_note(load: float, cores: int, threads: int) -> str | None:
     """A warning when other processes already use the cores that the libraries' threads need (the load average at the
     start is above the cores left over), else None."""
     if load <= cores - threads + 0.5: return None
-    return (f"note: load average {load:.1f} at the start on {cores} cores, {threads} thread{'s' * (threads > 1)} per "
-            "library: other processes take the cores; libraries that synchronize their threads at every operation "
-            "(llama.cpp, torch) slow down most, so compare at --threads 1 or on a quiet machine")
+    head = f"note: load average {load:.1f} at the start on {cores} cores, {threads} thread{'s' * (threads > 1)} per " \
+        "library: other processes take the cores, so speeds are low and vary between blocks"
+    if threads == 1: return head + "; compare ratios only between runs at about the same load"
+    return head + ("; libraries that synchronize their threads at every operation (llama.cpp, torch) slow down most, "
+                   "so compare at --threads 1 or on a quiet machine")
 
 
 def main(argv: list[str] | None = None) -> int:

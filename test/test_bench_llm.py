@@ -93,7 +93,9 @@ def test_busy_note():
     assert llm.busy_note(0.3, 2, 1) is None and llm.busy_note(1.4, 2, 1) is None and llm.busy_note(0.4, 2, 2) is None
     note = llm.busy_note(4.2, 2, 2)
     assert note is not None and note.startswith("note: load average 4.2 at the start on 2 cores, 2 threads per library")
-    assert "1 thread per library" in llm.busy_note(1.6, 2, 1)
+    assert "--threads 1" in note
+    one = llm.busy_note(1.6, 2, 1)
+    assert one is not None and "1 thread per library" in one and "--threads 1" not in one
 
 
 def test_a_failed_worker_says_why_in_one_line():
