@@ -30,11 +30,32 @@ def machine_line() -> str:
     return f"fusegrad CPU target: {isa}{blas}; load average {os.getloadavg()[0]:.2f}"
 
 
-def spawn(argv: list[str], env: dict[str, str] | None = None, timeout: float = 3600) -> Any:
-    """Run `python *argv` in a new process and return the JSON value on the last line of its stdout."""
-    out = subprocess.run([sys.executable, *argv], capture_output=True, text=True, env={**os.environ, **(env or {})},
-                         check=False, timeout=timeout)
-    if out.returncode != 0: raise RuntimeError(f"worker {' '.join(argv[1:])} failed:\n{out.stderr[-3000:]}")
+class WorkerFailed(RuntimeError):
+    """A worker process exited with an error: its exit status (negative: killed by that signal) and its stderr."""
+    def __init__(self, argv: list[str], returncode: int, stderr: str):
+        self.returncode, self.stderr = returncode, stderr
+        self.status = f"killed by signal {-returncode}" if returncode < 0 else f"exit status {returncode}"
+        super().__init__(f"worker {' '.join(argv[1:])} failed ({self.status}):\n{stderr[-3000:]}")
+
+    @property
+    def reason(self) -> str:
+        """One line: the exit status and stderr's last line, or for a crash that faulthandler reported, its first line
+        and the innermost Python frame."""
+        lines = [ln.strip() for ln in self.stderr.strip().splitlines() if ln.strip()]
+        fatal = next((i for i, ln in enumerate(lines) if ln.startswith("Fatal Python error")), None)
+        if fatal is not None:
+            frame = next((ln for ln in lines[fatal:] if ln.startswith("File ")), "")
+            return f"{self.status}: {lines[fatal]} {frame}"[:400]
+        return self.status + (f": {lines[-1][:300]}" if lines else " (nothing on stderr)")
+
+
+def spawn(argv: list[str], env: dict[str, str] | None = None, timeout: float = 3600,
+          python: str | None = None) -> Any:
+    """Run `python *argv` in a new process (this Python, or `python`) and return the JSON value on the last line of
+    its stdout."""
+    out = subprocess.run([python or sys.executable, *argv], capture_output=True, text=True,
+                         env={**os.environ, **(env or {})}, check=False, timeout=timeout)
+    if out.returncode != 0: raise WorkerFailed(argv, out.returncode, out.stderr)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
