@@ -20,14 +20,36 @@ from fusegrad.runtime.machine import machine  # noqa: E402
 from fusegrad.runtime.ops_cpu import find_compiler  # noqa: E402
 
 
+# CPU_MARCH levels below AVX-512 -> what tells the reference libraries to stay at that level too: PyTorch's own kernels
+# (ATEN_CPU_CAPABILITY), its oneDNN convolutions (ONEDNN_MAX_CPU_ISA), MKL (MKL_ENABLE_INSTRUCTIONS) and NumPy's
+# OpenBLAS (OPENBLAS_CORETYPE). With CPU_MARCH=x86-64-v3 on an AVX-512 machine every library then runs AVX2 code, as on
+# an AVX2 machine; without them PyTorch and NumPy kept their AVX-512 kernels and the comparison was across ISAs.
+REFERENCE_ISA_ENV = {
+    "x86-64-v3": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+                  "OPENBLAS_CORETYPE": "Haswell"},
+    "haswell": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+                "OPENBLAS_CORETYPE": "Haswell"}}
+
+
+def reference_env() -> dict[str, str]:
+    """The variables that hold the reference libraries at CPU_MARCH's level (REFERENCE_ISA_ENV; none for native or
+    AVX-512, and none that the caller set already). REFERENCE_ISA=native turns it off."""
+    if os.environ.get("REFERENCE_ISA") == "native": return {}
+    want = REFERENCE_ISA_ENV.get(os.environ.get("CPU_MARCH", "native").lower(), {})
+    return {k: v for k, v in want.items() if k not in os.environ}
+
+
 def machine_line() -> str:
-    """What the workers' CPU kernels are built for (CPU_MARCH; runtime/machine.py), the BLAS core type NumPy was told
-    to use (OPENBLAS_CORETYPE, when set), and the load average now: the first line of a result table."""
+    """What the workers' CPU kernels are built for (CPU_MARCH; runtime/machine.py), the level the reference libraries
+    are held at (reference_env, or OPENBLAS_CORETYPE when set), and the load average now: the first line of a result
+    table."""
     cc = find_compiler(raise_error=False)
     isa = machine(cc).describe() if cc is not None else "no C compiler"
-    blas = f"; NumPy's OpenBLAS with OPENBLAS_CORETYPE={os.environ['OPENBLAS_CORETYPE']}" \
-        if os.environ.get("OPENBLAS_CORETYPE") else ""
-    return f"fusegrad CPU target: {isa}{blas}; load average {os.getloadavg()[0]:.2f}"
+    env = {**reference_env(), **{k: os.environ[k] for k in ("ATEN_CPU_CAPABILITY", "OPENBLAS_CORETYPE")
+                                 if k in os.environ}}
+    refs = f"; references held at {', '.join(f'{k}={v}' for k, v in sorted(env.items()))}" if env else \
+        "; references at their own best ISA"
+    return f"fusegrad CPU target: {isa}{refs}; load average {os.getloadavg()[0]:.2f}"
 
 
 class WorkerFailed(RuntimeError):
@@ -54,7 +76,7 @@ def spawn(argv: list[str], env: dict[str, str] | None = None, timeout: float = 3
     """Run `python *argv` in a new process (this Python, or `python`) and return the JSON value on the last line of
     its stdout."""
     out = subprocess.run([python or sys.executable, *argv], capture_output=True, text=True,
-                         env={**os.environ, **(env or {})}, check=False, timeout=timeout)
+                         env={**os.environ, **reference_env(), **(env or {})}, check=False, timeout=timeout)
     if out.returncode != 0: raise WorkerFailed(argv, out.returncode, out.stderr)
     return json.loads(out.stdout.strip().splitlines()[-1])
 

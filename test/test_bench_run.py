@@ -38,3 +38,24 @@ def test_fusion_bench_one_case_with_base():
     rows = [line.split() for line in out.stdout.splitlines() if line.startswith("sigmoid 1024x1536")]
     assert {"fusegrad", "numpy", "base"} <= {r[2] for r in rows}, out.stdout
     assert "FAILED" not in out.stdout
+
+
+def test_workers_for_an_avx2_target_hold_the_reference_libraries_at_avx2(monkeypatch):
+    """CPU_MARCH=x86-64-v3 on an AVX-512 machine stands for an AVX2 machine: PyTorch's kernels, oneDNN, MKL and NumPy's
+    OpenBLAS are told to stay at AVX2 in every worker (before, PyTorch kept its AVX-512 kernels); native leaves them."""
+    sys.path.insert(0, str(ROOT))
+    from bench import _procs
+    probe = ["-c", "import json, os, torch; print(json.dumps([torch.backends.cpu.get_cpu_capability(), "
+                   "os.environ.get('OPENBLAS_CORETYPE')]))"]
+    for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "OPENBLAS_CORETYPE",
+              "REFERENCE_ISA"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("CPU_MARCH", "x86-64-v3")
+    pytest.importorskip("torch", reason="PyTorch is the reference library here")
+    assert _procs.spawn(probe) == ["AVX2", "Haswell"]
+    assert "ATEN_CPU_CAPABILITY=avx2" in _procs.machine_line()
+    monkeypatch.setenv("REFERENCE_ISA", "native")
+    assert _procs.reference_env() == {}
+    monkeypatch.setenv("CPU_MARCH", "native")
+    monkeypatch.delenv("REFERENCE_ISA")
+    assert _procs.reference_env() == {} and "references at their own best ISA" in _procs.machine_line()
