@@ -269,7 +269,10 @@ class OpMixin:
 # same with Python-level get, set and keyed references: a quarter of the cost of building a node). Never iterated, so
 # removal needs no iteration guard.
 _ucache: dict[tuple, "weakref.ref[UOp]"] = {}
-_CONST, _DETACH = Ops.CONST, Ops.DETACH
+# (ops the per-node paths test, bound once: `Ops.X` is a Python-level call in Python 3.11, EnumType's __getattr__ hook)
+_CONST, _DETACH, _ASSIGN, _DEVICE, _COPY, _MULTI = Ops.CONST, Ops.DETACH, Ops.ASSIGN, Ops.DEVICE, Ops.COPY, Ops.MULTI
+_RESHAPE, _EXPAND = Ops.RESHAPE, Ops.EXPAND
+_new, _ref, _partial = object.__new__, weakref.ref, functools.partial
 # every live ASSIGN node: a realize with none pending anywhere skips looking for writes in its graph (views.py)
 live_assigns: "weakref.WeakSet[UOp]" = weakref.WeakSet()
 
@@ -283,13 +286,18 @@ class UOpMetaClass(type):
         # them would keep them alive from this global, and through them anything they reach: a custom backward's
         # closure holds tensors (a BatchNorm module, its weight), whose graphs (an optimizer step's pending write)
         # hold the nodes above it, and so on, so a whole finished training program stayed in memory.
-        if op is _CONST: key = (op, dtype, tuple(map(id, src)), arg, zero_signs(arg))
-        elif op is _DETACH and arg is not None: key = (op, dtype, tuple(map(id, src)), None, id(arg))
-        else: key = (op, dtype, tuple(map(id, src)), arg)
+        # (Sources' ids spelled out for the usual one or two: `tuple(map(id, src))` costs three times as much.)
+        ids = (id(src[0]),) if (ns := len(src)) == 1 else (id(src[0]), id(src[1])) if ns == 2 else \
+            tuple(map(id, src)) if ns else ()
+        if op is _CONST: key = (op, dtype, ids, arg, zero_signs(arg))
+        elif op is _DETACH and arg is not None: key = (op, dtype, ids, None, id(arg))
+        else: key = (op, dtype, ids, arg)
         if (ref := _ucache.get(key)) is not None and (ret := ref()) is not None: return ret
-        ret = super().__call__(op, dtype, src, arg)
-        _ucache[key] = weakref.ref(ret, functools.partial(_drop_node, key))
-        if op is Ops.ASSIGN: live_assigns.add(ret)
+        # (UOp.__init__'s work without its Python frame: one per node built)
+        ret = _new(cls)
+        ret.op, ret.dtype, ret.src, ret.arg = op, dtype, src, arg
+        _ucache[key] = _ref(ret, _partial(_drop_node, key))
+        if op is _ASSIGN: live_assigns.add(ret)
         return ret
 
 
@@ -329,8 +337,7 @@ class UOp(OpMixin, metaclass=UOpMetaClass):
     """An IR node. Immutable; identity is structure (hash-consed), so nodes are usable as dict keys."""
     __slots__ = ("op", "dtype", "src", "arg", "__weakref__", "__dict__")
 
-    def __init__(self, op: Ops, dtype: DType = dtypes.void, src: tuple["UOp", ...] = (), arg: Any = None):
-        self.op, self.dtype, self.src, self.arg = op, dtype, src, arg
+    # (no __init__: the metaclass sets the four fields of a new node itself)
 
     def __reduce__(self) -> tuple:
         return (UOp, (self.op, self.dtype, self.src, self.arg))
@@ -382,9 +389,8 @@ class UOp(OpMixin, metaclass=UOpMetaClass):
     @_cached_from_src
     def device(self) -> str | tuple[str, ...] | None:
         """The device name; a tuple of names for a tensor on several devices (MULTI, or a constant made for them)."""
-        if self.op is Ops.DEVICE: return self.arg
-        if self.op is Ops.COPY: return self.arg
-        if self.op is Ops.MULTI: return tuple(str(s.device) for s in self.src)
+        if (op := self.op) is _DEVICE or op is _COPY: return self.arg
+        if op is _MULTI: return tuple(str(s.device) for s in self.src)
         for s in self.src:
             if (d := s.device) is not None: return d
         return None
@@ -649,8 +655,24 @@ def tensor_const(val: "ConstType | UOp", dtype: DType, device: str | tuple[str, 
 
 def _tensor_const(val: "ConstType | UOp", dtype: DType, device: str | tuple[str, ...], shape: tuple) -> UOp:
     arg = val if isinstance(val, UOp) else dtypes.as_const(val, dtype)
-    c = UOp(Ops.CONST, dtype, (UOp(Ops.DEVICE, arg=device),), arg)
-    return c.reshape((1,) * len(shape)).expand(shape) if shape else c
+    if not all(d.__class__ is int for d in shape):
+        c = UOp(Ops.CONST, dtype, (UOp(Ops.DEVICE, arg=device),), arg)
+        return c.reshape((1,) * len(shape)).expand(shape) if shape else c
+    # a static shape: the nodes `reshape` and `expand` make, with the shapes their checks would pass
+    c = node_of_shape(_CONST, dtype, (UOp(_DEVICE, arg=device),), arg, (), device)
+    if not shape: return c
+    r = node_of_shape(_RESHAPE, dtype, (c,), ones := (1,) * len(shape), ones, device)
+    return r if ones == shape else node_of_shape(_EXPAND, dtype, (r,), shape, shape, device)
+
+
+def node_of_shape(op: Ops, dtype: DType, src: tuple[UOp, ...], arg: Any, shape: tuple | None,
+                  device: str | tuple[str, ...] | None) -> UOp:
+    """UOp(op, dtype, src, arg) for a caller that knows the node's shape and device, which are stored with it: the
+    values the `shape` and `device` properties would compute on first use (about 1 us a node). Only where they are
+    sure: an elementwise node of operands of that one shape, a constant's reshape and expand of a static shape."""
+    n = UOp(op, dtype, src, arg)
+    if "shape" not in (d := n.__dict__): d["shape"], d["device"] = shape, device
+    return n
 
 
 def pretty(u: UOp, max_depth: int = 3) -> str:
@@ -723,5 +745,5 @@ def iter_nodes(roots: list[UOp]) -> Iterator[UOp]:
                 yield n
 
 
-__all__ = ["Ops", "GroupOp", "OpMixin", "UOp", "tensor_const", "BindError", "VarVals", "PtrDType", "print_tree", "pretty",
-           "sym_infer", "math"]
+__all__ = ["Ops", "GroupOp", "OpMixin", "UOp", "tensor_const", "node_of_shape", "BindError", "VarVals", "PtrDType",
+           "print_tree", "pretty", "sym_infer", "math"]

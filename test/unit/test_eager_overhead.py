@@ -282,3 +282,31 @@ def test_node_arithmetic_by_level():
     assert c.op is Ops.EXPAND and c.shape == (2, 3) and c.base.op is Ops.CONST and c.base.src[0].op is Ops.DEVICE
     with pytest.raises(TypeError, match="cast first"): t + Tensor.ones(3, dtype=dtypes.int32).uop
     with pytest.raises(ValueError): t + Tensor.ones(3, 2).contiguous().uop   # shapes that don't broadcast
+
+
+def _inferred(n: UOp) -> tuple:
+    """n's shape and device as the properties compute them (without what a builder stored on the node)."""
+    from fusegrad.ir.shape import infer_shape
+    fresh = {k: v for k, v in n.__dict__.items() if k not in ("shape", "device")}
+    try:
+        n.__dict__.clear()
+        return infer_shape(n), type(n).device.fn(n)   # (sources keep whatever they hold: checked one by one below)
+    finally: n.__dict__.update(fresh)
+
+
+@pytest.mark.parametrize("shape", [(), (1,), (5,), (2, 3), (2, 1, 4), (0, 3)])
+@pytest.mark.parametrize("dtype", [dtypes.float32, dtypes.int32, dtypes.float16])
+def test_shapes_stored_by_builders_are_the_inferred_ones(shape, dtype):
+    # node_of_shape stores the shape and device the frontend knows (constants, x op y, contiguous): the very values
+    # the properties would compute, for every node of the graphs built
+    x = Tensor.ones(*shape, dtype=dtype).contiguous()
+    y = Tensor.full(shape, 3, dtype=dtype).contiguous()
+    outs = [x * 2, 2 * x, x + 1, 1 + x, x * y, x + y, y * x, (x * 1.5 if dtypes.is_float(dtype) else x * 3),
+            (x + y).contiguous(), Tensor.full(shape, 7, dtype=dtype) * x]
+    for o in outs:
+        for n in o.uop.toposort():
+            stored = (n.__dict__.get("shape", "unset"), n.__dict__.get("device", "unset"))
+            want = _inferred(n)
+            assert stored[0] == "unset" or stored[0] == want[0], (n.op, stored, want)
+            assert stored[1] == "unset" or stored[1] == want[1], (n.op, stored, want)
+    np.testing.assert_equal((x * y + 1).numpy(), np.full(shape, 4, dtype=np.float32).astype(x.numpy().dtype))
