@@ -264,15 +264,20 @@ class OpMixin:
 
 # ---------------------------------------------------------------------------------------------------------------------
 
-# (op, dtype, ids of src, arg) -> a weak reference to the live node (the key: UOpMetaClass.__call__); a node's
-# reference drops its entry when the node dies. A plain dict of plain references (weakref.WeakValueDictionary does the
-# same with Python-level get, set and keyed references: a quarter of the cost of building a node). Never iterated, so
-# removal needs no iteration guard.
+# (op, dtype, ids of src, arg) -> a weak reference to the node (the key: UOpMetaClass.__call__). A plain dict of plain
+# references, without callbacks: weakref.WeakValueDictionary costs a quarter of building a node (Python-level get, set
+# and keyed references), and a callback per reference that drops its entry costs a Python call per node that dies
+# (every node of every eager graph, after its realize) and a partial per node made. An entry whose node died stays
+# until the table has doubled since the last sweep (`_sweep`: amortized O(1) per node made), and a lookup that finds
+# it dead makes the node anew. A dead entry is harmless: its key holds no node (see the metaclass), and the ids in it
+# are of nodes that died too, so an id reused by a new node gives a new node.
 _ucache: dict[tuple, "weakref.ref[UOp]"] = {}
+_UCACHE_MIN = 1 << 14   # entries before the first sweep (and the least a sweep leaves room for)
+_ucache_limit = _UCACHE_MIN
 # (ops the per-node paths test, bound once: `Ops.X` is a Python-level call in Python 3.11, EnumType's __getattr__ hook)
 _CONST, _DETACH, _ASSIGN, _DEVICE, _COPY, _MULTI = Ops.CONST, Ops.DETACH, Ops.ASSIGN, Ops.DEVICE, Ops.COPY, Ops.MULTI
 _RESHAPE, _EXPAND = Ops.RESHAPE, Ops.EXPAND
-_new, _ref, _partial = object.__new__, weakref.ref, functools.partial
+_new, _ref = object.__new__, weakref.ref
 # every live ASSIGN node: a realize with none pending anywhere skips looking for writes in its graph (views.py)
 live_assigns: "weakref.WeakSet[UOp]" = weakref.WeakSet()
 
@@ -296,7 +301,8 @@ class UOpMetaClass(type):
         # (UOp.__init__'s work without its Python frame: one per node built)
         ret = _new(cls)
         ret.op, ret.dtype, ret.src, ret.arg = op, dtype, src, arg
-        _ucache[key] = _ref(ret, _partial(_drop_node, key))
+        _ucache[key] = _ref(ret)
+        if len(_ucache) > _ucache_limit: _sweep()
         if op is _ASSIGN: live_assigns.add(ret)
         return ret
 
@@ -311,9 +317,18 @@ def zero_signs(arg: Any) -> Any:
     return None
 
 
-def _drop_node(key: tuple, ref: "weakref.ref[UOp]", _remove: Any = _remove_dead_weakref,
-               _cache: dict = _ucache) -> None:
-    _remove(_cache, key)   # only if the entry is still a dead reference (not a newer node's); bound early for shutdown
+def _sweep(_remove: Any = _remove_dead_weakref) -> None:
+    """Drop the entries of dead nodes from the hash-consing table; the next sweep comes when it has doubled. A key
+    hashes through DType.__hash__, a Python call, so the dead ones are found by iterating the items, which hashes
+    nothing. Other threads may make nodes meanwhile (codegen in the compile pool): an iteration that sees the table
+    change starts over on a snapshot of the keys, and `_remove_dead_weakref` deletes an entry only while it is still a
+    dead reference (not a newer node's)."""
+    global _ucache_limit
+    try: dead = [k for k, r in _ucache.items() if r() is None]
+    except RuntimeError:   # (the table changed size during the iteration)
+        dead = [k for k in list(_ucache) if (r := _ucache.get(k)) is not None and r() is None]
+    for k in dead: _remove(_ucache, k)
+    _ucache_limit = max(2 * len(_ucache), _UCACHE_MIN)
 
 
 class BindError(ValueError, AssertionError):
@@ -527,16 +542,25 @@ class UOp(OpMixin, metaclass=UOpMetaClass):
         return (b, self) if reverse else (self, b)
 
     def _alu(self, op: Ops, *srcs: "UOp", _cmp: frozenset = frozenset(GroupOp.Comparison)) -> "UOp":
-        return UOp(op, dtypes.bool if op in _cmp else self.dtype, (self,) + srcs)
+        n = UOp(op, dtypes.bool if op in _cmp else self.dtype, (self,) + srcs)
+        # a tensor-level node of operands of one shape (OpMixin's: after `_pair`) gets its shape and device now
+        if (s := self.shape) is not None and "shape" not in (d := n.__dict__) and (dev := self.device) is not None:
+            for x in srcs:
+                if (xs := x.shape) is not s and xs != s: break
+            else: d["shape"], d["device"] = s, dev
+        return n
 
     def _binop(self, op: Ops, y: "UOp | ConstType", reverse: bool = False,
                _cmp: frozenset = frozenset(GroupOp.Comparison)) -> "UOp":
         """`_alu(op)` of the `_pair` (one step: most node arithmetic is this). The common tensor-level cases, a number
         or a node of the same shape, without the `_pair` call."""
         if (s := self.shape) is not None and ((cls := y.__class__) is float or cls is int or cls is bool):
-            b = tensor_const(y, self.dtype, self.device, s)  # type: ignore[arg-type]
-            return UOp(op, dtypes.bool if op in _cmp else self.dtype, (b, self) if reverse else (self, b))
+            b = tensor_const(y, self.dtype, dev := self.device, s)  # type: ignore[arg-type]
+            return node_of_shape(op, dtypes.bool if op in _cmp else self.dtype, (b, self) if reverse else (self, b),
+                                 None, s, dev)
         a, b = self._pair(y, reverse)
+        if s is not None and (dev := a.device) is not None:   # (a tensor-level pair: broadcast to one shape)
+            return node_of_shape(op, dtypes.bool if op in _cmp else a.dtype, (a, b), None, a.shape, dev)
         return UOp(op, dtypes.bool if op in _cmp else a.dtype, (a, b))
 
     def __sub__(self, x: "UOp | ConstType") -> "UOp":
@@ -559,7 +583,8 @@ class UOp(OpMixin, metaclass=UOpMetaClass):
         if (s := self.shape) != (xs := a.shape):  # type: ignore[union-attr]
             s = broadcast_shape(s, xs)  # type: ignore[arg-type]
             return UOp(Ops.WHERE, b.dtype, (self.broadcast_to(s), a.broadcast_to(s), b.broadcast_to(s)))  # type: ignore
-        return UOp(Ops.WHERE, b.dtype, (self, a, b))  # type: ignore[union-attr]
+        if (dev := self.device) is None: return UOp(Ops.WHERE, b.dtype, (self, a, b))  # type: ignore[union-attr]
+        return node_of_shape(Ops.WHERE, b.dtype, (self, a, b), None, s, dev)  # type: ignore[union-attr,arg-type]
 
     def detach(self) -> "UOp": return UOp(Ops.DETACH, self.dtype, (self,))
 

@@ -5,6 +5,7 @@ The checks here are the last line of defence; the Tensor frontend raises torch-s
 from __future__ import annotations
 
 import functools
+import math
 from typing import TYPE_CHECKING, Any, Sequence, Union
 from fusegrad.dtype import dtypes
 from fusegrad.helpers import ShapeError
@@ -64,6 +65,9 @@ def smul(a: sint, b: sint) -> sint:
 
 def sprod(xs: Sequence[sint]) -> sint:
     """The product of shape entries; symbolic when any entry is (int entries are folded first)."""
+    for x in xs:   # the usual case, a static shape: in C
+        if x.__class__ is not int: break
+    else: return math.prod(xs)
     n, sym = 1, None
     for x in xs:
         if isinstance(x, int): n *= x
@@ -199,7 +203,8 @@ def infer_shape(u: "UOp") -> tuple[int, ...] | None:
         if sorted(arg) != list(range(len(ss))): raise ValueError(f"bad permute {arg} for shape {ss}")
         return tuple(ss[i] for i in arg)
     if op is expand:
-        if len(arg) != len(ss) or any(not sym_eq(s, a) and s != 1 for s, a in zip(ss, arg)):
+        # (`s != a` first: equal sizes, the usual case, need no sym_eq call)
+        if len(arg) != len(ss) or any(s != a and s != 1 and not sym_eq(s, a) for s, a in zip(ss, arg)):
             raise ValueError(f"can't expand {ss} to {arg}")
         return tuple(arg)
     if op is Ops.PAD:
