@@ -38,7 +38,14 @@ class _Device:
         return name
 
     def __getitem__(self, device: str) -> "Compiled":
-        return self._open(self.canonicalize(device))
+        # by the name as given, once it was opened: every buffer allocation and kernel launch asks (canonicalize is
+        # a pure function of a name; None, the default device, is not kept: DEV may change it)
+        if device.__class__ is not str: return self._open(self.canonicalize(device))
+        if (d := self._by_name.get(device)) is None: d = self._by_name[device] = self._open(self.canonicalize(device))
+        return d
+
+    @functools.cached_property
+    def _by_name(self) -> dict[str, "Compiled"]: return {}
 
     @functools.lru_cache(maxsize=None)  # noqa: B019 - one device object per name for the process
     def _open(self, device: str) -> "Compiled":

@@ -123,13 +123,15 @@ def buffer_view(bu: UOp, shape: tuple[Any, ...]) -> UOp:
     return flat if len(shape) == 1 else build.reshape(flat, shape)
 
 
-def is_contiguous_buffer(u: UOp) -> bool:
-    """A whole buffer (under reshapes), or one per device: reading it needs no kernel."""
-    if u.op is Ops.MULTI: return all(is_contiguous_buffer(s) for s in u.src)   # one buffer per device
-    while u.op is Ops.RESHAPE: u = u.src[0]
-    if u.op is Ops.SHRINK and u.src[0].op is Ops.BUFFER and u.arg[0][0] == 0 and isinstance(u.arg[0][1], UOp):
+def is_contiguous_buffer(u: UOp, _multi: Ops = Ops.MULTI, _reshape: Ops = Ops.RESHAPE, _shrink: Ops = Ops.SHRINK,
+                         _buffer: Ops = Ops.BUFFER) -> bool:
+    """A whole buffer (under reshapes), or one per device: reading it needs no kernel. (Asked of every new tensor's
+    node: the ops are bound as defaults, `Ops.X` being a Python-level call in Python 3.11.)"""
+    if (op := u.op) is _multi: return all(is_contiguous_buffer(s) for s in u.src)   # one buffer per device
+    while op is _reshape: op = (u := u.src[0]).op
+    if op is _shrink and u.src[0].op is _buffer and u.arg[0][0] == 0 and isinstance(u.arg[0][1], UOp):
         return True  # a symbolic shape: a prefix of a buffer allocated at its largest size
-    return u.op is Ops.BUFFER
+    return op is _buffer
 
 
 def is_realized(u: UOp) -> bool:

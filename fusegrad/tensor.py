@@ -17,7 +17,7 @@ from fusegrad.dtype import ConstType, DType, DTypeLike, dtypes, float_to_bf16_bi
     least_upper_dtype, strong_dtype, to_dtype, to_np_dtype, weak_dtype
 from fusegrad.helpers import BoundsError, ShapeError, TRAINING, argfix, make_tuple, prod
 from fusegrad.ir import build
-from fusegrad.ir.ops import OpMixin, Ops, UOp, sym_infer
+from fusegrad.ir.ops import OpMixin, Ops, UOp, node_of_shape, sym_infer
 from fusegrad.ir.pattern import substitute, substitute_memo
 from fusegrad.ir.shape import all_static, broadcast_shape, canonical_shape, is_bound, is_sym_int as _is_sym_int, \
     shrink_bounds_error, shrink_bounds_known, smax, sprod, sym_eq, sym_value_dtype
@@ -97,6 +97,7 @@ Variable = UOp.variable  # `from fusegrad.tensor import Variable` as in tinygrad
 
 # every live tensor: backward() fills .grad for those in the graph that require a gradient
 _all_tensors = storage.live_tensors   # every live Tensor (weakly)
+_CONTIGUOUS = Ops.CONTIGUOUS   # (bound once: `Ops.X` is a Python-level call in Python 3.11)
 
 
 def _make_unique(u: UOp) -> UOp:
@@ -371,8 +372,8 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
     def contiguous(self, **kwargs: Any) -> "Tensor":
         """A tensor whose data is materialized in row-major order (a realize point for the scheduler).
         Keyword arguments (tinygrad's kernel options) are accepted and ignored."""
-        if is_contiguous_buffer(self.uop): return self
-        return Tensor._wrap(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)), self)
+        if is_contiguous_buffer(u := self.uop): return self
+        return Tensor._wrap(node_of_shape(_CONTIGUOUS, u.dtype, (u,), None, u.shape, u.device), self)
 
     def detach(self) -> "Tensor":
         """The same values with no autograd history. Like torch, it shares the memory: writes through it reach self."""

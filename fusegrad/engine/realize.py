@@ -173,15 +173,16 @@ def run_schedule(items: list[ScheduleItem]) -> None:
     kernels = 0
     traced = VIZ.value or PROFILE.value  # fusegrad/viz: put each launch and copy on the timeline
     # build every new kernel first, several at a time: the C compiler runs in parallel with the next codegen
-    new = list(dict.fromkeys((si.ast, si.bufs[0].device) for si in items if not si.is_copy
-                             and (si.ast, si.bufs[0].device) not in _programs))
+    copy_op = Ops.COPY
+    new = list(dict.fromkeys(k for si in items if si.ast.op is not copy_op
+                             and (k := (si.ast, si.bufs[0].device)) not in _programs))
     if len(new) > 1: _prepare_runners(new)
     show = DEBUG >= 2   # (flags read once, not per item: each read is a Python call)
     for si in items:
         bufs = si.bufs
         dev = bufs[0].device
         t0 = time.perf_counter()
-        if (is_copy := si.is_copy):
+        if (is_copy := si.ast.op is copy_op):
             dst, src = bufs
             dst.copy_from(src)
             et = time.perf_counter() - t0

@@ -264,12 +264,20 @@ class OpMixin:
 
 # ---------------------------------------------------------------------------------------------------------------------
 
-# (op, dtype, ids of src, arg) -> a weak reference to the live node (the key: UOpMetaClass.__call__); a node's
-# reference drops its entry when the node dies. A plain dict of plain references (weakref.WeakValueDictionary does the
-# same with Python-level get, set and keyed references: a quarter of the cost of building a node). Never iterated, so
-# removal needs no iteration guard.
+# (op, dtype, ids of src, arg) -> a weak reference to the node (the key: UOpMetaClass.__call__). A plain dict of plain
+# references, without callbacks: weakref.WeakValueDictionary costs a quarter of building a node (Python-level get, set
+# and keyed references), and a callback per reference that drops its entry costs a Python call per node that dies
+# (every node of every eager graph, after its realize) and a partial per node made. An entry whose node died stays
+# until the table has doubled since the last sweep (`_sweep`: amortized O(1) per node made), and a lookup that finds
+# it dead makes the node anew. A dead entry is harmless: its key holds no node (see the metaclass), and the ids in it
+# are of nodes that died too, so an id reused by a new node gives a new node.
 _ucache: dict[tuple, "weakref.ref[UOp]"] = {}
-_CONST, _DETACH = Ops.CONST, Ops.DETACH
+_UCACHE_MIN = 1 << 14   # entries before the first sweep (and the least a sweep leaves room for)
+_ucache_limit = _UCACHE_MIN
+# (ops the per-node paths test, bound once: `Ops.X` is a Python-level call in Python 3.11, EnumType's __getattr__ hook)
+_CONST, _DETACH, _ASSIGN, _DEVICE, _COPY, _MULTI = Ops.CONST, Ops.DETACH, Ops.ASSIGN, Ops.DEVICE, Ops.COPY, Ops.MULTI
+_RESHAPE, _EXPAND = Ops.RESHAPE, Ops.EXPAND
+_new, _ref = object.__new__, weakref.ref
 # every live ASSIGN node: a realize with none pending anywhere skips looking for writes in its graph (views.py)
 live_assigns: "weakref.WeakSet[UOp]" = weakref.WeakSet()
 
@@ -283,13 +291,19 @@ class UOpMetaClass(type):
         # them would keep them alive from this global, and through them anything they reach: a custom backward's
         # closure holds tensors (a BatchNorm module, its weight), whose graphs (an optimizer step's pending write)
         # hold the nodes above it, and so on, so a whole finished training program stayed in memory.
-        if op is _CONST: key = (op, dtype, tuple(map(id, src)), arg, zero_signs(arg))
-        elif op is _DETACH and arg is not None: key = (op, dtype, tuple(map(id, src)), None, id(arg))
-        else: key = (op, dtype, tuple(map(id, src)), arg)
+        # (Sources' ids spelled out for the usual one or two: `tuple(map(id, src))` costs three times as much.)
+        ids = (id(src[0]),) if (ns := len(src)) == 1 else (id(src[0]), id(src[1])) if ns == 2 else \
+            tuple(map(id, src)) if ns else ()
+        if op is _CONST: key = (op, dtype, ids, arg, zero_signs(arg))
+        elif op is _DETACH and arg is not None: key = (op, dtype, ids, None, id(arg))
+        else: key = (op, dtype, ids, arg)
         if (ref := _ucache.get(key)) is not None and (ret := ref()) is not None: return ret
-        ret = super().__call__(op, dtype, src, arg)
-        _ucache[key] = weakref.ref(ret, functools.partial(_drop_node, key))
-        if op is Ops.ASSIGN: live_assigns.add(ret)
+        # (UOp.__init__'s work without its Python frame: one per node built)
+        ret = _new(cls)
+        ret.op, ret.dtype, ret.src, ret.arg = op, dtype, src, arg
+        _ucache[key] = _ref(ret)
+        if len(_ucache) > _ucache_limit: _sweep()
+        if op is _ASSIGN: live_assigns.add(ret)
         return ret
 
 
@@ -303,9 +317,18 @@ def zero_signs(arg: Any) -> Any:
     return None
 
 
-def _drop_node(key: tuple, ref: "weakref.ref[UOp]", _remove: Any = _remove_dead_weakref,
-               _cache: dict = _ucache) -> None:
-    _remove(_cache, key)   # only if the entry is still a dead reference (not a newer node's); bound early for shutdown
+def _sweep(_remove: Any = _remove_dead_weakref) -> None:
+    """Drop the entries of dead nodes from the hash-consing table; the next sweep comes when it has doubled. A key
+    hashes through DType.__hash__, a Python call, so the dead ones are found by iterating the items, which hashes
+    nothing. Other threads may make nodes meanwhile (codegen in the compile pool): an iteration that sees the table
+    change starts over on a snapshot of the keys, and `_remove_dead_weakref` deletes an entry only while it is still a
+    dead reference (not a newer node's)."""
+    global _ucache_limit
+    try: dead = [k for k, r in _ucache.items() if r() is None]
+    except RuntimeError:   # (the table changed size during the iteration)
+        dead = [k for k in list(_ucache) if (r := _ucache.get(k)) is not None and r() is None]
+    for k in dead: _remove(_ucache, k)
+    _ucache_limit = max(2 * len(_ucache), _UCACHE_MIN)
 
 
 class BindError(ValueError, AssertionError):
@@ -329,8 +352,7 @@ class UOp(OpMixin, metaclass=UOpMetaClass):
     """An IR node. Immutable; identity is structure (hash-consed), so nodes are usable as dict keys."""
     __slots__ = ("op", "dtype", "src", "arg", "__weakref__", "__dict__")
 
-    def __init__(self, op: Ops, dtype: DType = dtypes.void, src: tuple["UOp", ...] = (), arg: Any = None):
-        self.op, self.dtype, self.src, self.arg = op, dtype, src, arg
+    # (no __init__: the metaclass sets the four fields of a new node itself)
 
     def __reduce__(self) -> tuple:
         return (UOp, (self.op, self.dtype, self.src, self.arg))
@@ -382,9 +404,8 @@ class UOp(OpMixin, metaclass=UOpMetaClass):
     @_cached_from_src
     def device(self) -> str | tuple[str, ...] | None:
         """The device name; a tuple of names for a tensor on several devices (MULTI, or a constant made for them)."""
-        if self.op is Ops.DEVICE: return self.arg
-        if self.op is Ops.COPY: return self.arg
-        if self.op is Ops.MULTI: return tuple(str(s.device) for s in self.src)
+        if (op := self.op) is _DEVICE or op is _COPY: return self.arg
+        if op is _MULTI: return tuple(str(s.device) for s in self.src)
         for s in self.src:
             if (d := s.device) is not None: return d
         return None
@@ -521,16 +542,25 @@ class UOp(OpMixin, metaclass=UOpMetaClass):
         return (b, self) if reverse else (self, b)
 
     def _alu(self, op: Ops, *srcs: "UOp", _cmp: frozenset = frozenset(GroupOp.Comparison)) -> "UOp":
-        return UOp(op, dtypes.bool if op in _cmp else self.dtype, (self,) + srcs)
+        n = UOp(op, dtypes.bool if op in _cmp else self.dtype, (self,) + srcs)
+        # a tensor-level node of operands of one shape (OpMixin's: after `_pair`) gets its shape and device now
+        if (s := self.shape) is not None and "shape" not in (d := n.__dict__) and (dev := self.device) is not None:
+            for x in srcs:
+                if (xs := x.shape) is not s and xs != s: break
+            else: d["shape"], d["device"] = s, dev
+        return n
 
     def _binop(self, op: Ops, y: "UOp | ConstType", reverse: bool = False,
                _cmp: frozenset = frozenset(GroupOp.Comparison)) -> "UOp":
         """`_alu(op)` of the `_pair` (one step: most node arithmetic is this). The common tensor-level cases, a number
         or a node of the same shape, without the `_pair` call."""
         if (s := self.shape) is not None and ((cls := y.__class__) is float or cls is int or cls is bool):
-            b = tensor_const(y, self.dtype, self.device, s)  # type: ignore[arg-type]
-            return UOp(op, dtypes.bool if op in _cmp else self.dtype, (b, self) if reverse else (self, b))
+            b = tensor_const(y, self.dtype, dev := self.device, s)  # type: ignore[arg-type]
+            return node_of_shape(op, dtypes.bool if op in _cmp else self.dtype, (b, self) if reverse else (self, b),
+                                 None, s, dev)
         a, b = self._pair(y, reverse)
+        if s is not None and (dev := a.device) is not None:   # (a tensor-level pair: broadcast to one shape)
+            return node_of_shape(op, dtypes.bool if op in _cmp else a.dtype, (a, b), None, a.shape, dev)
         return UOp(op, dtypes.bool if op in _cmp else a.dtype, (a, b))
 
     def __sub__(self, x: "UOp | ConstType") -> "UOp":
@@ -553,7 +583,8 @@ class UOp(OpMixin, metaclass=UOpMetaClass):
         if (s := self.shape) != (xs := a.shape):  # type: ignore[union-attr]
             s = broadcast_shape(s, xs)  # type: ignore[arg-type]
             return UOp(Ops.WHERE, b.dtype, (self.broadcast_to(s), a.broadcast_to(s), b.broadcast_to(s)))  # type: ignore
-        return UOp(Ops.WHERE, b.dtype, (self, a, b))  # type: ignore[union-attr]
+        if (dev := self.device) is None: return UOp(Ops.WHERE, b.dtype, (self, a, b))  # type: ignore[union-attr]
+        return node_of_shape(Ops.WHERE, b.dtype, (self, a, b), None, s, dev)  # type: ignore[union-attr,arg-type]
 
     def detach(self) -> "UOp": return UOp(Ops.DETACH, self.dtype, (self,))
 
@@ -649,8 +680,24 @@ def tensor_const(val: "ConstType | UOp", dtype: DType, device: str | tuple[str, 
 
 def _tensor_const(val: "ConstType | UOp", dtype: DType, device: str | tuple[str, ...], shape: tuple) -> UOp:
     arg = val if isinstance(val, UOp) else dtypes.as_const(val, dtype)
-    c = UOp(Ops.CONST, dtype, (UOp(Ops.DEVICE, arg=device),), arg)
-    return c.reshape((1,) * len(shape)).expand(shape) if shape else c
+    if not all(d.__class__ is int for d in shape):
+        c = UOp(Ops.CONST, dtype, (UOp(Ops.DEVICE, arg=device),), arg)
+        return c.reshape((1,) * len(shape)).expand(shape) if shape else c
+    # a static shape: the nodes `reshape` and `expand` make, with the shapes their checks would pass
+    c = node_of_shape(_CONST, dtype, (UOp(_DEVICE, arg=device),), arg, (), device)
+    if not shape: return c
+    r = node_of_shape(_RESHAPE, dtype, (c,), ones := (1,) * len(shape), ones, device)
+    return r if ones == shape else node_of_shape(_EXPAND, dtype, (r,), shape, shape, device)
+
+
+def node_of_shape(op: Ops, dtype: DType, src: tuple[UOp, ...], arg: Any, shape: tuple | None,
+                  device: str | tuple[str, ...] | None) -> UOp:
+    """UOp(op, dtype, src, arg) for a caller that knows the node's shape and device, which are stored with it: the
+    values the `shape` and `device` properties would compute on first use (about 1 us a node). Only where they are
+    sure: an elementwise node of operands of that one shape, a constant's reshape and expand of a static shape."""
+    n = UOp(op, dtype, src, arg)
+    if "shape" not in (d := n.__dict__): d["shape"], d["device"] = shape, device
+    return n
 
 
 def pretty(u: UOp, max_depth: int = 3) -> str:
@@ -723,5 +770,5 @@ def iter_nodes(roots: list[UOp]) -> Iterator[UOp]:
                 yield n
 
 
-__all__ = ["Ops", "GroupOp", "OpMixin", "UOp", "tensor_const", "BindError", "VarVals", "PtrDType", "print_tree", "pretty",
-           "sym_infer", "math"]
+__all__ = ["Ops", "GroupOp", "OpMixin", "UOp", "tensor_const", "node_of_shape", "BindError", "VarVals", "PtrDType",
+           "print_tree", "pretty", "sym_infer", "math"]

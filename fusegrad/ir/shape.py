@@ -5,6 +5,7 @@ The checks here are the last line of defence; the Tensor frontend raises torch-s
 from __future__ import annotations
 
 import functools
+import math
 from typing import TYPE_CHECKING, Any, Sequence, Union
 from fusegrad.dtype import dtypes
 from fusegrad.helpers import ShapeError
@@ -64,6 +65,9 @@ def smul(a: sint, b: sint) -> sint:
 
 def sprod(xs: Sequence[sint]) -> sint:
     """The product of shape entries; symbolic when any entry is (int entries are folded first)."""
+    for x in xs:   # the usual case, a static shape: in C
+        if x.__class__ is not int: break
+    else: return math.prod(xs)
     n, sym = 1, None
     for x in xs:
         if isinstance(x, int): n *= x
@@ -116,7 +120,7 @@ def shrink_bounds_known(b: sint, e: sint, s: sint) -> bool | None:
 def is_bound(x: sint) -> bool:
     """Every variable in the size expression x is bound to a value (x has a value now)."""
     if isinstance(x, int): return True
-    Ops, _ = _ops()
+    Ops = _ops()[0]
     nodes = x.toposort()
     return {n for n in nodes if n.op is Ops.DEFINE_VAR} <= {n.src[0] for n in nodes if n.op is Ops.BIND}
 
@@ -166,36 +170,41 @@ def broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
 
 
 @functools.cache
-def _ops() -> tuple[Any, Any]:
-    """(Ops, GroupOp): ir/ops.py imports this module, so they are looked up on first use (once, not per node)."""
+def _ops() -> tuple[Any, Any, tuple[Any, ...]]:
+    """(Ops, GroupOp, the ops infer_shape tests first): ir/ops.py imports this module, so they are looked up on first
+    use (once, not per node). Bound to locals, as `Ops.X` is a Python-level call in Python 3.11 (EnumType's
+    __getattr__ hook): about 0.1 us each, several per node."""
     from fusegrad.ir.ops import GroupOp, Ops
-    return Ops, GroupOp
+    return Ops, GroupOp, (frozenset(GroupOp.ALU), Ops.BUFFER, Ops.IOTA, Ops.CONST, frozenset({Ops.SINK, Ops.DEVICE}),
+                          Ops.RESHAPE, Ops.EXPAND)
 
 
 def infer_shape(u: "UOp") -> tuple[int, ...] | None:
-    Ops, GroupOp = _ops()
-    op, arg = u.op, u.arg
-    if op is Ops.BUFFER: return (arg[1],)
-    if op is Ops.IOTA: return (arg,)
-    if op is Ops.CONST: return () if u.src else None
-    if op in (Ops.SINK, Ops.DEVICE) or not u.src: return None
-    ss = u.src[0].shape
-    if ss is None: return None
-    if op in GroupOp.ALU:   # the most common node: first
-        for x in u.src[1:]:
+    Ops, GroupOp, (alu, buffer, iota, const, no_shape, reshape, expand) = _ops()
+    op, src = u.op, u.src
+    if op in alu and src:   # the most common node: first
+        if (ss := src[0].shape) is None: return None
+        for x in src[1:]:
             if (xs := x.shape) is not ss and xs != ss and (xs is None or len(xs) != len(ss) or
                                                            not all(map(sym_eq, xs, ss))):
-                raise ValueError(f"{op} with mismatched shapes {[y.shape for y in u.src]}")
+                raise ValueError(f"{op} with mismatched shapes {[y.shape for y in src]}")
         return ss
-    if op is Ops.RESHAPE:
+    arg = u.arg
+    if op is buffer: return (arg[1],)
+    if op is iota: return (arg,)
+    if op is const: return () if src else None
+    if op in no_shape or not src: return None
+    if (ss := src[0].shape) is None: return None
+    if op is reshape:
         if not sym_eq(sprod(arg), sprod(ss)):
             raise ValueError(f"reshape from {ss} to {arg}: sizes {sprod(ss)} != {sprod(arg)}")
         return tuple(arg)
     if op is Ops.PERMUTE:
         if sorted(arg) != list(range(len(ss))): raise ValueError(f"bad permute {arg} for shape {ss}")
         return tuple(ss[i] for i in arg)
-    if op is Ops.EXPAND:
-        if len(arg) != len(ss) or any(not sym_eq(s, a) and s != 1 for s, a in zip(ss, arg)):
+    if op is expand:
+        # (`s != a` first: equal sizes, the usual case, need no sym_eq call)
+        if len(arg) != len(ss) or any(s != a and s != 1 and not sym_eq(s, a) for s, a in zip(ss, arg)):
             raise ValueError(f"can't expand {ss} to {arg}")
         return tuple(arg)
     if op is Ops.PAD:

@@ -11,11 +11,13 @@ from typing import TYPE_CHECKING, Any
 
 from fusegrad.dtype import ConstType, DType, DTypeLike, dtypes, least_upper_dtype, sum_acc_dtype, to_dtype
 from fusegrad.ir import build
-from fusegrad.ir.ops import OpMixin, Ops, UOp
+from fusegrad.ir.ops import OpMixin, Ops, UOp, node_of_shape
 from fusegrad.autograd import custom_grad
 
 if TYPE_CHECKING:
     from fusegrad.tensor import Tensor
+
+_ADD, _MUL = Ops.ADD, Ops.MUL   # (bound once: `Ops.X` is a Python-level call in Python 3.11)
 
 
 def _shift(a: "Tensor", b: "Tensor", op: Ops) -> "Tensor":
@@ -128,8 +130,18 @@ class ALUMixin:
         """The Tensor of `self op y`'s node `u` (y a Tensor, or the Python number `_node_operand` took)."""
         return type(self)._wrap(u, self, y) if y.__class__ is type(self) else type(self)._wrap(u, self)
 
+    def _node_binop(self: "Tensor", op: Ops, y: Any, reverse: bool) -> "Tensor | None":
+        """`self op y` (ADD or MUL) as the node's own `add`/`mul` builds it (`UOp._binop`) on the nodes
+        `_node_operand` gives, wrapped; None where it declines. Operands of one shape (a number's constant is made at
+        self's shape) make the ALU node directly, with its shape and device (`node_of_shape`)."""
+        if (b := self._node_operand(y)) is None: return None
+        a = self.uop
+        if (s := a.shape) is (bs := b.shape) or s == bs:
+            return self._node_result(node_of_shape(op, a.dtype, (b, a) if reverse else (a, b), None, s, a.device), y)
+        return self._node_result(a._binop(op, b, reverse), y)
+
     def add(self: "Tensor", x: "Tensor | ConstType", reverse: bool = False) -> "Tensor":
-        if (u := self._node_operand(x)) is not None: return self._node_result(self.uop.add(u, reverse), x)
+        if (t := self._node_binop(_ADD, x, reverse)) is not None: return t
         a, b = self._broadcasted(x, reverse)
         return a._alu(Ops.ADD, b)
 
@@ -146,7 +158,7 @@ class ALUMixin:
         return a._alu(Ops.ADD, b.neg())
 
     def mul(self: "Tensor", x: "Tensor | ConstType", reverse: bool = False) -> "Tensor":
-        if (u := self._node_operand(x)) is not None: return self._node_result(self.uop.mul(u, reverse), x)
+        if (t := self._node_binop(_MUL, x, reverse)) is not None: return t
         a, b = self._broadcasted(x, reverse)
         return a._alu(Ops.MUL, b)
 

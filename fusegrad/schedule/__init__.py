@@ -32,6 +32,9 @@ from fusegrad.storage import CACHED_VALUE_FILTER, buffer_uop, buffer_view, cache
     relayout_source, target_buffer
 
 
+_COPY = Ops.COPY   # (bound once: `Ops.X` is a Python-level call in Python 3.11; asked per item of every schedule)
+
+
 @dataclass
 class ScheduleItem:
     """One kernel (ast is a SINK) or copy (ast is a COPY node); bufs[0] is written, the rest are read."""
@@ -44,7 +47,7 @@ class ScheduleItem:
     aliases: dict[UOp, UOp] = field(default_factory=dict)  # a variable standing for another's further value -> that one
 
     @property
-    def is_copy(self) -> bool: return self.ast.op is Ops.COPY
+    def is_copy(self) -> bool: return self.ast.op is _COPY
 
 
 def _is_buffer_view(u: UOp) -> bool:

@@ -170,7 +170,9 @@ def normalize(sink: UOp, cached: Callable[[UOp], UOp | None], executed: Any,
                 continue
             else: arg = n.arg
             pos[n] = len(enc)
-            append((op._value_, n.dtype, arg, (pos[src[0]],) if len(src) == 1 else tuple([pos[s] for s in src])))
+            # (one and two sources spelled out: a list comprehension is a frame of its own in Python 3.11)
+            append((op._value_, n.dtype, arg, (pos[src[0]],) if (ns := len(src)) == 1 else
+                    (pos[src[0]], pos[src[1]]) if ns == 2 else tuple([pos[s] for s in src])))
             continue
         # computed before: read its buffer. (`cached` is called only where `maybe_cached` can't rule a node out)
         if n is not sink and (rget(wref(n)) is not None or (n.op in cached_ops and n.src[0].op in cached_src_ops)) \

@@ -16,13 +16,31 @@ from fusegrad.ir.ops import Ops, UOp
 
 def test_hash_consing_returns_one_node_and_forgets_dead_ones():
     gc.collect()
-    before = len(ir_ops._ucache)
     a = UOp(Ops.DEVICE, arg="test-eager-overhead")
     assert UOp(Ops.DEVICE, arg="test-eager-overhead") is a
-    assert len(ir_ops._ucache) == before + 1
+    key = (Ops.DEVICE, dtypes.void, (), "test-eager-overhead")
+    assert ir_ops._ucache[key]() is a
+    ida = id(a)
     del a
     gc.collect()
-    assert len(ir_ops._ucache) == before
+    ir_ops._sweep()   # (a sweep comes when the table has doubled: dead entries go then)
+    assert key not in ir_ops._ucache
+    b = UOp(Ops.DEVICE, arg="test-eager-overhead")   # made anew, and cached again
+    assert UOp(Ops.DEVICE, arg="test-eager-overhead") is b and ir_ops._ucache[key]() is b
+    del b, ida
+
+
+def test_hash_consing_table_stays_bounded_and_a_dead_entry_gives_a_new_node():
+    gc.collect()
+    ir_ops._sweep()
+    live = len(ir_ops._ucache)
+    x = UOp(Ops.DEVICE, arg="test-bounded")
+    for i in range(3 * ir_ops._UCACHE_MIN): UOp(Ops.CONST, dtypes.int32, (x,), i)   # each dies at once
+    assert len(ir_ops._ucache) <= max(2 * (live + 1), ir_ops._UCACHE_MIN) + 1
+    # a dead entry (not swept yet) is never handed out: the same structure is a new, live node with its own fields
+    c = UOp(Ops.CONST, dtypes.int32, (x,), 3 * ir_ops._UCACHE_MIN - 1)
+    assert c.op is Ops.CONST and c.src == (x,) and c.arg == 3 * ir_ops._UCACHE_MIN - 1
+    assert UOp(Ops.CONST, dtypes.int32, (x,), 3 * ir_ops._UCACHE_MIN - 1) is c
 
 
 def test_view_list_is_pruned_and_live_views_still_see_writes():
@@ -282,3 +300,34 @@ def test_node_arithmetic_by_level():
     assert c.op is Ops.EXPAND and c.shape == (2, 3) and c.base.op is Ops.CONST and c.base.src[0].op is Ops.DEVICE
     with pytest.raises(TypeError, match="cast first"): t + Tensor.ones(3, dtype=dtypes.int32).uop
     with pytest.raises(ValueError): t + Tensor.ones(3, 2).contiguous().uop   # shapes that don't broadcast
+
+
+def _inferred(n: UOp) -> tuple:
+    """n's shape and device as the properties compute them (without what a builder stored on the node)."""
+    from fusegrad.ir.shape import infer_shape
+    fresh = {k: v for k, v in n.__dict__.items() if k not in ("shape", "device")}
+    try:
+        n.__dict__.clear()
+        return infer_shape(n), type(n).device.fn(n)   # (sources keep whatever they hold: checked one by one below)
+    finally: n.__dict__.update(fresh)
+
+
+@pytest.mark.parametrize("shape", [(), (1,), (5,), (2, 3), (2, 1, 4), (0, 3)])
+@pytest.mark.parametrize("dtype", [dtypes.float32, dtypes.int32, dtypes.float16])
+def test_shapes_stored_by_builders_are_the_inferred_ones(shape, dtype):
+    # node_of_shape stores the shape and device the frontend knows (constants, x op y, contiguous): the very values
+    # the properties would compute, for every node of the graphs built
+    x = Tensor.ones(*shape, dtype=dtype).contiguous()
+    y = Tensor.full(shape, 3, dtype=dtype).contiguous()
+    outs = [x * 2, 2 * x, x + 1, 1 + x, x * y, x + y, y * x, (x * 1.5 if dtypes.is_float(dtype) else x * 3),
+            (x + y).contiguous(), Tensor.full(shape, 7, dtype=dtype) * x, (x > 1).where(x, y), x - y, x / y]
+    if dtypes.is_float(dtype) and shape:   # OpMixin's composites on nodes (UOp._binop, _alu, where)
+        outs += [x.gelu(), x.sigmoid(), x.tanh(), x.relu6(), x.softmax(-1), x.log_softmax(-1), x.layernorm(-1),
+                 x.exp(), x.rsqrt(), (x * y.reshape(*shape[:-1], 1, shape[-1])[..., 0, :] if len(shape) > 1 else x)]
+    for o in outs:
+        for n in o.uop.toposort():
+            stored = (n.__dict__.get("shape", "unset"), n.__dict__.get("device", "unset"))
+            want = _inferred(n)
+            assert stored[0] == "unset" or stored[0] == want[0], (n.op, stored, want)
+            assert stored[1] == "unset" or stored[1] == want[1], (n.op, stored, want)
+    np.testing.assert_equal((x * y + 1).numpy(), np.full(shape, 4, dtype=np.float32).astype(x.numpy().dtype))
