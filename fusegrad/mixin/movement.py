@@ -275,6 +275,9 @@ class MovementMixin:
         if index.ndim != self.ndim:
             raise RuntimeError(f"Index tensor must have the same number of dimensions as input tensor: {index.shape} vs {self.shape}")
         if not dtypes.is_int(index.dtype): raise RuntimeError(f"gather(): Expected dtype int64 for index, got {index.dtype}")
+        if index.device != self.device:   # (the kernel would get another device's memory: a ctypes error, or worse)
+            raise RuntimeError(f"gather(): Expected all tensors to be on the same device, but found {self.device} and "
+                               f"{index.device} (index)")
         for d, (i, s) in enumerate(zip(index.shape, self.shape)):
             if d != ax and i > s: raise RuntimeError(f"Size does not match at dimension {d} expected index {index.shape} to be no larger than self {self.shape} apart from dimension {ax}")
         _check_oob(index, self.shape[ax], ax)
@@ -301,6 +304,8 @@ class MovementMixin:
                 i = Tensor(i, device=self.device) if len(i) else Tensor([], dtype=dtypes.int32, device=self.device)
                 if dtypes.is_float(i.dtype) and i.numel(): raise IndexError("tensors used as indices must be long, int or bool")
                 if i.numel() == 0: i = i.cast(dtypes.int32)
+            # an index tensor on another device is read from this one (torch takes CPU indices for any device)
+            if isinstance(i, Tensor) and i.device != self.device: i = i.to(self.device)
             if isinstance(i, Tensor) and dtypes.is_bool(i.dtype):
                 nz = i.nonzero()
                 norm.extend(nz[:, k] for k in range(i.ndim))

@@ -609,3 +609,16 @@ def test_rearrange_bad_patterns(formula, sizes, shape):
     x = np.zeros(shape, np.float32)
     with pytest.raises((einops.EinopsError, ValueError)): einops.rearrange(x, formula, **sizes)   # einops too
     with pytest.raises(ValueError): Tensor(x).rearrange(formula, **sizes)
+
+
+def test_an_index_tensor_on_another_device_is_read_from_the_tensors_device():
+    """t[idx] with idx on another device (PYTHON against CPU) works as torch's CPU indices do for any device; before,
+    the CPU kernel was handed the other device's memory and ctypes raised 'wrong type'. gather/masked_fill with an
+    index or mask elsewhere raise torch's same-device error."""
+    t = Tensor(np.arange(12, dtype=np.float32).reshape(3, 4), device="CPU")
+    idx, mask = Tensor([2, 0], device="PYTHON"), Tensor([True, False, True], device="PYTHON")
+    np.testing.assert_array_equal(t[idx].numpy(), np.arange(12).reshape(3, 4)[[2, 0]])
+    np.testing.assert_array_equal(t[mask].numpy(), np.arange(12).reshape(3, 4)[[0, 2]])
+    np.testing.assert_array_equal(t[:, idx].numpy(), np.arange(12).reshape(3, 4)[:, [2, 0]])
+    with pytest.raises(RuntimeError, match="same device"): t.gather(0, Tensor([[0, 1, 2, 0]], device="PYTHON"))
+    with pytest.raises(RuntimeError, match="same device"): t.masked_fill(Tensor([[True] * 4] * 3, device="PYTHON"), 0)
