@@ -15,6 +15,7 @@ from fusegrad.codegen.safediv import guard_int_division
 from fusegrad.codegen.linearize import linearize, trip_count
 from fusegrad.codegen.merge import merge_ranges
 from fusegrad.codegen.opt import apply_opts
+from fusegrad.codegen.widen import widen_narrow_vectors
 from fusegrad.renderer import ProgramSpec, Renderer
 
 
@@ -90,6 +91,7 @@ def to_program(ast: UOp, renderer: Renderer, opts: list | None = None) -> Progra
     sink = decompose_dtypes(sink, renderer.native_dtypes())
     sink = guard_int_division(sink)  # x // 0 must not kill the process (codegen/safediv.py)
     if not NOOPT or opts: sink = apply_opts(sink, renderer, opts)
+    if renderer.widen_narrow_vectors: sink = widen_narrow_vectors(sink)   # 8/16-bit lanes in int32 (widen.py)
     # GPU-style targets only (renderer.has_local): the output loops become the grid of work-items
     global_size: tuple[int, ...] = (1, 1, 1)
     local_size: tuple[int, ...] = (1, 1, 1)

@@ -56,6 +56,8 @@ class Renderer:
     machine: Machine | None = None  # CPU targets: the machine description (runtime/machine.py) the heuristics read
     masked_vector_loads: bool = False  # renders INDEX(buf, base, all, lanes): a vector load gated lane by lane
                                   # (codegen/vectorize.py), so VECTORIZE keeps a padded conv's input loads whole
+    widen_narrow_vectors: bool = False  # casts and shifts of 8/16-bit integer vectors run in int32 lanes
+                                  # (codegen/widen.py: the C compiler does them lane by lane otherwise)
     vector_math: bool = False     # exp2 and log2 of float32 vectors are whole-vector code (not a call per lane):
                                   # elementwise kernels evaluating them are worth VECTORIZE (opt.py, elementwise_opts)
 

@@ -471,6 +471,40 @@ static inline {H} fg_f2h_x{w}({F} f) {{ return __builtin_convertvector(f, {H}); 
 #endif"""
 
 
+# (8/16-bit lane type, lanes) -> the x86 widening move to int32 lanes (GCC builtin, its operand's lane count)
+_WIDEN_MOVE = {8: {16: ("bd512_mask", 16), 8: ("bd256", 16), 4: ("bd128", 16)},
+               16: {16: ("wd512_mask", 16), 8: ("wd256", 8), 4: ("wd128", 8)}}
+_WIDEN_NEEDS = {16: "defined(__AVX512F__)", 8: "defined(__AVX2__)", 4: "defined(__SSE4_1__)"}
+
+
+def widen_name(src: DType, w: int) -> str:
+    """The helper converting w lanes of 8/16-bit integer type `src` to int32 lanes (widen_convert_c)."""
+    return f"fg_{src.name}_i32_x{w}"
+
+
+def widen_convert_c(src: DType, w: int, src_type: str, dst_type: str) -> str:
+    """w lanes of 8/16-bit integers -> int32 lanes (zero- or sign-extended). GCC 12 compiles
+    `__builtin_convertvector(uchar16 -> int16)` into sixteen byte loads and inserts; with the instruction set the
+    -march=native compiler's macros report it is the one widening move (vpmovzxbd, vpmovsxwd, ...) through GCC's builtin,
+    the narrower vectors first spread into the 16-byte operand the builtin takes. Elsewhere __builtin_convertvector."""
+    bits, sign = 8 * src.itemsize, "sx" if not dtypes.is_unsigned(src) else "zx"
+    name = widen_name(src, w)
+    generic = f"static inline {dst_type} {name}({src_type} x) {{ return __builtin_convertvector(x, {dst_type}); }}"
+    if w not in _WIDEN_MOVE[bits]: return generic
+    suffix, n = _WIDEN_MOVE[bits][w]
+    elem = "char" if bits == 8 else "short"
+    arg = f"fg_{elem}{n}"
+    x = "x" if n == w else f"__builtin_shufflevector(x, x, {', '.join(str(i % w) for i in range(n))})"
+    call = f"__builtin_ia32_pmov{sign}{suffix}(({arg}){x}" + \
+        (f", ({dst_type}){{}}, (unsigned short)-1)" if suffix.endswith("_mask") else ")")
+    return f"""#if {_WIDEN_NEEDS[w]} && defined(__GNUC__) && !defined(__clang__)
+typedef {elem} {arg} __attribute__((vector_size({n * src.itemsize})));
+static inline {dst_type} {name}({src_type} x) {{ return ({dst_type}){call}; }}
+#else
+{generic}
+#endif"""
+
+
 class ClangRenderer(CStyleLanguage):
     """C for the CPU device, compiled by the system C compiler (flags: -ffp-contract=off, so only float reduce kernels
     get fused multiply-adds, through GCC's optimize attribute; other compilers ignore it)."""
@@ -478,6 +512,7 @@ class ClangRenderer(CStyleLanguage):
     reduce_prefix = '__attribute__((optimize("fp-contract=fast"))) '
     vector_math = True   # fg_exp2f_xN, fg_log2f_xN
     masked_vector_loads = True   # vmload_T_xN
+    widen_narrow_vectors = True  # GCC converts uchar vectors to float and shifts them one lane at a time
     float_fn = {**CStyleLanguage.float_fn, Ops.EXP2: "fg_exp2f", Ops.LOG2: "fg_log2f"}
 
     def reads_operands_once(self, u: UOp) -> bool:
@@ -524,6 +559,8 @@ class ClangRenderer(CStyleLanguage):
             pair = {dt.scalar(), src_dt.scalar()}
             if pair == {dtypes.float16, dtypes.float32} and dt.count in (4, 8, 16):
                 return f"fg_{'h2f' if dt.scalar() == dtypes.float32 else 'f2h'}_x{dt.count}({x})"
+            if dt.scalar() == dtypes.int32 and src_dt.scalar() in (dtypes.uint8, dtypes.int8, dtypes.uint16, dtypes.int16):
+                return f"{widen_name(src_dt.scalar(), dt.count)}({x})"   # one widening move (widen_convert_c)
             if dtypes.is_int(src_dt) and (dtypes.is_int(dt) or dt.scalar() in (dtypes.float32, dtypes.float64)):
                 return f"__builtin_convertvector({x}, {self.render_dtype(dt)})"
         return super().render_cast(dt, x, src_dt)
@@ -542,6 +579,9 @@ class ClangRenderer(CStyleLanguage):
         used += [vector_exp2_c(w) for w in (4, 8, 16) if f"fg_exp2f_x{w}(" in src]
         used += [vector_log2_c(w) for w in (4, 8, 16) if f"fg_log2f_x{w}(" in src]
         if "fg_h2f(" in src or "fg_f2h(" in src: used.append(HALF_SCALAR_C)
+        used += [widen_convert_c(d, w, self.render_dtype(d.vec(w)), self.render_dtype(dtypes.int32.vec(w)))
+                 for d in (dtypes.uint8, dtypes.int8, dtypes.uint16, dtypes.int16) for w in (2, 4, 8, 16, 32)
+                 if f"{widen_name(d, w)}(" in src]
         return "".join(f + "\n" for f in used) + src + (_thread_trampoline(name, args) if args[-2:] ==
                                                          ["int core_start", "int core_end"] else "")
 

@@ -1,0 +1,122 @@
+"""8- and 16-bit integer vectors on the CPU (codegen/widen.py, renderer/cstyle.py `widen_convert_c`): a vectorized
+reduce that converts uint8/int8/uint16/int16 lanes to float, or shifts and masks them (a quantized weight's nibbles),
+compiles for AVX2 (x86-64-v3) and AVX-512 (x86-64-v4) to whole-vector code: the innermost loop has no scalar
+conversion (`vcvtusi2ssl`, `vcvtsi2ssl`), no byte-by-byte loads (`movzbl`, `movsbl`, ...) and no lane inserts
+or extracts (`vpinsrb/w/d`, `vpextrb/w/d`), which is what GCC 12 made of `__builtin_convertvector(uchar16 -> float16)` and of 8-bit vector
+shifts. The same kernels with the pass off are the positive control (the check finds those instructions there). The
+results are exactly NumPy's, a narrow sum or left shift that wraps included."""
+import re
+
+import numpy as np
+import pytest
+
+from fusegrad import Tensor
+from fusegrad.codegen import to_program
+from fusegrad.codegen.opt import Opt
+from fusegrad.device import Buffer
+from fusegrad.dtype import dtypes
+from fusegrad.ir.ops import Ops
+from fusegrad.runtime.ops_cpu import CPUProgram
+from test_register_tile import CC, X86, runnable, target
+
+pytestmark = pytest.mark.skipif(CC is None or not X86, reason="x86-64 levels need an x86 host with a C compiler")
+
+LANE_BY_LANE = re.compile(r"^\s+(vcvtu?si2s[sd]\w*|movzb\w|movsb\w|movzw\w|movsw\w|vpinsr[bwdq]|vpextr[bwdq])\s")
+LABEL = re.compile(r"^(\.L\w+):")
+JUMP = re.compile(r"^\s+j\w+\s+(\.L\w+)")
+VEC_MATH = re.compile(r"^\s+v(fmadd|mulp|addp)\w*\s")
+R, K = 32, 64
+NP = {dtypes.uint8: np.uint8, dtypes.int8: np.int8, dtypes.uint16: np.uint16, dtypes.int16: np.int16,
+      dtypes.float32: np.float32}
+
+
+def inner_loop(asm: str, fn: str) -> list[str]:
+    """The innermost loop of `fn` with vector float math (the reduce loop)."""
+    lines = asm.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln == f"{fn}:")
+    end = next(i for i in range(start, len(lines)) if lines[i].strip().startswith(".cfi_endproc"))
+    body, labels, loops = lines[start:end], {}, []
+    for i, ln in enumerate(body):
+        if (m := LABEL.match(ln)): labels[m.group(1)] = i
+        elif (m := JUMP.match(ln)) and m.group(1) in labels: loops.append(body[labels[m.group(1)]:i + 1])
+    hot = [lp for lp in loops if any(VEC_MATH.match(ln) for ln in lp)]
+    assert hot, f"no loop with vector float math in {fn}"
+    return min(hot, key=len)
+
+
+def lane_by_lane(asm: str, fn: str) -> list[str]:
+    return [ln.strip() for ln in inner_loop(asm, fn) if LANE_BY_LANE.match(ln)]
+
+
+# name -> (input dtype, the narrow expression of q (R, K) that is converted to float)
+CASES = {
+    "uint8_to_float": (dtypes.uint8, lambda q: q),
+    "int8_to_float": (dtypes.int8, lambda q: q),
+    "uint16_to_float": (dtypes.uint16, lambda q: q),
+    "int16_to_float": (dtypes.int16, lambda q: q),
+    "nibbles": (dtypes.uint8, lambda q: ((q >> 4) & 15) | ((q & 3) << 4)),
+    "int8_shift": (dtypes.int8, lambda q: (q >> 2) ^ 5),
+    "wrapping_shift": (dtypes.uint8, lambda q: q << 4),        # wraps in uint8: stays narrow, widened as a whole
+    "wrapping_sum": (dtypes.uint8, lambda q: q + q),
+}
+
+
+def kernel(name: str):
+    dt, f = CASES[name]
+    q, x = Tensor.empty(R, K, dtype=dt).realize(), Tensor.empty(R, K).realize()
+    (si,) = (f(q).float() * x).sum(-1).schedule()
+    return si.ast
+
+
+def reference(name: str, q: np.ndarray, x: np.ndarray) -> np.ndarray:
+    _, f = CASES[name]
+    return (f(q).astype(np.float64) * x.astype(np.float64)).sum(-1).astype(np.float32)
+
+
+def compile_case(name: str, march: str, monkeypatch, widen: bool = True):
+    comp, ren = target(march, monkeypatch)
+    ren.widen_narrow_vectors = widen
+    ast = kernel(name)
+    red = next(n.arg[0] for n in ast.toposort() if n.op is Ops.RANGE and n.arg[1] == "reduce")
+    out = next(n.arg[0] for n in ast.toposort() if n.op is Ops.RANGE and n.arg[1] == "global")
+    lanes = comp.machine.vector_bytes // 4
+    return comp, to_program(ast, ren, [Opt("VECTORIZE", red, lanes), Opt("UPCAST", out, 4)])
+
+
+def run(comp, spec, q: np.ndarray, x: np.ndarray) -> np.ndarray:
+    prg = CPUProgram(spec, comp.compile(spec.src))
+    out = Buffer("CPU", R, dtypes.float32).ensure_allocated()
+    bq = Buffer("CPU", q.size, CASES_DT[q.dtype.type]).ensure_allocated().copyin(memoryview(q).cast("B"))
+    bx = Buffer("CPU", x.size, dtypes.float32).ensure_allocated().copyin(memoryview(x).cast("B"))
+    # the buffers in the kernel's argument order: output, then the inputs as the kernel reads them
+    params = sorted((u for u in spec.uops if u.op is Ops.PARAM), key=lambda u: u.arg)
+    args = [out.opaque] + [(bx if u.dtype.base == dtypes.float32 else bq).opaque for u in params[1:]]
+    if spec.thread_size: prg.fxn(*args, 0, spec.thread_size)
+    else: prg.fxn(*args)
+    res = np.empty(R, np.float32)
+    out.copyout(memoryview(res).cast("B"))
+    return res
+
+
+CASES_DT = {v: k for k, v in NP.items()}
+
+
+@pytest.mark.parametrize("march", ["x86-64-v3", "x86-64-v4"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_whole_vector_code_and_exact(name, march, monkeypatch):
+    comp, spec = compile_case(name, march, monkeypatch)
+    assert lane_by_lane(comp.assembly(spec.src), spec.name) == []
+    if not runnable(march): pytest.skip(f"this host can't run {march} code (the assembly was checked)")
+    rng = np.random.default_rng(7)
+    dt = NP[CASES[name][0]]
+    info = np.iinfo(dt)
+    q = rng.integers(info.min, info.max + 1, (R, K)).astype(dt)
+    x = rng.integers(-3, 4, (R, K)).astype(np.float32)        # integer products: the sums are exact
+    np.testing.assert_array_equal(run(comp, spec, q, x), reference(name, q, x))
+
+
+@pytest.mark.parametrize("name", ["uint8_to_float", "int8_to_float", "nibbles"])
+def test_the_check_finds_lane_by_lane_code_without_the_pass(name, monkeypatch):
+    """Positive control: GCC's own code for the narrow vectors converts or shifts one lane at a time."""
+    comp, spec = compile_case(name, "x86-64-v4", monkeypatch, widen=False)
+    assert len(lane_by_lane(comp.assembly(spec.src), spec.name)) >= 8
