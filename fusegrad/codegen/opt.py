@@ -170,6 +170,15 @@ def _masked_loads(nodes: list[UOp], renderer: Renderer | None) -> set[UOp]:
 # renderer converts whole vectors at the loads and stores (ClangRenderer.render_cast)
 VECTOR_DTYPES = {dtypes.float32, dtypes.float64, dtypes.int32, dtypes.uint32, dtypes.int64, dtypes.bool, dtypes.float16,
                  dtypes.uint16}
+# 8-bit integers (a quantized weight's bytes) too where the target computes them in int32 lanes (codegen/widen.py): the
+# C compiler converts and shifts them lane by lane otherwise, slower than scalar code
+NARROW_VECTOR_DTYPES = {dtypes.uint8, dtypes.int8}
+
+
+def vector_dtypes(renderer: Renderer | None) -> set:
+    """The dtypes a kernel may hold for the heuristic to VECTORIZE it on this target."""
+    return VECTOR_DTYPES | NARROW_VECTOR_DTYPES if renderer is not None and renderer.widen_narrow_vectors else \
+        VECTOR_DTYPES
 
 
 def elementwise_opts(nodes: list[UOp], renderer: Renderer | None) -> list[Opt]:
@@ -309,7 +318,7 @@ def hand_coded_opts(ast: UOp, renderer: Renderer | None = None) -> list[Opt]:
                                                                      if r.op is Ops.RANGE)}
     weights = {a: 4 if a in in_reduce else 1 for a in accesses}
     masked = _masked_loads(nodes, renderer)
-    if simd and kernel_dts <= VECTOR_DTYPES | {dtypes.void}:
+    if simd and kernel_dts <= vector_dtypes(renderer) | {dtypes.void}:
         item = max(d.itemsize for d in kernel_dts if d not in (dtypes.bool, dtypes.void))
         best = 0
         for r in sorted(sizes, key=lambda r: (r.arg[1] == "reduce", -r.arg[0])):  # ties: innermost output axis

@@ -113,7 +113,19 @@ def vectorize_range(ast: UOp, rng: UOp, width: int, masked_loads: bool = False) 
 
     # lane-dependent index math becomes a VECTORIZE of its lanes only where a vector consumer reads it: an inner node of
     # an index expression is folded into its parent's lanes, so building (and simplifying) its own would be wasted
-    new = _Vectors(lambda n: UOp(Ops.VECTORIZE, n.dtype.vec(width), tuple(lanes(n))) if n in pure and n in dep else None)
+    def lane_vector(n: UOp) -> UOp:
+        """n's lanes as a vector: an integer base + lane constants (the same terms in every lane, only the constant
+        differs: `j*8 + l`) is the broadcast base plus a constant vector, one vector add rather than a vector built
+        lane by lane each time the base changes."""
+        ls = lanes(n)
+        if dtypes.is_int(n.dtype) and n.dtype.count == 1 and all(x.op is not Ops.CONST for x in ls):
+            t0, c0 = split_terms(ls[0])
+            split = [split_terms(x) for x in ls[1:]]
+            if all(t == t0 for t, _ in split):
+                offs = (UOp.const(n.dtype, 0),) + tuple(UOp.const(n.dtype, c - c0) for _, c in split)
+                return UOp(Ops.ADD, n.dtype.vec(width), (broadcast(ls[0], width), UOp(Ops.VECTORIZE, n.dtype.vec(width), offs)))
+        return UOp(Ops.VECTORIZE, n.dtype.vec(width), tuple(ls))
+    new = _Vectors(lambda n: lane_vector(n) if n in pure and n in dep else None)
     out_stores: list[UOp] = []
 
     def access(idx: UOp, load: bool = False) -> tuple[str, list[UOp], list[UOp]]:

@@ -26,9 +26,8 @@ QUANTIZED_TYPES: dict[int, tuple[str, int, int]] = {2: ("Q4_0", 32, 18), 3: ("Q4
 PLANES: dict[int, dict[str, tuple[tuple[int, ...], DType]]] = {
     2: {"d": ((), dtypes.float32), "qs": ((16,), dtypes.uint8)},
     3: {"d": ((), dtypes.float32), "m": ((), dtypes.float32), "qs": ((16,), dtypes.uint8)},
-    6: {"d": ((), dtypes.float32), "qh": ((2, 2), dtypes.uint8), "qs": ((2, 8), dtypes.uint8)},
-    7: {"d": ((), dtypes.float32), "m": ((), dtypes.float32), "qh": ((2, 2), dtypes.uint8),
-        "qs": ((2, 8), dtypes.uint8)},
+    6: {"d": ((), dtypes.float32), "qh": ((), dtypes.uint32), "qs": ((16,), dtypes.uint8)},
+    7: {"d": ((), dtypes.float32), "m": ((), dtypes.float32), "qh": ((), dtypes.uint32), "qs": ((16,), dtypes.uint8)},
     8: {"d": ((), dtypes.float32), "qs": ((32,), dtypes.int8)},
     12: {"d": ((), dtypes.float32), "dmin": ((), dtypes.float32), "sc": ((8,), dtypes.uint8),
          "mn": ((8,), dtypes.uint8), "qs": ((4, 32), dtypes.uint8)},
@@ -41,7 +40,7 @@ PLANES: dict[int, dict[str, tuple[tuple[int, ...], DType]]] = {
 # `terms` products of shape (*pre, *post), each unpacked with its own constant shifts and masks
 LAYOUT: dict[int, tuple[tuple[int, ...], int, tuple[int, ...]]] = {
     2: ((), 2, (16,)), 3: ((), 2, (16,)), 8: ((), 1, (32,)),
-    6: ((), 2, (2, 8)), 7: ((), 2, (2, 8)),   # value 16h + 8a + b: nibble h of qs[8a + b], bit b of qh byte 2h + a
+    6: ((), 2, (16,)), 7: ((), 2, (16,)),     # value 16h + l: nibble h of qs[l], bit 16h + l of the 32-bit qh
     12: ((4,), 2, (32,)),         # 4 groups of 32 bytes: low nibbles are sub-block 2g, high nibbles 2g+1
     13: ((), 8, (32,)),           # as Q4_K, plus bit j of qh[l] as value l's fifth bit in sub-block j
     14: ((2,), 4, (2, 16))}       # 2 halves of 128 x 4 quarters (the shift pairs of ql/qh) x 32 values (2 scales)
@@ -85,8 +84,8 @@ def block_planes(raw: np.ndarray | bytes, ggml_type: int, rows: int, cols: int) 
     if ggml_type in (6, 7):
         at = 2 if ggml_type == 6 else 4
         out = {"d": f16(0)} if ggml_type == 6 else {"d": f16(0), "m": f16(2)}
-        return {**out, "qh": b[:, :, at:at + 4].reshape(rows, nb, 2, 2).copy(),
-                "qs": b[:, :, at + 4:at + 20].reshape(rows, nb, 2, 8).copy()}
+        return {**out, "qh": b[:, :, at:at + 4].copy().view("<u4")[..., 0].astype(np.uint32),
+                "qs": b[:, :, at + 4:at + 20].copy()}
     if ggml_type == 14:
         return {"d": f16(208), "sc": b[:, :, 192:208].copy().view(np.int8),
                 "ql": b[:, :, 0:128].reshape(rows, nb, 2, 2, 32).copy(),
@@ -138,10 +137,10 @@ class QuantizedLinear:
             if t == 2: return [d * (q - 8) for q in halves]
             m = p["m"].reshape(O, nb, 1)
             return [d * q + m for q in halves]
-        if t in (6, 7):   # term h: nibble h of qs, the fifth bit from qh's bytes 2h, 2h + 1 (bit b for value b)
-            bit = Tensor.arange(8, device=p["qh"].device, dtype=dtypes.uint8).reshape(1, 1, 1, 8)
-            q5 = [((p["qs"] >> (4 * h)) & 15) | (((p["qh"][:, :, h].reshape(O, nb, 2, 1) >> bit) & 1) << 4)
-                  for h in range(2)]
+        if t in (6, 7):   # term h: nibble h of qs, the fifth bit of value 16h + l from bit 16h + l of qh (uint32 math)
+            bit = Tensor.arange(16, device=p["qh"].device, dtype=dtypes.uint32).reshape(1, 1, 16)
+            qs, qh = p["qs"].cast(dtypes.uint32), p["qh"].reshape(O, nb, 1)
+            q5 = [(((qs >> (4 * h)) & 15) | (((qh >> (bit + 16 * h)) & 1) << 4)).cast(dtypes.int32) for h in range(2)]
             if t == 6: return [d * (q.float() - 16) for q in q5]
             return [d * q.float() + p["m"].reshape(d.shape) for q in q5]
         if t == 14:   # term k: ql[h, k % 2] shifted by 4 * (k // 2), qh[h] shifted by 2k; scales (h, k, 2)

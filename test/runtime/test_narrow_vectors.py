@@ -12,10 +12,11 @@ import pytest
 
 from fusegrad import Tensor
 from fusegrad.codegen import to_program
-from fusegrad.codegen.opt import Opt
+from fusegrad.codegen.opt import Opt, hand_coded_opts
 from fusegrad.device import Buffer
 from fusegrad.dtype import dtypes
 from fusegrad.ir.ops import Ops
+from fusegrad.models.quantized import PLANES, QUANTIZED_TYPES, QuantizedLinear
 from fusegrad.runtime.ops_cpu import CPUProgram
 from test_register_tile import CC, X86, runnable, target
 
@@ -120,3 +121,25 @@ def test_the_check_finds_lane_by_lane_code_without_the_pass(name, monkeypatch):
     """Positive control: GCC's own code for the narrow vectors converts or shifts one lane at a time."""
     comp, spec = compile_case(name, "x86-64-v4", monkeypatch, widen=False)
     assert len(lane_by_lane(comp.assembly(spec.src), spec.name)) >= 8
+
+
+@pytest.mark.parametrize("march", ["x86-64-v3", "x86-64-v4"])
+@pytest.mark.parametrize("ggml_type", sorted(QUANTIZED_TYPES))
+def test_quantized_matvec_vectorizes(ggml_type, march, monkeypatch):
+    """The heuristic vectorizes a QuantizedLinear's matvec (models/quantized.py) of every block type, along a block's
+    contiguous values, into whole-vector code: the reduce loop converts whole vectors (the numbers:
+    test/models/test_quantized.py)."""
+    comp, ren = target(march, monkeypatch)
+    block = QUANTIZED_TYPES[ggml_type][1]
+    lin = QuantizedLinear(2 * block if block == 256 else 4 * block, 64, ggml_type)
+    for name in PLANES[ggml_type]: getattr(lin, name).realize()
+    (si,) = lin(Tensor.empty(1, lin.in_features).realize()).schedule()
+    opts = hand_coded_opts(si.ast, ren)
+    assert any(o.op == "VECTORIZE" and o.amount >= comp.machine.vector_bytes // 8 for o in opts), opts
+    spec = to_program(si.ast, ren, opts)
+    loop = inner_loop(comp.assembly(spec.src), spec.name)
+    scalar = [ln.strip() for ln in loop if LANE_BY_LANE.match(ln)]
+    # a per-sub-block scale (Q6_K's int8 `sc`) is one scalar conversion per 16 values and row: at most as many as the
+    # vector conversions; lane-by-lane code has one per value (and no scale needs a lane insert or extract)
+    assert not any("vpinsr" in ln or "vpextr" in ln for ln in scalar), scalar
+    assert sum("si2s" in ln for ln in scalar) <= sum(bool(re.match(r"\s+vcvtu?dq2ps", ln)) for ln in loop), scalar
