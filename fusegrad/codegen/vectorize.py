@@ -123,7 +123,8 @@ def vectorize_range(ast: UOp, rng: UOp, width: int, masked_loads: bool = False) 
             split = [split_terms(x) for x in ls[1:]]
             if all(t == t0 for t, _ in split):
                 offs = (UOp.const(n.dtype, 0),) + tuple(UOp.const(n.dtype, c - c0) for _, c in split)
-                return UOp(Ops.ADD, n.dtype.vec(width), (broadcast(ls[0], width), UOp(Ops.VECTORIZE, n.dtype.vec(width), offs)))
+                vec = n.dtype.vec(width)
+                return UOp(Ops.ADD, vec, (broadcast(ls[0], width), UOp(Ops.VECTORIZE, vec, offs)))
         return UOp(Ops.VECTORIZE, n.dtype.vec(width), tuple(ls))
     new = _Vectors(lambda n: lane_vector(n) if n in pure and n in dep else None)
     out_stores: list[UOp] = []

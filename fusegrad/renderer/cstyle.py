@@ -485,8 +485,9 @@ def widen_name(src: DType, w: int) -> str:
 def widen_convert_c(src: DType, w: int, src_type: str, dst_type: str) -> str:
     """w lanes of 8/16-bit integers -> int32 lanes (zero- or sign-extended). GCC 12 compiles
     `__builtin_convertvector(uchar16 -> int16)` into sixteen byte loads and inserts; with the instruction set the
-    -march=native compiler's macros report it is the one widening move (vpmovzxbd, vpmovsxwd, ...) through GCC's builtin,
-    the narrower vectors first spread into the 16-byte operand the builtin takes. Elsewhere __builtin_convertvector."""
+    -march=native compiler's macros report it is the one widening move (vpmovzxbd, vpmovsxwd, ...) through GCC's
+    builtin, the narrower vectors first spread into the 16-byte operand the builtin takes. Elsewhere
+    __builtin_convertvector."""
     bits, sign = 8 * src.itemsize, "sx" if not dtypes.is_unsigned(src) else "zx"
     name = widen_name(src, w)
     generic = f"static inline {dst_type} {name}({src_type} x) {{ return __builtin_convertvector(x, {dst_type}); }}"
@@ -559,7 +560,8 @@ class ClangRenderer(CStyleLanguage):
             pair = {dt.scalar(), src_dt.scalar()}
             if pair == {dtypes.float16, dtypes.float32} and dt.count in (4, 8, 16):
                 return f"fg_{'h2f' if dt.scalar() == dtypes.float32 else 'f2h'}_x{dt.count}({x})"
-            if dt.scalar() == dtypes.int32 and src_dt.scalar() in (dtypes.uint8, dtypes.int8, dtypes.uint16, dtypes.int16):
+            if dt.scalar() == dtypes.int32 and \
+                    src_dt.scalar() in (dtypes.uint8, dtypes.int8, dtypes.uint16, dtypes.int16):
                 return f"{widen_name(src_dt.scalar(), dt.count)}({x})"   # one widening move (widen_convert_c)
             if dtypes.is_int(src_dt) and (dtypes.is_int(dt) or dt.scalar() in (dtypes.float32, dtypes.float64)):
                 return f"__builtin_convertvector({x}, {self.render_dtype(dt)})"

@@ -2,9 +2,10 @@
 reduce that converts uint8/int8/uint16/int16 lanes to float, or shifts and masks them (a quantized weight's nibbles),
 compiles for AVX2 (x86-64-v3) and AVX-512 (x86-64-v4) to whole-vector code: the innermost loop has no scalar
 conversion (`vcvtusi2ssl`, `vcvtsi2ssl`), no byte-by-byte loads (`movzbl`, `movsbl`, ...) and no lane inserts
-or extracts (`vpinsrb/w/d`, `vpextrb/w/d`), which is what GCC 12 made of `__builtin_convertvector(uchar16 -> float16)` and of 8-bit vector
-shifts. The same kernels with the pass off are the positive control (the check finds those instructions there). The
-results are exactly NumPy's, a narrow sum or left shift that wraps included."""
+or extracts (`vpinsrb/w/d`, `vpextrb/w/d`), which is what GCC 12 made of `__builtin_convertvector(uchar16 -> float16)`
+and of 8-bit vector shifts. The same kernels with the pass off are the positive control (the check finds those
+instructions there). The results are exactly NumPy's, a narrow sum or left shift that wraps included; and every
+quantized block type's matvec (models/quantized.py) is vectorized by the heuristic into such code."""
 import re
 
 import numpy as np
