@@ -10,6 +10,8 @@ import re
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fusegrad import Tensor
 from fusegrad.codegen import to_program
@@ -144,3 +146,42 @@ def test_quantized_matvec_vectorizes(ggml_type, march, monkeypatch):
     # vector conversions; lane-by-lane code has one per value (and no scale needs a lane insert or extract)
     assert not any("vpinsr" in ln or "vpextr" in ln for ln in scalar), scalar
     assert sum("si2s" in ln for ln in scalar) <= sum(bool(re.match(r"\s+vcvtu?dq2ps", ln)) for ln in loop), scalar
+
+
+OPS = {"and": lambda a, b: a & b, "or": lambda a, b: a | b, "xor": lambda a, b: a ^ b, "add": lambda a, b: a + b,
+       "mul": lambda a, b: a * b}
+
+
+@st.composite
+def narrow_expr(draw, depth: int = 3):
+    """A random expression of q (uint8 or int8 lanes): masks, shifts by constants, sums and products that may wrap, as
+    (fusegrad builder, NumPy builder) over the same tree."""
+    if depth == 0 or draw(st.integers(0, 3)) == 0:
+        if draw(st.booleans()): return (lambda q: q), (lambda q: q)
+        c = draw(st.integers(0, 127))
+        return (lambda q: q & c), (lambda q: q & q.dtype.type(c))
+    kind = draw(st.sampled_from(["shr", "shl", *OPS]))
+    a_f, a_n = draw(narrow_expr(depth - 1))
+    if kind in ("shr", "shl"):
+        k = draw(st.integers(0, 7))
+        if kind == "shr": return (lambda q: a_f(q) >> k), (lambda q: a_n(q) >> q.dtype.type(k))
+        return (lambda q: a_f(q) << k), (lambda q: a_n(q) << q.dtype.type(k))
+    b_f, b_n = draw(narrow_expr(depth - 1))
+    op = OPS[kind]
+    return (lambda q: op(a_f(q), b_f(q))), (lambda q: op(a_n(q), b_n(q)))
+
+
+@settings(max_examples=25, deadline=None)
+@given(dt=st.sampled_from([dtypes.uint8, dtypes.int8]), expr=narrow_expr(), seed=st.integers(0, 2 ** 16))
+def test_random_narrow_expressions_exact(dt, expr, seed):
+    """On the host (its own -march=native target), a vectorized reduce over any such expression converted to float
+    equals NumPy's wrapped narrow arithmetic exactly."""
+    f, ref = expr
+    rng = np.random.default_rng(seed)
+    info = np.iinfo(NP[dt])
+    q = rng.integers(info.min, info.max + 1, (R, K)).astype(NP[dt])
+    x = rng.integers(-3, 4, (R, K)).astype(np.float32)
+    with np.errstate(over="ignore"):
+        want = (ref(q).astype(np.float64) * x).sum(-1).astype(np.float32)
+    got = (f(Tensor(q)).float() * Tensor(x)).sum(-1).numpy()
+    np.testing.assert_array_equal(got, want)
