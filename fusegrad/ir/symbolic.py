@@ -148,7 +148,8 @@ def range_free(u: UOp) -> bool:
 
 
 def fold_sum(x: UOp) -> UOp | None:
-    """Combine like terms of an integer sum and fold (a//c)*c + a%c -> a; rebuild it in canonical order."""
+    """Combine like terms of an integer sum and fold (a//c)*c + a%c -> a and ((a//c)%c2)*c + a%c -> a%(c*c2); rebuild
+    it in canonical order."""
     if not _is_int(x): return None
     terms, const = split_terms(x)
     if range_free(x): terms = dict(sorted(terms.items(), key=lambda tc: order_key(tc[0])))
@@ -163,6 +164,16 @@ def fold_sum(x: UOp) -> UOp | None:
                 if terms.get(d, 0) == k * c:
                     del terms[t], terms[d]
                     terms[a] = terms.get(a, 0) + k
+                    terms = {tt: cc for tt, cc in terms.items() if cc != 0}
+                    changed = True
+                    break
+                # ((a//c) % c2)*(k*c) + (a%c)*k -> (a % (c*c2))*k (a >= 0): a head index split as (group, head, dim)
+                outer = next((u for u, kk in terms.items() if kk == k * c and u.op is Ops.MOD and
+                              u.src[1].op is Ops.CONST and u.src[1].arg > 0 and u.src[0] is d), None)
+                if outer is not None:
+                    del terms[t], terms[outer]
+                    m = UOp(Ops.MOD, x.dtype, (a, UOp.const(x.dtype, c * outer.src[1].arg)))
+                    terms[m] = terms.get(m, 0) + k
                     terms = {tt: cc for tt, cc in terms.items() if cc != 0}
                     changed = True
                     break

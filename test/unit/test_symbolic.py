@@ -139,6 +139,7 @@ def test_div_mod(before, expected):
     n % 4,
     (n * 4 + 1) // 4,
     (n + 5) // 5 * 5 + n % 5,
+    (n // 2) % 3 * 2 + n % 2,  # n may be negative: C's % of a negative is negative
 ])
 def test_div_mod_not_folded_when_unsafe(before):
     after = simplify(before)
@@ -156,6 +157,9 @@ def test_mod_of_mod_not_multiple_is_kept():
     ((r12 // 4) * 4 + r12 % 4, r12),                        # (x//c)*c + x%c -> x
     (r12 % 4 + (r12 // 4) * 4, r12),                        # in either order
     ((r12 % 4) * 3 + (r12 // 4) * 12, r12 * 3),             # times a common factor
+    ((r12 // 2) % 3 * 2 + r12 % 2, r12 % 6),                 # ((x//c)%c2)*c + x%c -> x%(c*c2)
+    ((r12 // 6) * 6 + (r12 // 2) % 3 * 2 + r12 % 2, r12),    # and on to x: an index split as (group, head, dim)
+    (((r12 // 2) % 3) * 8 + (r12 % 2) * 4, (r12 % 6) * 4),   # times a common factor
     (r4 * 2 + r8 + r4 * 3 + 1 + 2, r4 * 5 + r8 + 3),        # like terms combine, constants go last
     (r4 + r4, r4 * 2),
     (r4 - r4, c(0)),
