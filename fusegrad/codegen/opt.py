@@ -255,28 +255,35 @@ def register_tile(sizes: list[int], registers: int, clamp_threads: int = 0) -> l
 
 
 SKINNY_ROWS = 2 * MAX_ACCUMULATORS   # a product with at most this many rows (of x in x @ w) is "skinny"
-SWAP_ROW_BLOCKS = 16                 # the column loop goes outermost when the rows make at most this many blocks
+SWAP_ROW_BLOCKS = 64                 # the column loop goes outermost when the rows make at most this many blocks
 
 
 def skinny_tile(picked: list[UOp], sizes: dict[UOp, int], loads: list[UOp], renderer: Renderer | None,
-                registers: int) -> tuple[UOp, UOp, list[int] | None] | None:
-    """(rows, columns, tile) of a product whose rows all read a large w (x @ w, w an input of more than half the cache
-    that doesn't move along the rows), or None for any other kernel. Every block of rows reads all of w, so fewer
-    blocks read it fewer times: with at most SKINNY_ROWS rows (MiniLM's 26 tokens, a prompt) the tile takes as many
-    rows as fit (a divisor of the rows up to MAX_ACCUMULATORS: 13 of 26), then what is left of the accumulators along
-    the columns (26 x 384 @ 384 x 1536: 2 x 8, 13 reads of w, becomes 13 x 1 on AVX-512 and AVX2); with more rows the
-    tile is None (the usual one). The caller puts the column loop outermost (SWAP) when the rows make few blocks."""
-    if len(picked) != 2 or renderer is None or not renderer.cache_bytes: return None
-    big = [a for a in loads if a.src[0].dtype.size * a.src[0].dtype.itemsize > renderer.cache_bytes // 2]
-    rows = next((r for r in picked if any(_stride(a.src[1], r) == 0 for a in big)), None)
+                registers: int) -> tuple[UOp, UOp, list[int] | None, bool] | None:
+    """(rows, columns, tile, big) of a product x @ w: the rows are the picked range along which w (the inputs that
+    don't move along it, at least twice the bytes of x) is re-read; `big`: w is more than half the cache. None for any other kernel. Every block of rows
+    reads all of w, so fewer blocks read it fewer times: with at most SKINNY_ROWS rows (MiniLM's 26 tokens) and a big
+    w, the tile takes as many rows as fit (a divisor of the rows up to MAX_ACCUMULATORS: 13 of 26), then what is left
+    of the accumulators along the columns (26 x 384 @ 384 x 1536: 2 x 8, 13 reads of w, becomes 13 x 1 on AVX-512 and
+    AVX2); otherwise the tile is None (the usual one). The caller puts the column loop outermost (SWAP) when the rows
+    make few blocks."""
+    if len(picked) != 2 or renderer is None or not renderer.cache_bytes or not loads: return None
+    def split(r: UOp) -> tuple[int, int]:   # bytes of the inputs that don't move along r, and of those that do
+        still = {a.src[0]: a.src[0].dtype.size * a.src[0].dtype.itemsize for a in loads if _stride(a.src[1], r) == 0}
+        moving = {a.src[0]: a.src[0].dtype.size * a.src[0].dtype.itemsize for a in loads if a.src[0] not in still}
+        return sum(still.values()), sum(moving.values())
+    # the rows: the range along which w (the inputs that don't move, at least twice the bytes of those that do) is
+    # re-read; a square product has none
+    rows = next((r for r in picked if (sm := split(r))[0] >= 2 * max(sm[1], 1)), None)
     if rows is None: return None
     cols = picked[1] if rows is picked[0] else picked[0]
+    big = split(rows)[0] > renderer.cache_bytes // 2
     n = sizes[rows]
     d = next((d for d in range(min(n, MAX_ACCUMULATORS), 1, -1) if n % d == 0 and tile_registers([d, 1]) <= registers),
              None)
-    if n > SKINNY_ROWS or d is None: return rows, cols, None
+    if n > SKINNY_ROWS or d is None or not big: return rows, cols, None, big
     b = next(b for b in range(MAX_ACCUMULATORS // d, 0, -1) if sizes[cols] % b == 0 and tile_registers([d, b]) <= registers)
-    return rows, cols, [d, b]
+    return rows, cols, [d, b], big
 
 
 def cache_block(trips: int, threads: int, clamp: bool = False) -> int:
@@ -354,11 +361,9 @@ def hand_coded_opts(ast: UOp, renderer: Renderer | None = None) -> list[Opt]:
             all((st := _stride(a.src[1], picked[1])) == 0 or (st is not None and abs(st) >= 64 * width) for a in loads):
         picked[1] = vec_rng
     skinny = skinny_tile(picked, sizes, loads, renderer, regs) if len(glob) == 2 else None   # (a plain 2-D product)
-    if skinny is not None:   # (rows first from here on: the SWAP below names them)
-        rows, cols, sk = skinny
-        had = dict(zip(picked, tile))
-        picked = [rows, cols]
-        tile = sk if sk is not None and sk[0] > had.get(rows, 1) else [had.get(rows, 1), had.get(cols, 1)]
+    if skinny is not None:
+        rows, cols, sk, big_w = skinny
+        if sk is not None and sk[0] > dict(zip(picked, tile)).get(rows, 1): picked, tile = [rows, cols], sk
     for r, k in zip(picked, tile):
         if k > 1:
             opts.append(Opt("UPCAST", r.arg[0], k))
@@ -374,11 +379,14 @@ def hand_coded_opts(ast: UOp, renderer: Renderer | None = None) -> list[Opt]:
         big = [a for a in loads if _stride(a.src[1], o) == 0 and
                a.src[0].dtype.size * a.src[0].dtype.itemsize > renderer.cache_bytes]
         if big and (k := cache_block(sizes[o], renderer.threads, clamp > 0)) > 1: opts.append(Opt("TILE", o.arg[0], k))
-    # few row blocks (at most SWAP_ROW_BLOCKS) against a large w: the column loop goes outermost, so the threads split
+    # few row blocks (at most SWAP_ROW_BLOCKS) reading all of w: the column loop goes outermost, so the threads split
     # w's columns and each streams its part of w once while the rows stay in cache (rows outermost read all of w once
-    # per row block)
-    if skinny is not None and 1 < sizes[rows := picked[0]] <= SWAP_ROW_BLOCKS and \
-            sizes[cols := picked[1]] >= 2 * max(renderer.threads if renderer is not None else 1, 1):
+    # per row block). Where w is large (more than half the cache), or the kernel is a dot product along the reduce
+    # (vectorized there: a quantized weight's blocks, x @ w.T read as it is), which pays most for re-reading w
+    # (a dot product along the reduce gains at any number of rows: 2-3x from 32 to 1024 rows of a quantized weight)
+    dot = vec_rng is not None and vec_rng.arg[1] == "reduce"
+    if skinny is not None and (dot or big_w) and 1 < sizes[rows] and (dot or sizes[rows] <= SWAP_ROW_BLOCKS) and \
+            sizes[cols] >= 2 * max(renderer.threads if renderer is not None else 1, 1):
         opts.append(Opt("SWAP", rows.arg[0], cols.arg[0]))
     for key in dict.fromkeys(n.src[1:] for n in nodes if n.op is Ops.REDUCE):
         r = key[-1]

@@ -258,3 +258,21 @@ def test_swapped_products_with_many_rows_are_exact(m):
     rng = np.random.default_rng(m)
     a, w = rng.integers(-4, 5, (m, 384)).astype(np.float32), rng.integers(-4, 5, (1536, 384)).astype(np.float32)
     np.testing.assert_array_equal((Tensor(a) @ Tensor(w).T).numpy(), a @ w.T)
+
+
+@pytest.mark.parametrize("m", [26, 82, 256])
+def test_a_quantized_product_with_many_rows_puts_the_columns_outermost_and_stays_exact(m, monkeypatch):
+    """A prompt's rows against a quantized weight are a dot product along the blocks (vectorized along the reduce):
+    reading all of w once per 2-row block cost 2-3x at 32 to 1024 rows (82 rows x Q4_1 576 -> 1536: 2.4 -> 0.8 ms),
+    so the column loop goes outermost whatever the number of rows. Exact against NumPy on integer-valued data."""
+    from fusegrad.models.quantized import QuantizedLinear
+    _, ren = target("x86-64-v4", monkeypatch)
+    rng = np.random.default_rng(m)
+    q = QuantizedLinear(64, 96, ggml_type=3)
+    q.d, q.m = Tensor(np.ones((96, 2), np.float32)), Tensor(np.full((96, 2), -8.0, np.float32))
+    q.qs = Tensor(rng.integers(0, 256, (96, 2, 16)).astype(np.uint8))
+    x = rng.integers(-3, 4, (m, 64)).astype(np.float32)
+    big = QuantizedLinear(576, 1536, ggml_type=3)
+    opts = hand_coded_opts(big(Tensor.empty(m, 576)).schedule()[-1].ast, ren)
+    assert any(o.op == "SWAP" for o in opts), opts
+    np.testing.assert_array_equal(q(Tensor(x)).numpy(), x @ q.dequantize().numpy().T)
