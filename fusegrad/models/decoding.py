@@ -11,6 +11,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from fusegrad.device import Device
 from fusegrad.dtype import dtypes
 from fusegrad.engine.capture import JitError, capturing
 from fusegrad.engine.jit import TinyJit
@@ -183,6 +184,14 @@ class Generation:
         return len(rest) / sum(rest) if rest and sum(rest) else float("nan")
 
 
+def release_prefill_buffers(*outputs: Tensor) -> None:
+    """After a prefill (its outputs computed): give the memory of its freed intermediates back (the allocator keeps
+    freed buffers for reuse, but a prompt of another length asks for other sizes, and the decode steps for much
+    smaller ones): SmolLM2-135M, 82 tokens, 23 MB."""
+    Tensor.realize(*outputs)
+    for d in {t.device for t in outputs if isinstance(t.device, str)}: Device[d].allocator.free_cache()
+
+
 def kv_caches(model: Any) -> list[KVCache]:
     """The KV caches a model holds, found by walking its attributes, lists and dicts (each once)."""
     out: list[KVCache] = []
@@ -274,6 +283,7 @@ class Generator:
         else: tok = (logits / temperature).softmax(-1).multinomial(1).cast(dtypes.int32)
         temp = Tensor([temperature]).realize()
         self._recapture_if_new_caches()
+        release_prefill_buffers(logits, tok)
         history, rng = list(prompt), np.random.default_rng(sampling.seed if sampling is not None else None)
         for i in range(max_new):
             if host:
@@ -312,6 +322,7 @@ class Generator:
         self.reserve(min(max(lens) + max_new, self.model.max_context))
         logits = self.model.forward(Tensor([list(p[:start]) for p in prompts], dtype=dtypes.int32), 0)   # (B, V)
         self._recapture_if_new_caches()
+        release_prefill_buffers(logits)
         temp = Tensor([temperature]).realize()
         pos_now = start   # the position whose token each row feeds next
         while True:

@@ -69,3 +69,22 @@ def test_growing_inside_a_tinyjit_capture_raises(monkeypatch):
     step(Tensor([1.0]))
     assert c.capacity == 8
     with pytest.raises(JitError, match="grow to 9 positions inside a TinyJit capture"): step(Tensor([1.0]))
+
+
+def test_the_prefills_freed_intermediates_are_given_back(monkeypatch):
+    """The allocator keeps freed buffers for reuse; a prefill's intermediates (sized by the prompt) are given back
+    once its outputs are computed, so they don't stay resident through the decode (SmolLM2: 23 MB)."""
+    from fusegrad import Device
+    import fusegrad.models.decoding as decoding
+    m = tiny()
+    g = Generator(m)
+    seen = []
+    real = decoding.release_prefill_buffers
+
+    def spy(*outs):
+        real(*outs)
+        seen.append(sum(len(v) for v in Device[outs[0].device].allocator.cache.values()))
+    monkeypatch.setattr(decoding, "release_prefill_buffers", spy)
+    assert g.generate([3, 1, 4, 1, 5], 3).tokens == Generator(tiny()).generate([3, 1, 4, 1, 5], 3).tokens
+    g.generate_batch([[3, 1], [4, 1, 5]], 2)
+    assert seen == [0, 0]
