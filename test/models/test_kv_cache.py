@@ -87,4 +87,4 @@ def test_the_prefills_freed_intermediates_are_given_back(monkeypatch):
     monkeypatch.setattr(decoding, "release_prefill_buffers", spy)
     assert g.generate([3, 1, 4, 1, 5], 3).tokens == Generator(tiny()).generate([3, 1, 4, 1, 5], 3).tokens
     g.generate_batch([[3, 1], [4, 1, 5]], 2)
-    assert seen == [0, 0]
+    assert len(seen) == 3 and seen == [0] * 3   # (the reference generation above released its own too)
