@@ -32,6 +32,7 @@ _CHECK_EVERY = 32
 _lock = threading.Lock()
 _conns: dict[tuple[int, str], sqlite3.Connection | None] = {}   # (pid, path) -> connection; None: unusable here
 _puts = 0
+_unchecked = 0   # bytes written since the last size check
 
 
 def db_path() -> str:
@@ -108,11 +109,18 @@ def put(table: str, key: str, payload: bytes) -> None:
     global _puts
 
     def write(conn: sqlite3.Connection) -> None:
-        global _puts
+        global _puts, _unchecked
         conn.execute("INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?, ?, ?)",
                      (table, key, payload, hash_bytes(payload), len(payload), time.time()))
         _puts += 1
-        if _puts % _CHECK_EVERY == 1: _evict(conn, int(CACHE_MAX_MB.value) * (1 << 20))
+        _unchecked += len(payload)
+        cap = int(CACHE_MAX_MB.value) * (1 << 20)
+        # every _CHECK_EVERY writes, and whenever an eighth of the cap was written since the last check: a count alone
+        # let a run of large entries pass the cap by up to _CHECK_EVERY of them, depending on where the process-wide
+        # count happened to stand
+        if _puts % _CHECK_EVERY == 1 or _unchecked > cap // 8:
+            _unchecked = 0
+            _evict(conn, cap)
     _run(write)
 
 

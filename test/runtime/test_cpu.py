@@ -276,3 +276,18 @@ def test_chunked_launch_after_fork():
         os._exit(0 if (2, 4, 8) in calls else 1)
     _, status = os.waitpid(pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, f"child status {status}"
+
+
+@pytest.mark.parametrize("phase", [0, 9, 10, 20])
+def test_cache_size_cap_holds_wherever_the_write_count_stands(phase, tmp_path, monkeypatch):
+    """The cap held only if a size check happened to fall after the cap was passed: with the process's write count at
+    10 (mod 32) when the test began, 41 entries of 100 kB stayed (4.1 MB under a 1 MB cap). Checks also come every
+    eighth of the cap written."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(diskcache, "_puts", phase)
+    monkeypatch.setattr(diskcache, "_unchecked", 0)
+    with Context(CACHE_MAX_MB=1):
+        blob = bytes(100_000)
+        for i in range(41): diskcache_put("t", f"k{i}", blob)
+        n, size, _ = diskcache.stats()
+        assert size <= (1 << 20) + 2 * len(blob) and n <= 12
