@@ -173,6 +173,8 @@ def test_llama_cpp_column_when_installed(tiny_gguf):
     assert any(ln.startswith("llama.cpp: llama-cpp-python ") for ln in lines), out.stdout
     row = next(ln for ln in lines if ln.startswith("| llama.cpp |")).split("|")
     assert row[-4:-1] == [" 1.00x ", " 1.00x ", " 1.00x "], row
-    # the tiny model's picks are far apart (initializer_range 0.3), so llama.cpp's 8-bit activations don't change them
-    assert "fusegrad-q: greedy tokens equal to llama.cpp's (all 5)" in lines, out.stdout
+    # the agreement is reported either way: llama.cpp quantizes activations to 8 bits, which can flip a pick of this
+    # random model (it did on 2026-12-07: [1107, ...] against fusegrad's [608, ...], which are transformers' tokens for
+    # the same file; test_examples.py and test_llama.py hold fusegrad to transformers)
+    assert any(ln.startswith("fusegrad-q: greedy tokens ") for ln in lines), out.stdout
     assert any(ln.startswith("prompt: llama.cpp's tokenizer gives the same") for ln in lines), out.stdout
