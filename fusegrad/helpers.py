@@ -123,7 +123,8 @@ REFERENCE = ContextVar("REFERENCE", 0)
 SCHEDULE_CACHE = ContextVar("SCHEDULE_CACHE", 1)  # 0: schedule every graph from scratch (schedule/cache.py)
 SPLIT_REDUCE = ContextVar("SPLIT_REDUCE", 32768)  # shortest reduce split into two kernels (schedule/split.py); 0: off
 SPLIT_REDUCEOP = ContextVar("SPLIT_REDUCEOP", 1)  # tinygrad's switch for the same: 0 turns the split off
-# tinygrad's flag to fuse arange into its consumers; taken and ignored: fusegrad always does (an IOTA node in the kernel)
+# tinygrad's flag to fuse arange into its consumers; taken and ignored: fusegrad always does (an IOTA node in the
+# kernel)
 FUSE_ARANGE = ContextVar("FUSE_ARANGE", 0)
 MERGE_RANGES = ContextVar("MERGE_RANGES", 1)   # 0: keep every loop of a kernel as its shape gives it (codegen/merge.py)
 VIZ = ContextVar("VIZ", 0)

@@ -292,7 +292,8 @@ def adopt(target: "Tensor", source: "Tensor", taken: set[int]) -> bool:
     u, v = target.uop, source.uop
     while v.op is Ops.DETACH and v.arg is None: v = v.src[0]   # (a plain detach: the same values)
     if target.shape != source.shape or target.dtype != source.dtype or target.device != source.device: return False
-    if not isinstance(target.device, str) or is_disk(target.device) or not is_realized(v) or id(v) in taken: return False
+    if not isinstance(target.device, str) or is_disk(target.device) or not is_realized(v) or id(v) in taken:
+        return False
     if is_realized(u) or u.op is Ops.ASSIGN or target._view is not None or target._views: return False
     # (its graph may read memory, a random init reads the generator's state; a write it goes through stays pending
     # on the tensor that owns it, so dropping this read changes nothing else)

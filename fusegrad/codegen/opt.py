@@ -258,31 +258,34 @@ SKINNY_ROWS = 2 * MAX_ACCUMULATORS   # a product with at most this many rows (of
 SWAP_ROW_BLOCKS = 64                 # the column loop goes outermost when the rows make at most this many blocks
 
 
+def _param_bytes(access: UOp) -> int:
+    """The bytes of the buffer an INDEX reads (its PARAM: dtype.size elements)."""
+    return access.src[0].dtype.size * access.src[0].dtype.itemsize
+
+
 def skinny_tile(picked: list[UOp], sizes: dict[UOp, int], loads: list[UOp], renderer: Renderer | None,
                 registers: int) -> tuple[UOp, UOp, list[int] | None, bool] | None:
-    """(rows, columns, tile, big) of a product x @ w: the rows are the picked range along which w (the inputs that
-    don't move along it, at least twice the bytes of x) is re-read; `big`: w is more than half the cache. None for any other kernel. Every block of rows
-    reads all of w, so fewer blocks read it fewer times: with at most SKINNY_ROWS rows (MiniLM's 26 tokens) and a big
-    w, the tile takes as many rows as fit (a divisor of the rows up to MAX_ACCUMULATORS: 13 of 26), then what is left
-    of the accumulators along the columns (26 x 384 @ 384 x 1536: 2 x 8, 13 reads of w, becomes 13 x 1 on AVX-512 and
-    AVX2); otherwise the tile is None (the usual one). The caller puts the column loop outermost (SWAP) when the rows
-    make few blocks."""
+    """(rows, columns, tile, big) of a product x @ w, or None for any other kernel: the rows are the picked range
+    along which w (the inputs that don't move along it, at least twice the bytes of those that do; a square product
+    has none) is re-read; `big`: w is more than half the cache. Every block of rows reads all of w, so fewer blocks
+    read it fewer times: with at most SKINNY_ROWS rows (MiniLM's 26 tokens) and a big w, the tile takes as many rows
+    as fit (a divisor of the rows up to MAX_ACCUMULATORS: 13 of 26), then what is left of the accumulators along the
+    columns (26 x 384 @ 384 x 1536: 2 x 8, 13 reads of w, becomes 13 x 1 on AVX-512 and AVX2); otherwise the tile is
+    None (the usual one). The caller puts the column loop outermost (SWAP) when the rows make few blocks."""
     if len(picked) != 2 or renderer is None or not renderer.cache_bytes or not loads: return None
-    def split(r: UOp) -> tuple[int, int]:   # bytes of the inputs that don't move along r, and of those that do
-        still = {a.src[0]: a.src[0].dtype.size * a.src[0].dtype.itemsize for a in loads if _stride(a.src[1], r) == 0}
-        moving = {a.src[0]: a.src[0].dtype.size * a.src[0].dtype.itemsize for a in loads if a.src[0] not in still}
-        return sum(still.values()), sum(moving.values())
-    # the rows: the range along which w (the inputs that don't move, at least twice the bytes of those that do) is
-    # re-read; a square product has none
-    rows = next((r for r in picked if (sm := split(r))[0] >= 2 * max(sm[1], 1)), None)
-    if rows is None: return None
+    for rows in picked:   # bytes of the inputs that don't move along `rows`, and of those that do
+        still = {a.src[0]: _param_bytes(a) for a in loads if _stride(a.src[1], rows) == 0}
+        moving = {a.src[0]: _param_bytes(a) for a in loads if a.src[0] not in still}
+        if sum(still.values()) >= 2 * max(sum(moving.values()), 1): break
+    else: return None
     cols = picked[1] if rows is picked[0] else picked[0]
-    big = split(rows)[0] > renderer.cache_bytes // 2
+    big = sum(still.values()) > renderer.cache_bytes // 2
     n = sizes[rows]
     d = next((d for d in range(min(n, MAX_ACCUMULATORS), 1, -1) if n % d == 0 and tile_registers([d, 1]) <= registers),
              None)
     if n > SKINNY_ROWS or d is None or not big: return rows, cols, None, big
-    b = next(b for b in range(MAX_ACCUMULATORS // d, 0, -1) if sizes[cols] % b == 0 and tile_registers([d, b]) <= registers)
+    b = next(b for b in range(MAX_ACCUMULATORS // d, 0, -1)
+             if sizes[cols] % b == 0 and tile_registers([d, b]) <= registers)
     return rows, cols, [d, b], big
 
 
@@ -376,14 +379,13 @@ def hand_coded_opts(ast: UOp, renderer: Renderer | None = None) -> list[Opt]:
     red_size = max((prod(sizes.get(r, 1) for r in n.src[1:]) for n in nodes if n.op is Ops.REDUCE), default=1)
     if renderer is not None and renderer.cache_bytes and len(outs) >= 2 and red_size >= 256:
         o = outs[0]
-        big = [a for a in loads if _stride(a.src[1], o) == 0 and
-               a.src[0].dtype.size * a.src[0].dtype.itemsize > renderer.cache_bytes]
+        big = [a for a in loads if _stride(a.src[1], o) == 0 and _param_bytes(a) > renderer.cache_bytes]
         if big and (k := cache_block(sizes[o], renderer.threads, clamp > 0)) > 1: opts.append(Opt("TILE", o.arg[0], k))
-    # few row blocks (at most SWAP_ROW_BLOCKS) reading all of w: the column loop goes outermost, so the threads split
-    # w's columns and each streams its part of w once while the rows stay in cache (rows outermost read all of w once
-    # per row block). Where w is large (more than half the cache), or the kernel is a dot product along the reduce
-    # (vectorized there: a quantized weight's blocks, x @ w.T read as it is), which pays most for re-reading w
-    # (a dot product along the reduce gains at any number of rows: 2-3x from 32 to 1024 rows of a quantized weight)
+    # rows reading all of w: the column loop goes outermost, so the threads split w's columns and each streams its
+    # part of w once while the rows stay in cache (rows outermost read all of w once per row block). Where w is large
+    # (more than half the cache) and the rows make at most SWAP_ROW_BLOCKS blocks, or at any number of rows where the
+    # kernel is a dot product along the reduce (vectorized there: a quantized weight's blocks, x @ w.T read as it
+    # is), which pays most for re-reading w (2-3x from 32 to 1024 rows of a quantized weight)
     dot = vec_rng is not None and vec_rng.arg[1] == "reduce"
     if skinny is not None and (dot or big_w) and 1 < sizes[rows] and (dot or sizes[rows] <= SWAP_ROW_BLOCKS) and \
             sizes[cols] >= 2 * max(renderer.threads if renderer is not None else 1, 1):

@@ -101,7 +101,8 @@ class MathMixin:
     # elu, celu, selu: exp of the non-positive part only. exp(x) of a large positive x is inf (past 11 in float16, 88
     # in float32), and the gradient that a select or relu masks to 0 became 0 * inf = NaN (torch: 1)
     def _nonpositive(self: "Tensor") -> "Tensor": return (self > 0).where(0, self)
-    def elu(self: "Tensor", alpha: float = 1.0) -> "Tensor": return self.relu() + alpha * (self._nonpositive().exp() - 1)
+    def elu(self: "Tensor", alpha: float = 1.0) -> "Tensor":
+        return self.relu() + alpha * (self._nonpositive().exp() - 1)
     def celu(self: "Tensor", alpha: float = 1.0) -> "Tensor":
         return self.maximum(0) + alpha * ((self._nonpositive() / alpha).exp() - 1)
     def selu(self: "Tensor", alpha: float = 1.67326, gamma: float = 1.0507) -> "Tensor":

@@ -264,7 +264,8 @@ def test_load_state_dict_into_a_lazy_random_layer_leaves_later_random_numbers_un
     def run(load):
         Tensor.manual_seed(3)
         a, b = nn.Linear(4, 3), nn.Linear(4, 3)
-        if load: load_state_dict(a, {"weight": Tensor(np.ones((3, 4), np.float32)), "bias": Tensor(np.ones(3, np.float32))})
+        if load:
+            load_state_dict(a, {"weight": Tensor(np.ones((3, 4), np.float32)), "bias": Tensor(np.ones(3, np.float32))})
         return b.weight.numpy(), Tensor.rand(5).numpy(), a.weight.numpy()
     plain, loaded = run(False), run(True)
     np.testing.assert_array_equal(plain[0], loaded[0])
