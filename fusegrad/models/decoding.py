@@ -53,8 +53,9 @@ class KVCache:
         """Positions the buffers hold now (0 before the first update)."""
         return 0 if self.k is None else self.k.shape[1]
 
-    def _size_for(self, n: int) -> int:
-        return min(self.max_len, max(-(-n // self.STEP) * self.STEP, 2 * self.capacity))
+    def _steps(self, n: int) -> int:
+        """Positions to allocate for n: a whole number of STEPs, at most max_len."""
+        return min(self.max_len, -(-n // self.STEP) * self.STEP)
 
     def reserve(self, n: int) -> bool:
         """Make room for `n` positions (at most max_len), keeping what is stored; returns whether the buffers were
@@ -68,7 +69,7 @@ class KVCache:
             raise JitError(f"the KV cache must grow to {n} positions inside a TinyJit capture; reserve them before the "
                            "jitted step (KVCache.reserve, Generator.reserve)")
         B, L, H, D = self.k.shape
-        size = self._size_for(n)
+        size = max(self._steps(n), min(self.max_len, 2 * self.capacity))   # (at least doubling)
         k, v = Tensor.zeros(B, size, H, D, dtype=self.k.dtype).contiguous(), \
             Tensor.zeros(B, size, H, D, dtype=self.v.dtype).contiguous()
         k[:, :L] = self.k
@@ -82,7 +83,7 @@ class KVCache:
         B, T, H, D = k.shape
         end = (start_pos if isinstance(start_pos, int) else start_pos.unbind()[1]) + T
         if self.k is None or self.k.shape[0] != B or self.k.shape[2:] != (H, D):
-            size = min(self.max_len, -(-max(end, self._want, 1) // self.STEP) * self.STEP)
+            size = self._steps(max(end, self._want, 1))
             self.k = Tensor.zeros(B, size, H, D, dtype=k.dtype).contiguous().realize()
             self.v = Tensor.zeros(B, size, H, D, dtype=v.dtype).contiguous().realize()
             KVCache.allocations += 1
