@@ -364,9 +364,11 @@ def hand_coded_opts(ast: UOp, renderer: Renderer | None = None) -> list[Opt]:
             all((st := _stride(a.src[1], picked[1])) == 0 or (st is not None and abs(st) >= 64 * width) for a in loads):
         picked[1] = vec_rng
     skinny = skinny_tile(picked, sizes, loads, renderer, regs) if len(glob) == 2 else None   # (a plain 2-D product)
+    skinny_applied = False
     if skinny is not None:
         rows, cols, sk, big_w = skinny
-        if sk is not None and sk[0] > dict(zip(picked, tile)).get(rows, 1): picked, tile = [rows, cols], sk
+        if sk is not None and sk[0] > dict(zip(picked, tile)).get(rows, 1):
+            picked, tile, skinny_applied = [rows, cols], sk, True
     for r, k in zip(picked, tile):
         if k > 1:
             opts.append(Opt("UPCAST", r.arg[0], k))
@@ -385,9 +387,11 @@ def hand_coded_opts(ast: UOp, renderer: Renderer | None = None) -> list[Opt]:
     # part of w once while the rows stay in cache (rows outermost read all of w once per row block). Where w is large
     # (more than half the cache) and the rows make at most SWAP_ROW_BLOCKS blocks, or at any number of rows where the
     # kernel is a dot product along the reduce (vectorized there: a quantized weight's blocks, x @ w.T read as it
-    # is), which pays most for re-reading w (2-3x from 32 to 1024 rows of a quantized weight)
+    # is), which pays most for re-reading w (2-3x from 32 to 1024 rows of a quantized weight). Not for a dot product
+    # whose rows already make a few big blocks (the skinny tile): there the swap cost 15-25% on both ISAs
     dot = vec_rng is not None and vec_rng.arg[1] == "reduce"
-    if skinny is not None and (dot or big_w) and 1 < sizes[rows] and (dot or sizes[rows] <= SWAP_ROW_BLOCKS) and \
+    if skinny is not None and not (dot and skinny_applied) and (dot or big_w) and 1 < sizes[rows] and \
+            (dot or sizes[rows] <= SWAP_ROW_BLOCKS) and \
             sizes[cols] >= 2 * max(renderer.threads if renderer is not None else 1, 1):
         opts.append(Opt("SWAP", rows.arg[0], cols.arg[0]))
     for key in dict.fromkeys(n.src[1:] for n in nodes if n.op is Ops.REDUCE):

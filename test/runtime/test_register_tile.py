@@ -264,7 +264,8 @@ def test_swapped_products_with_many_rows_are_exact(m):
 def test_a_quantized_product_with_many_rows_puts_the_columns_outermost_and_stays_exact(m, monkeypatch):
     """A prompt's rows against a quantized weight are a dot product along the blocks (vectorized along the reduce):
     reading all of w once per 2-row block cost 2-3x at 32 to 1024 rows (82 rows x Q4_1 576 -> 1536: 2.4 -> 0.8 ms),
-    so the column loop goes outermost whatever the number of rows. Exact against NumPy on integer-valued data."""
+    so the column loop goes outermost from 32 rows on (26 rows take the skinny tile instead: two blocks of 13). Exact
+    against NumPy on integer-valued data."""
     from fusegrad.models.quantized import QuantizedLinear
     _, ren = target("x86-64-v4", monkeypatch)
     rng = np.random.default_rng(m)
@@ -274,5 +275,6 @@ def test_a_quantized_product_with_many_rows_puts_the_columns_outermost_and_stays
     x = rng.integers(-3, 4, (m, 64)).astype(np.float32)
     big = QuantizedLinear(576, 1536, ggml_type=3)
     opts = hand_coded_opts(big(Tensor.empty(m, 576)).schedule()[-1].ast, ren)
-    assert any(o.op == "SWAP" for o in opts), opts
+    # (26 rows make two blocks of 13 with the skinny tile: the swap cost 15-25% there, so it is left out)
+    assert any(o.op == "SWAP" for o in opts) == (m != 26), opts
     np.testing.assert_array_equal(q(Tensor(x)).numpy(), x @ q.dequantize().numpy().T)
