@@ -21,35 +21,19 @@ from fusegrad.dtype import dtypes
 from fusegrad.ir.ops import Ops
 from fusegrad.models.quantized import PLANES, QUANTIZED_TYPES, QuantizedLinear
 from fusegrad.runtime.ops_cpu import CPUProgram
+from asm_loops import hot_loop
 from test_register_tile import CC, X86, runnable, target
 
 pytestmark = pytest.mark.skipif(CC is None or not X86, reason="x86-64 levels need an x86 host with a C compiler")
 
 LANE_BY_LANE = re.compile(r"^\s+(vcvtu?si2s[sd]\w*|movzb\w|movsb\w|movzw\w|movsw\w|vpinsr[bwdq]|vpextr[bwdq])\s")
-LABEL = re.compile(r"^(\.L\w+):")
-JUMP = re.compile(r"^\s+j\w+\s+(\.L\w+)")
-VEC_MATH = re.compile(r"^\s+v(fmadd|mulp|addp)\w*\s")
 R, K = 32, 64
 NP = {dtypes.uint8: np.uint8, dtypes.int8: np.int8, dtypes.uint16: np.uint16, dtypes.int16: np.int16,
       dtypes.float32: np.float32}
 
 
-def inner_loop(asm: str, fn: str) -> list[str]:
-    """The innermost loop of `fn` with vector float math (the reduce loop)."""
-    lines = asm.splitlines()
-    start = next(i for i, ln in enumerate(lines) if ln == f"{fn}:")
-    end = next(i for i in range(start, len(lines)) if lines[i].strip().startswith(".cfi_endproc"))
-    body, labels, loops = lines[start:end], {}, []
-    for i, ln in enumerate(body):
-        if (m := LABEL.match(ln)): labels[m.group(1)] = i
-        elif (m := JUMP.match(ln)) and m.group(1) in labels: loops.append(body[labels[m.group(1)]:i + 1])
-    hot = [lp for lp in loops if any(VEC_MATH.match(ln) for ln in lp)]
-    assert hot, f"no loop with vector float math in {fn}"
-    return min(hot, key=len)
-
-
 def lane_by_lane(asm: str, fn: str) -> list[str]:
-    return [ln.strip() for ln in inner_loop(asm, fn) if LANE_BY_LANE.match(ln)]
+    return [ln.strip() for ln in hot_loop(asm, fn) if LANE_BY_LANE.match(ln)]
 
 
 # name -> (input dtype, the narrow expression of q (R, K) that is converted to float)
@@ -140,7 +124,7 @@ def test_quantized_matvec_vectorizes(ggml_type, march, monkeypatch):
     opts = hand_coded_opts(si.ast, ren)
     assert any(o.op == "VECTORIZE" and o.amount >= comp.machine.vector_bytes // 8 for o in opts), opts
     spec = to_program(si.ast, ren, opts)
-    loop = inner_loop(comp.assembly(spec.src), spec.name)
+    loop = hot_loop(comp.assembly(spec.src), spec.name)
     scalar = [ln.strip() for ln in loop if LANE_BY_LANE.match(ln)]
     # a per-sub-block scale (Q6_K's int8 `sc`) is one scalar conversion per 16 values and row: at most as many as the
     # vector conversions; lane-by-lane code has one per value (and no scale needs a lane insert or extract)

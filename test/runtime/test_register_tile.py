@@ -21,32 +21,14 @@ from fusegrad.renderer.cstyle import ClangRenderer
 from fusegrad.runtime import machine as machine_mod
 from fusegrad.runtime.ops_cpu import CPUCompiler, CPUProgram, find_compiler
 
+from asm_loops import hot_loop
+
 X86 = platform.machine().lower() in ("x86_64", "amd64")
 CC = find_compiler(raise_error=False)
 pytestmark = pytest.mark.skipif(CC is None or not X86, reason="x86-64 levels need an x86 host with a C compiler")
 
 VREG = re.compile(r"%[xyz]mm\d+")
 STACK = re.compile(r"\(%r[sb]p")           # an address off the stack or frame pointer
-LABEL = re.compile(r"^(\.L\w+):")
-JUMP = re.compile(r"^\s+j\w+\s+(\.L\w+)")
-FMA = re.compile(r"^\s+v(fmadd|fnmadd|mulp|addp)\w*\s")
-
-
-def hot_loop(asm: str, fn: str) -> list[str]:
-    """The innermost loop of function `fn` that does vector arithmetic: of the spans from a label to a jump back to it
-    (a loop), the shortest that holds an FMA (or a vector multiply/add)."""
-    lines = asm.splitlines()
-    start = next(i for i, ln in enumerate(lines) if ln == f"{fn}:")
-    end = next(i for i in range(start, len(lines)) if lines[i].strip().startswith(".cfi_endproc"))
-    body = lines[start:end]
-    labels: dict[str, int] = {}
-    loops = []
-    for i, ln in enumerate(body):
-        if (m := LABEL.match(ln)): labels[m.group(1)] = i
-        elif (m := JUMP.match(ln)) and m.group(1) in labels: loops.append(body[labels[m.group(1)]:i + 1])
-    hot = [lp for lp in loops if any(FMA.match(ln) for ln in lp)]
-    assert hot, f"no loop with vector arithmetic in {fn}"
-    return min(hot, key=len)
 
 
 def stack_vector_accesses(loop: list[str]) -> list[str]:
