@@ -9,7 +9,8 @@ import math
 
 from fusegrad.dtype import DType, PtrDType, dtypes
 from fusegrad.ir.ops import GroupOp, Ops, UOp
-from fusegrad.renderer import AluRule, Rule, TextKernel, TextRenderer, alu_rules, close_block, is_pure, range_name
+from fusegrad.renderer import AluRule, Rule, TextKernel, TextRenderer, alu_rules, close_block, is_pure, range_name, \
+    value_rule
 
 # An operation used once is written into its user's expression; a chain deeper than this gets a variable every
 # MAX_NEST operations, so a fused chain of 100,000 ops is 100,000/MAX_NEST statements rather than one expression
@@ -519,6 +520,9 @@ class ClangRenderer(CStyleLanguage):
     def reads_operands_once(self, u: UOp) -> bool:
         return u.op in GroupOp.ALU and self._half_vector_math(u.op, u.src[-1].dtype)
 
+    def dot4_lanes(self) -> tuple[int, ...]:
+        return self.machine.dot4_lanes() if self.machine is not None else ()
+
     @staticmethod
     def _half_vector_math(op: Ops, src_dtype: DType) -> bool:
         return src_dtype.scalar() == dtypes.float16 and src_dtype.count in (1, 4, 8, 16) and op is not Ops.WHERE
@@ -550,6 +554,9 @@ class ClangRenderer(CStyleLanguage):
             if op in (Ops.AND, Ops.OR, Ops.XOR): return self._render_alu(op, dt, a, src_dtype)  # 0/1 lanes stay 0/1
         if op in (Ops.SHL, Ops.SHR) and dt.count > 1 and dtypes.is_int(dt) and dt.scalar().itemsize >= 4:
             return self._render_alu(op, dt, a, src_dtype)  # vector shifts (bfloat16's bits <-> float32)
+        if op in (Ops.SHL, Ops.SHR) and dt.count > 1 and dtypes.is_int(dt) and a[1].isdigit():
+            # by one constant (_narrow_shift): GCC shifts 8/16-bit lanes as 16-bit lanes and masks (vpsrlw, vpand)
+            return self._render_alu(op, dt, a, src_dtype)
         return super().render_alu(op, dt, a, src_dtype)
 
     def render_cast(self, dt: DType, x: str, src_dt: DType) -> str:
@@ -586,6 +593,29 @@ class ClangRenderer(CStyleLanguage):
                  if f"{widen_name(d, w)}(" in src]
         return "".join(f + "\n" for f in used) + src + (_thread_trampoline(name, args) if args[-2:] ==
                                                          ["int core_start", "int core_end"] else "")
+
+
+def _narrow_shift(c: CStyleLanguage, k: TextKernel, u: UOp) -> str:
+    """A shift of 8/16-bit integer lanes (a DOT4's unpacked nibbles: widen.py leaves them) by the same constant in
+    every lane: the count as one number, which GCC shifts as a whole vector (by a vector of counts it goes lane by
+    lane)."""
+    amt = u.src[1]
+    if u.dtype.count > 1 and u.dtype.scalar().itemsize < 4 and amt.op is Ops.VECTORIZE and \
+            all(s is amt.src[0] for s in amt.src) and amt.src[0].op is Ops.CONST and \
+            0 <= int(amt.src[0].arg) < 8 * u.dtype.scalar().itemsize:
+        return k.value(u, c.render_alu(u.op, u.dtype, [k.r[u.src[0]], str(int(amt.src[0].arg))], u.src[-1].dtype))
+    return value_rule(c, k, u)
+
+
+def _dot4(c: CStyleLanguage, k: TextKernel, u: UOp) -> str:
+    """Ops.DOT4 (codegen/dot4.py): x86 VNNI's vpdpbusd on n int32 lanes (the machine says which n it has)."""
+    n = u.dtype.count
+    iv = c.render_dtype(dtypes.int32.vec(n))
+    acc, a, b = (k.r[s] for s in u.src)
+    return k.bind(f"__builtin_ia32_vpdpbusd_v{n}si({_strip(acc)}, ({iv})({a}), ({iv})({b}))", u.dtype)
+
+
+ClangRenderer.rules = {**CStyleLanguage.rules, Ops.DOT4: _dot4, Ops.SHL: _narrow_shift, Ops.SHR: _narrow_shift}
 
 
 def _thread_trampoline(name: str, args: list[str]) -> str:
