@@ -290,7 +290,9 @@ class Llama:
         head = embed = None
         if types.get("output.weight") in QUANTIZED_TYPES:
             names.keep_quantized("lm_head.weight", types["output.weight"])
-            head = QuantizedLinear(cfg.hidden_size, cfg.vocab_size, types["output.weight"])
+            # the head stays on float activations: its logits decide greedy picks (8-bit ones flipped a near-tie of
+            # SmolLM2's against transformers'), and its memory-bound kernel gained nothing from them
+            head = QuantizedLinear(cfg.hidden_size, cfg.vocab_size, types["output.weight"], q8=False)
         if types.get("token_embd.weight") in QUANTIZED_TYPES:   # tied: its `project` is the head
             names.keep_quantized("model.embed_tokens.weight", types["token_embd.weight"])
             embed = QuantizedEmbedding(cfg.vocab_size, cfg.hidden_size, types["token_embd.weight"])

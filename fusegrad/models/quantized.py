@@ -141,9 +141,10 @@ class QuantizedLinear:
     (2, 3)
     """
 
-    def __init__(self, in_features: int, out_features: int, ggml_type: int):
+    def __init__(self, in_features: int, out_features: int, ggml_type: int, q8: bool = True):
         if ggml_type not in QUANTIZED_TYPES: raise ValueError(f"ggml type {ggml_type} has no quantized kernel")
         self.ggml_type, self.in_features, self.out_features = ggml_type, in_features, out_features
+        self.q8 = q8   # may take the 8-bit activation path (`__call__`); an output head doesn't (Llama.from_gguf)
         name, block, _ = QUANTIZED_TYPES[ggml_type]
         if in_features % block: raise ValueError(f"{in_features} inputs are not whole {name} blocks of {block}")
         nb = in_features // block
@@ -228,7 +229,7 @@ class QuantizedLinear:
         if x.shape[-1] != self.in_features:
             raise ValueError(f"input has {x.shape[-1]} features, the layer takes {self.in_features}")
         rows = int(np.prod(x.shape[:-1])) if all(isinstance(d, int) for d in x.shape) else Q8_MAX_ROWS + 1
-        if self.ggml_type in Q8_OFFSET and rows <= Q8_MAX_ROWS and q8_enabled(x.device):
+        if self.q8 and self.ggml_type in Q8_OFFSET and rows <= Q8_MAX_ROWS and q8_enabled(x.device):
             return self._q8_call(x).contiguous()
         pre, n_terms, post = LAYOUT[self.ggml_type]
         parts = self._terms(self._planes())
@@ -252,7 +253,7 @@ class QuantizedEmbedding(QuantizedLinear):
     """
 
     def __init__(self, vocab_size: int, embed_size: int, ggml_type: int):
-        super().__init__(embed_size, vocab_size, ggml_type)
+        super().__init__(embed_size, vocab_size, ggml_type, q8=False)   # a tied head's logits: the float path
 
     def __call__(self, idx: Tensor) -> Tensor:   # type: ignore[override]
         if not dtypes.is_int(idx.dtype): raise TypeError(f"embedding indices must be integers, got {idx.dtype}")
