@@ -1,6 +1,8 @@
 """8-bit dot products: a pass after the optimizations (VECTORIZE), before widening narrow vectors, for renderers with
-an instruction that multiplies bytes and adds each 4 adjacent products into an int32 lane (`Renderer.dot4_lanes`:
-x86 VNNI's `vpdpbusd`, unsigned bytes times signed bytes).
+an instruction or two that multiply bytes and add each 4 adjacent products into an int32 lane (`Renderer.dot4_lanes`:
+x86 VNNI's `vpdpbusd`, unsigned bytes times signed bytes, or AVX2's `vpmaddubsw` + `vpmaddwd`, exact while the
+unsigned bytes stay under `Renderer.dot4_max_unsigned`, 127: `unsigned_bound` follows the masks and shifts that
+unpack them).
 
 A reduce over a vectorized range keeps a vector of partial sums and adds its lanes at the end (codegen/vectorize.py),
 so only the sum of those lanes matters and the lanes may be regrouped. Where the summed value is built as
@@ -35,12 +37,40 @@ def _byte_vector(x: UOp) -> bool:
     return x.dtype.count > 1 and x.dtype.scalar() in (dtypes.uint8, dtypes.int8)
 
 
+def _const_lanes(x: UOp) -> int | None:
+    """The one integer constant in every lane of x, else None."""
+    if x.op is Ops.VECTORIZE and all(s is x.src[0] for s in x.src): x = x.src[0]
+    return int(x.arg) if x.op is Ops.CONST and isinstance(x.arg, int) else None
+
+
+def unsigned_bound(x: UOp) -> int:
+    """An upper bound of the lanes of x, an unsigned byte vector: a mask by a constant, a right shift by one, an OR
+    of bounded values; 255 for anything else (a load)."""
+    if x.op is Ops.AND:
+        cs = [c for s in x.src if (c := _const_lanes(s)) is not None and c >= 0]
+        return min([*cs, *(unsigned_bound(s) for s in x.src)])
+    if x.op is Ops.SHR and (k := _const_lanes(x.src[1])) is not None and 0 <= k < 8: return unsigned_bound(x.src[0]) >> k
+    if x.op is Ops.OR: return (1 << max(unsigned_bound(s) for s in x.src).bit_length()) - 1
+    if x.op is Ops.CONST or (x.op is Ops.VECTORIZE and all(s.op is Ops.CONST for s in x.src)):
+        return max(int(s.arg) for s in (x.src if x.op is Ops.VECTORIZE else (x,)))
+    return 255
+
+
+def dot_product_kernel(nodes: list[UOp]) -> bool:
+    """Whether a kernel multiplies unsigned bytes by signed ones in int32 (the form dot4.py contracts): the heuristic
+    then sizes its vectors by the bytes (codegen/opt.py)."""
+    def byte(x: UOp, dt) -> bool: return x.op is Ops.CAST and x.src[0].dtype.scalar() == dt
+    return any(n.op is Ops.MUL and n.dtype.scalar() == dtypes.int32 and
+               ((byte(n.src[0], dtypes.uint8) and byte(n.src[1], dtypes.int8)) or
+                (byte(n.src[0], dtypes.int8) and byte(n.src[1], dtypes.uint8))) for n in nodes)
+
+
 class _Contract:
     """The w/4-lane value whose lane sum equals a w-lane value's lane sum, built of DOT4s (None where the value
     isn't of the dot-product form)."""
 
-    def __init__(self, lanes: tuple[int, ...]):
-        self.lanes, self.memo = lanes, {}
+    def __init__(self, lanes: tuple[int, ...], max_unsigned: int):
+        self.lanes, self.max_unsigned, self.memo = lanes, max_unsigned, {}
 
     def products(self, x: UOp) -> list[tuple[UOp, UOp]] | None:
         """x, an int32 vector, as a sum of products of byte vectors [(unsigned a, signed b), ...]."""
@@ -51,6 +81,7 @@ class _Contract:
         p, q = x.src[0].src[0], x.src[1].src[0]
         if p.dtype.scalar() == dtypes.int8: p, q = q, p
         if p.dtype.scalar() != dtypes.uint8 or q.dtype.scalar() != dtypes.int8: return None
+        if unsigned_bound(p) > self.max_unsigned: return None   # AVX2's pairs of products would saturate
         return [(p, q)]
 
     def __call__(self, x: UOp) -> UOp | None:
@@ -100,7 +131,7 @@ def contract_dot4(ast: UOp, renderer: Renderer) -> UOp:
     users: dict[UOp, int] = {}
     for n in topo:
         for s in n.src: users[s] = users.get(s, 0) + 1
-    contract = _Contract(lanes)
+    contract = _Contract(lanes, renderer.dot4_max_unsigned())
     mapping: dict[UOp, UOp] = {}
     inside: set[UOp] = set()
     for t in reversed(topo):   # the outermost sum first: the ADDs within it aren't sums of their own
@@ -129,4 +160,4 @@ def contract_dot4(ast: UOp, renderer: Renderer) -> UOp:
     return substitute(ast, mapping) if mapping else ast
 
 
-__all__ = ["contract_dot4"]
+__all__ = ["contract_dot4", "dot_product_kernel", "unsigned_bound"]

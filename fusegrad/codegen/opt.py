@@ -21,6 +21,7 @@ from fusegrad.dtype import dtypes
 from fusegrad.helpers import prod
 from fusegrad.ir.symbolic import pm_symbolic, split_terms
 from fusegrad.renderer import Renderer
+from fusegrad.codegen.dot4 import dot_product_kernel
 from fusegrad.codegen.vectorize import close_reduce, interval_gate, vectorize_range
 
 
@@ -330,6 +331,8 @@ def hand_coded_opts(ast: UOp, renderer: Renderer | None = None) -> list[Opt]:
     masked = _masked_loads(nodes, renderer)
     if simd and kernel_dts <= vector_dtypes(renderer) | {dtypes.void}:
         item = max(d.itemsize for d in kernel_dts if d not in (dtypes.bool, dtypes.void))
+        # byte products that dot4.py contracts into 8-bit dot products: vectors as wide as the bytes allow
+        if renderer is not None and renderer.dot4_lanes() and dot_product_kernel(nodes): item = 1
         best = 0
         for r in sorted(sizes, key=lambda r: (r.arg[1] == "reduce", -r.arg[0])):  # ties: innermost output axis
             w = next((w for w in (simd // item, simd // item // 2, simd // item // 4) if w >= 4 and sizes[r] % w == 0),

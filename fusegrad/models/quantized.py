@@ -59,21 +59,32 @@ Q8_MAX_ROWS = 8
 def quantize_q8(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """x (..., n) -> its 8-bit form per block of 32 values, as llama.cpp's q8_1: q int8 (..., n/32, 32) =
     round(x / dx) (half to even), dx = max |x| / 127 over the block (q = 0 where the block is all zero), and
-    sx = dx * sum(q) (..., n/32). Two kernels: dx and sx (q recomputed inside the sum), then q."""
+    sx = dx * sum(q) (..., n/32). x is computed once (a buffer), then two kernels: dx and sx (q recomputed inside the
+    sum), and q. The rounding adds 1.5 * 2**23 (exact half-to-even rounding of |v| <= 2**22 in float32, here at most
+    127) and reads the integer from the sum's low bits: whole-vector code, where round() and a float -> int8 cast
+    were lane by lane."""
     if x.shape[-1] % 32: raise ValueError(f"{x.shape[-1]} features are not whole blocks of 32")
-    xb = x.float().reshape(*x.shape[:-1], x.shape[-1] // 32, 32)
-    q = lambda d: (xb * (d > 0).where(1 / d, 0).unsqueeze(-1)).round()
+    xb = x.float().contiguous().reshape(*x.shape[:-1], x.shape[-1] // 32, 32)
+
+    def q(d: Tensor) -> Tensor:   # int32
+        return (xb * (d > 0).where(1 / d, 0).unsqueeze(-1) + _ROUND).bitcast(dtypes.int32) - _ROUND_BITS
     dx = xb.abs().max(-1) / 127
-    stats = dx.stack(dx * q(dx).sum(-1), dim=-1).contiguous()
+    stats = dx.stack(dx * q(dx).sum(-1).float(), dim=-1).contiguous()
     return q(stats[..., 0]).cast(dtypes.int8).contiguous(), stats[..., 0], stats[..., 1]
 
 
-def q8_enabled(device: str) -> bool:
-    """Whether quantized matvecs on `device` take the 8-bit path: Q8_ACTIVATIONS=1/0, else (-1) where the device's
-    renderer has 8-bit dot products (codegen/dot4.py: x86 VNNI)."""
+_ROUND, _ROUND_BITS = 12582912.0, 0x4B400000   # 1.5 * 2**23 and its float32 bits
+
+
+def q8_enabled(device: str, ggml_type: int = 2) -> bool:
+    """Whether quantized matvecs of `ggml_type` on `device` take the 8-bit path: Q8_ACTIVATIONS=1/0, else (-1) where
+    the device's renderer has 8-bit dot products for the type's unsigned bytes (codegen/dot4.py: x86 VNNI for all of
+    them, AVX2 for the 4- and 5-bit types; Q8_0's bytes, up to 255, would saturate its pairs)."""
     if Q8_ACTIVATIONS.value >= 0: return bool(Q8_ACTIVATIONS.value)
-    try: return bool(Device[device].renderer.dot4_lanes())
-    except Exception: return False
+    need = {2: 15, 3: 15, 6: 31, 7: 31, 8: 255}.get(ggml_type, 255)
+    try: ren = Device[device].renderer
+    except Exception: return False   # a device that can't be opened here takes the float path
+    return bool(ren.dot4_lanes()) and ren.dot4_max_unsigned() >= need
 
 
 def plane_names(ggml_type: int) -> tuple[str, ...]:
@@ -229,7 +240,7 @@ class QuantizedLinear:
         if x.shape[-1] != self.in_features:
             raise ValueError(f"input has {x.shape[-1]} features, the layer takes {self.in_features}")
         rows = int(np.prod(x.shape[:-1])) if all(isinstance(d, int) for d in x.shape) else Q8_MAX_ROWS + 1
-        if self.q8 and self.ggml_type in Q8_OFFSET and rows <= Q8_MAX_ROWS and q8_enabled(x.device):
+        if self.q8 and self.ggml_type in Q8_OFFSET and rows <= Q8_MAX_ROWS and q8_enabled(x.device, self.ggml_type):
             return self._q8_call(x).contiguous()
         pre, n_terms, post = LAYOUT[self.ggml_type]
         parts = self._terms(self._planes())

@@ -66,6 +66,10 @@ class Renderer:
         makes them only for these); none by default."""
         return ()
 
+    def dot4_max_unsigned(self) -> int:
+        """The largest unsigned byte its DOT4 multiplies exactly (codegen/dot4.py checks the operand's bound)."""
+        return 0
+
     def supported_dtypes(self) -> list[DType]:
         """Every dtype kernels on this device can use (natively or emulated by codegen)."""
         return list(dtypes.all)

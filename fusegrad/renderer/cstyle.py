@@ -523,6 +523,9 @@ class ClangRenderer(CStyleLanguage):
     def dot4_lanes(self) -> tuple[int, ...]:
         return self.machine.dot4_lanes() if self.machine is not None else ()
 
+    def dot4_max_unsigned(self) -> int:
+        return self.machine.dot4_max_unsigned() if self.machine is not None else 0
+
     @staticmethod
     def _half_vector_math(op: Ops, src_dtype: DType) -> bool:
         return src_dtype.scalar() == dtypes.float16 and src_dtype.count in (1, 4, 8, 16) and op is not Ops.WHERE
@@ -588,6 +591,7 @@ class ClangRenderer(CStyleLanguage):
         used += [vector_exp2_c(w) for w in (4, 8, 16) if f"fg_exp2f_x{w}(" in src]
         used += [vector_log2_c(w) for w in (4, 8, 16) if f"fg_log2f_x{w}(" in src]
         if "fg_h2f(" in src or "fg_f2h(" in src: used.append(HALF_SCALAR_C)
+        if "__builtin_ia32_pmaddubsw" in src: used.append(DOT4_TYPES_C)
         used += [widen_convert_c(d, w, self.render_dtype(d.vec(w)), self.render_dtype(dtypes.int32.vec(w)))
                  for d in (dtypes.uint8, dtypes.int8, dtypes.uint16, dtypes.int16) for w in (2, 4, 8, 16, 32)
                  if f"{widen_name(d, w)}(" in src]
@@ -608,11 +612,24 @@ def _narrow_shift(c: CStyleLanguage, k: TextKernel, u: UOp) -> str:
 
 
 def _dot4(c: CStyleLanguage, k: TextKernel, u: UOp) -> str:
-    """Ops.DOT4 (codegen/dot4.py): x86 VNNI's vpdpbusd on n int32 lanes (the machine says which n it has)."""
+    """Ops.DOT4 (codegen/dot4.py) on n int32 lanes: x86 VNNI's vpdpbusd where the machine has it, else AVX2's
+    vpmaddubsw (pairs of byte products into int16; dot4.py makes sure they don't saturate) then vpmaddwd by ones."""
     n = u.dtype.count
     iv = c.render_dtype(dtypes.int32.vec(n))
     acc, a, b = (k.r[s] for s in u.src)
-    return k.bind(f"__builtin_ia32_vpdpbusd_v{n}si({_strip(acc)}, ({iv})({a}), ({iv})({b}))", u.dtype)
+    if c.machine is not None and c.machine.vnni():
+        return k.bind(f"__builtin_ia32_vpdpbusd_v{n}si({_strip(acc)}, ({iv})({a}), ({iv})({b}))", u.dtype)
+    bits, qi, hi = 32 * n, f"fg_v{4 * n}qi", f"fg_v{2 * n}hi"
+    suffix = "256" if bits == 256 else "128"
+    pairs = f"__builtin_ia32_pmaddubsw{suffix}(({qi})({a}), ({qi})({b}))"
+    ones = "{" + ", ".join(["1"] * (2 * n)) + "}"
+    return k.bind(f"{acc}+({iv})__builtin_ia32_pmaddwd{suffix}({pairs}, ({hi}){ones})", u.dtype)
+
+
+DOT4_TYPES_C = """typedef char fg_v32qi __attribute__((vector_size(32)));
+typedef short fg_v16hi __attribute__((vector_size(32)));
+typedef char fg_v16qi __attribute__((vector_size(16)));
+typedef short fg_v8hi __attribute__((vector_size(16)));"""
 
 
 ClangRenderer.rules = {**CStyleLanguage.rules, Ops.DOT4: _dot4, Ops.SHL: _narrow_shift, Ops.SHR: _narrow_shift}

@@ -71,13 +71,23 @@ class Machine:
         return "F16C" in self.features and (lanes <= 8 or "AVX512F" in self.features)
 
     def dot4_lanes(self) -> tuple[int, ...]:
-        """The int32 lane counts of the 8-bit dot products this target has as one instruction: lane i of the result
-        adds the 4 products of unsigned bytes 4i..4i+3 of one operand and signed bytes of the other (x86 VNNI's
-        `vpdpbusd`: 16 lanes with AVX512-VNNI, 8 and 4 with its VL forms or with AVX-VNNI); () without them."""
+        """The int32 lane counts of the 8-bit dot products this target does in a few instructions: lane i of the result
+        adds the 4 products of unsigned bytes 4i..4i+3 of one operand and signed bytes of the other. x86 VNNI's
+        `vpdpbusd` (16 lanes with AVX512-VNNI, 8 and 4 with its VL forms or with AVX-VNNI), else AVX2's `vpmaddubsw`
+        then `vpmaddwd` (8 and 4 lanes; exact only for unsigned bytes up to `dot4_max_unsigned`); () without them."""
         if "AVX512VNNI" in self.features and "AVX512VL" in self.features: return (16, 8, 4)
         if "AVX512VNNI" in self.features: return (16,)
-        if "AVXVNNI" in self.features: return (8, 4)
+        if "AVXVNNI" in self.features or "AVX2" in self.features: return (8, 4)
         return ()
+
+    def dot4_max_unsigned(self) -> int:
+        """The largest unsigned byte value the 8-bit dot product takes exactly: 255 with VNNI (it adds in int32),
+        127 with AVX2's `vpmaddubsw`, whose pairs of products saturate at int16 (127 * 128 * 2 doesn't)."""
+        return 255 if "AVX512VNNI" in self.features or "AVXVNNI" in self.features else 127
+
+    def vnni(self) -> bool:
+        """Whether the dot products are VNNI's `vpdpbusd` (else AVX2's two-instruction form)."""
+        return "AVX512VNNI" in self.features or "AVXVNNI" in self.features
 
     def describe(self) -> str:
         """A few lines for people: `python -m fusegrad.runtime.machine`, the doctor, the benchmarks."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pathlib
 import platform
+import subprocess
 import sys
 
 import numpy as np
@@ -115,27 +116,41 @@ X86 = platform.machine().lower() in ("x86_64", "amd64")
                                         ("x86-64-v3", False)])
 @pytest.mark.parametrize("t", [3, 8])
 def test_q8_hot_loop_instructions(march, vnni, t, monkeypatch):
-    """With AVX512-VNNI (icelake-server) or AVX-VNNI (alderlake) the matvec's reduce loop multiplies the bytes with
-    vpdpbusd and converts no value to float one by one (only the block sums); without VNNI (x86-64-v3/v4) no DOT4 is
-    made and the kernel is the int32 product."""
+    """With AVX512-VNNI (icelake-server) or AVX-VNNI (alderlake) the matvec multiplies the bytes with vpdpbusd, for
+    Q4_1's nibbles and Q8_0's bytes alike; with AVX2 alone (x86-64-v3; x86-64-v4 adds AVX-512 without VNNI) with
+    vpmaddubsw + vpmaddwd for Q4_1 (nibbles <= 15: the int16 pairs can't saturate) and not for Q8_0 (bytes up to
+    255 could): no DOT4 there, the int32 products. No value is converted to float one by one."""
     from test_register_tile import CC, target
     if CC is None: pytest.skip("no C compiler")
     comp, ren = target(march, monkeypatch)
-    assert bool(ren.dot4_lanes()) == vnni
+    assert ren.dot4_lanes() and ren.dot4_max_unsigned() == (255 if vnni else 127)
     lin = random_layer(t, 576, 64, np.random.default_rng(0), int_scales=False)
     with Context(Q8_ACTIVATIONS=1): out = lin(Tensor.empty(1, 576).realize())
     ast = out.schedule()[-1].ast
-    opts = hand_coded_opts(ast, ren)
-    if march == "alderlake":   # the heuristic vectorizes 8 wide on AVX2 (too few bytes for a DOT4): 16, as BEAM may
-        opts = [Opt("VECTORIZE", o.axis, 16) if o.op == "VECTORIZE" else o for o in opts]
-    spec = to_program(ast, ren, opts)
-    assert any(u.op is Ops.DOT4 for u in spec.uops) == vnni
+    spec = to_program(ast, ren, hand_coded_opts(ast, ren))
+    dot4 = vnni or t == 3
+    assert any(u.op is Ops.DOT4 for u in spec.uops) == dot4
     asm = comp.assembly(spec.src)
     lines = asm.splitlines()
     start = lines.index(f"{spec.name}:")
     body = lines[start:next(i for i in range(start, len(lines)) if ".cfi_endproc" in lines[i])]
     hot_loop(asm, spec.name)   # (it has a vector loop)
-    if vnni:
-        assert sum("vpdpbusd" in ln for ln in body) >= 2, "\n".join(body)
-        assert not any("vpmulld" in ln or "cvtsi2ss" in ln for ln in body), "\n".join(body)
-    else: assert "vpdpbusd" not in asm
+    count = lambda op: sum(op in ln for ln in body)   # noqa: E731
+    assert count("vcvtsi2ss") == 0, "\n".join(body)
+    if vnni: assert count("vpdpbusd") >= 2 and count("vpmulld") == 0, "\n".join(body)
+    elif dot4: assert count("vpmaddubsw") >= 2 and count("vpmaddwd") >= 2 and count("vpdpbusd") == 0, "\n".join(body)
+    else: assert count("vpdpbusd") == 0 and count("vpmaddubsw") == 0
+
+
+@pytest.mark.parametrize("march", ["x86-64-v3", "native"])
+@pytest.mark.parametrize("t", sorted(Q8_OFFSET))
+def test_q8_exact_per_march(march, t, monkeypatch):
+    """The exact-integer check in a process built for CPU_MARCH (AVX2's vpmaddubsw form; this host's own)."""
+    from test_register_tile import runnable
+    if march != "native" and (not X86 or not runnable(march)): pytest.skip(f"this host can't run {march}")
+    monkeypatch.setenv("CPU_MARCH", march)
+    code = ("import sys; sys.path.insert(0, 'test/models'); import test_q8 as m; "
+            f"m.test_q8_matvec_exact_on_integers({t}); print('ok')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       cwd=str(pathlib.Path(__file__).resolve().parents[2]))
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]
