@@ -49,7 +49,8 @@ def unsigned_bound(x: UOp) -> int:
     if x.op is Ops.AND:
         cs = [c for s in x.src if (c := _const_lanes(s)) is not None and c >= 0]
         return min([*cs, *(unsigned_bound(s) for s in x.src)])
-    if x.op is Ops.SHR and (k := _const_lanes(x.src[1])) is not None and 0 <= k < 8: return unsigned_bound(x.src[0]) >> k
+    if x.op is Ops.SHR and (k := _const_lanes(x.src[1])) is not None and 0 <= k < 8:
+        return unsigned_bound(x.src[0]) >> k
     if x.op is Ops.OR: return (1 << max(unsigned_bound(s) for s in x.src).bit_length()) - 1
     if x.op is Ops.CONST or (x.op is Ops.VECTORIZE and all(s.op is Ops.CONST for s in x.src)):
         return max(int(s.arg) for s in (x.src if x.op is Ops.VECTORIZE else (x,)))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fusegrad.codegen.dot4 import dot_product_kernel
 from fusegrad.codegen.group import group_opt, group_reduce
 from fusegrad.ir.ops import Ops, UOp
 from fusegrad.ir.pattern import graph_rewrite, substitute, substitute_each
@@ -21,7 +22,6 @@ from fusegrad.dtype import dtypes
 from fusegrad.helpers import prod
 from fusegrad.ir.symbolic import pm_symbolic, split_terms
 from fusegrad.renderer import Renderer
-from fusegrad.codegen.dot4 import dot_product_kernel
 from fusegrad.codegen.vectorize import close_reduce, interval_gate, vectorize_range
 
 

@@ -76,14 +76,14 @@ def quantize_q8(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 _ROUND, _ROUND_BITS = 12582912.0, 0x4B400000   # 1.5 * 2**23 and its float32 bits
 
 
-def q8_enabled(device: str, ggml_type: int = 2) -> bool:
+def q8_enabled(device: str | tuple[str, ...], ggml_type: int = 2) -> bool:
     """Whether quantized matvecs of `ggml_type` on `device` take the 8-bit path: Q8_ACTIVATIONS=1/0, else (-1) where
     the device's renderer has 8-bit dot products for the type's unsigned bytes (codegen/dot4.py: x86 VNNI for all of
     them, AVX2 for the 4- and 5-bit types; Q8_0's bytes, up to 255, would saturate its pairs)."""
     if Q8_ACTIVATIONS.value >= 0: return bool(Q8_ACTIVATIONS.value)
     need = {2: 15, 3: 15, 6: 31, 7: 31, 8: 255}.get(ggml_type, 255)
-    try: ren = Device[device].renderer
-    except Exception: return False   # a device that can't be opened here takes the float path
+    if not isinstance(device, str): return False   # a tensor on several devices (sharded) takes the float path
+    ren = Device[device].renderer                  # (x lives there: the device is open)
     return bool(ren.dot4_lanes()) and ren.dot4_max_unsigned() >= need
 
 
