@@ -2,7 +2,8 @@
 it can't write, kquants.py) quantizes, dequantized bit for bit as gguf.quants' NumPy dequantization, random block bytes
 included; the product equal to x @ dequantize(W).T in float64 to float32 tolerance for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
 Q4_K, Q5_K and Q6_K, one kernel for one row; QuantizedEmbedding's rows; and Llama.from_gguf(quantized=True) giving the
-same logits and greedy tokens as the float32 path and transformers, with the blocks held in about the file's bytes."""
+same logits and greedy tokens as the float32 path and transformers, with the blocks held in about the file's bytes.
+Q2_K and Q3_K are covered the same way."""
 from __future__ import annotations
 
 import numpy as np
@@ -17,8 +18,8 @@ from .kquants import quantize
 
 gguf = pytest.importorskip("gguf", reason="the blocks are dequantized with the gguf package as the reference")
 NAMES = [v[0] for v in QUANTIZED_TYPES.values()]
-F16_AT = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q4_K": (0, 2), "Q5_K": (0, 2),
-          "Q6_K": (208,)}   # byte offsets of the float16 scales in a block
+F16_AT = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q2_K": (80, 82), "Q3_K": (108,),
+          "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}   # byte offsets of the float16 scales in a block
 BLOCK = {v[0]: v[1] for v in QUANTIZED_TYPES.values()}
 
 
@@ -103,8 +104,8 @@ def test_planes_stay_near_file_size():
 
 
 def test_bad_input():
-    with pytest.raises(ValueError, match="no quantized kernel"): QuantizedLinear(32, 2, 10)
-    with pytest.raises(ValueError, match="no quantized kernel"): block_planes(b"", 11, 1, 256)
+    with pytest.raises(ValueError, match="no quantized kernel"): QuantizedLinear(32, 2, 9)       # Q8_1
+    with pytest.raises(ValueError, match="no quantized kernel"): block_planes(b"", 16, 1, 256)   # IQ2_XXS
     with pytest.raises(ValueError, match="40 inputs are not whole Q8_0 blocks"): QuantizedLinear(40, 2, 8)
     with pytest.raises(ValueError, match="288 inputs are not whole Q4_K blocks of 256"): QuantizedLinear(288, 2, 12)
     with pytest.raises(ValueError, match="don't hold a"): block_planes(b"\0" * 33, 8, 1, 32)
@@ -121,7 +122,7 @@ def q4_k_m(tie: bool):
 
 
 @pytest.mark.parametrize("quant,tie", [("Q8_0", False), ("Q4_0", True), ("Q4_1", False), ("Q5_0", False),
-                                       ("Q5_1", True), ("Q4_K", False),
+                                       ("Q5_1", True), ("Q2_K", False), ("Q3_K", True), ("Q4_K", False),
                                        ("Q5_K", False), ("Q6_K", True), ("Q4_K_M", False), ("Q4_K_M", True)])
 def test_llama_quantized_equals_float_path_and_transformers(tmp_path, quant, tie):
     torch = pytest.importorskip("torch")
