@@ -405,7 +405,8 @@ class GGUFNames(Mapping):
         gg, gtype, _ = self.planes[k]
         if gg not in self._cache:
             rows, cols = self.tensors.shape_of(gg)
-            planes = block_planes(self.tensors.raw_bytes[gg](), gtype, rows, cols)
+            planes = block_planes(self.tensors.raw_bytes[gg](), gtype, rows, cols)   # copies
+            self.tensors.release_bytes[gg]()   # so the file's pages and all the copies are never resident together
             if (heads := self._heads(k)) is not None:   # llama.cpp's interleaved rotary rows back to HF's order
                 perm = np.arange(rows).reshape(heads, rows // heads // 2, 2).transpose(0, 2, 1).reshape(-1)
                 planes = {n: p[perm] for n, p in planes.items()}
