@@ -9,16 +9,20 @@ from __future__ import annotations
 
 import math
 import pathlib
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
 
 from fusegrad import nn
+from fusegrad.device import Device
 from fusegrad.dtype import dtypes
 from fusegrad.ir.ops import UOp
 from fusegrad.models.decoding import Generator, KVCache, causal_mask
+from fusegrad.models.gguf_weights import GGUFWeights
 from fusegrad.models.llama import RopeTables, apply_rope, rope_tables
+from fusegrad.models.quantized import QuantizedEmbedding
 from fusegrad.models.weights import (
     Namespace,
     Renamed,
@@ -134,18 +138,21 @@ class Gemma3Layer:
     """x + post_attention_layernorm(attn(input_layernorm(x))), then + post_feedforward_layernorm(mlp(
     pre_feedforward_layernorm(x))); attention keeps a KV cache."""
 
-    def __init__(self, cfg: Gemma3Config, kind: str, max_context: int):
+    def __init__(self, cfg: Gemma3Config, kind: str, max_context: int,
+                 linear: Callable[[int, int, str], Any] | None = None):
         C, H, KV, D = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         self.H, self.KV, self.D, self.kind, self.cfg = H, KV, D, kind, cfg
+        # linear(in_features, out_features, "self_attn.q_proj") -> a module (a QuantizedLinear, say); default nn.Linear
+        lin = linear or (lambda i, o, name: nn.Linear(i, o, bias=False))
         self.self_attn = Namespace()
         a = self.self_attn
-        a.q_proj, a.k_proj = nn.Linear(C, H * D, bias=False), nn.Linear(C, KV * D, bias=False)
-        a.v_proj, a.o_proj = nn.Linear(C, KV * D, bias=False), nn.Linear(H * D, C, bias=False)
+        a.q_proj, a.k_proj = lin(C, H * D, "self_attn.q_proj"), lin(C, KV * D, "self_attn.k_proj")
+        a.v_proj, a.o_proj = lin(C, KV * D, "self_attn.v_proj"), lin(H * D, C, "self_attn.o_proj")
         a.q_norm, a.k_norm = GemmaRMSNorm(D, cfg.rms_norm_eps), GemmaRMSNorm(D, cfg.rms_norm_eps)
         self.mlp = Namespace()
         I = cfg.intermediate_size
-        self.mlp.gate_proj, self.mlp.up_proj = nn.Linear(C, I, bias=False), nn.Linear(C, I, bias=False)
-        self.mlp.down_proj = nn.Linear(I, C, bias=False)
+        self.mlp.gate_proj, self.mlp.up_proj = lin(C, I, "mlp.gate_proj"), lin(C, I, "mlp.up_proj")
+        self.mlp.down_proj = lin(I, C, "mlp.down_proj")
         for n in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
                   "post_feedforward_layernorm"):
             setattr(self, n, GemmaRMSNorm(C, cfg.rms_norm_eps))
@@ -183,12 +190,16 @@ class Gemma3:
     (1, 11)
     """
 
-    def __init__(self, cfg: Gemma3Config, max_context: int | None = None):
+    def __init__(self, cfg: Gemma3Config, max_context: int | None = None,
+                 linear: Callable[[int], Callable[[int, int, str], Any]] | None = None, embed: Any | None = None):
         self.config = cfg
         self.max_context = min(max_context or cfg.max_position_embeddings, cfg.max_position_embeddings)
         self.model = Namespace()
-        self.model.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.model.layers = [Gemma3Layer(cfg, kind, self.max_context) for kind in cfg.layer_types]
+        # `embed`: a module for the token lookup (a QuantizedEmbedding, whose `project` is then the head)
+        self.model.embed_tokens = embed if embed is not None else nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        # linear(i) makes layer i's projections (Gemma3Layer's `linear`); default nn.Linear
+        self.model.layers = [Gemma3Layer(cfg, kind, self.max_context, linear(i) if linear else None)
+                             for i, kind in enumerate(cfg.layer_types)]
         self.model.norm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         D = cfg.head_dim
         self._rope = {FULL: RopeTables(*rope_tables(D, self.max_context, cfg.rope_theta, cfg.rope_scaling)),
@@ -208,7 +219,9 @@ class Gemma3:
         x = self.model.embed_tokens(tokens) * math.sqrt(cfg.hidden_size)                  # (B, T, C)
         for layer in self.model.layers: x = layer(x, *tables[layer.kind], start_pos, masks[layer.kind])
         x = self.model.norm(x[:, -1, :])                                                     # (B, C)
-        return _softcap(x @ self.model.embed_tokens.weight.T, cfg.final_logit_softcapping)   # (B, V)
+        emb = self.model.embed_tokens
+        logits = emb.project(x) if isinstance(emb, QuantizedEmbedding) else x @ emb.weight.T
+        return _softcap(logits, cfg.final_logit_softcapping)                                  # (B, V)
 
     def generate(self, prompt: list[int], max_new: int, temperature: float = 0.0, jit: bool = True) -> list[int]:
         """New token ids after `prompt` (greedy when temperature is 0)."""
@@ -237,12 +250,14 @@ class Gemma3:
         return model
 
     @classmethod
-    def from_gguf(cls, path: str | pathlib.Path, max_context: int | None = None) -> Gemma3:
+    def from_gguf(cls, path: str | pathlib.Path, max_context: int | None = None, quantized: bool = True) -> Gemma3:
         """Load a llama.cpp GGUF file of architecture 'gemma3'. llama.cpp's converter stores each norm weight plus 1
         (its RMSNorm multiplies by the weight); 1 is taken off again. What the file doesn't say is llama.cpp's too:
         every 6th layer full attention, the sliding-window layers' RoPE base 10000, query_pre_attn_scalar = head_dim
         (hidden_size / heads for the 62-layer 27B model, whose config says so and whose head_dim differs).
-        Every tensor type gguf_load reads works; quantized ones are dequantized to float32 when loaded."""
+        Every tensor type gguf_load reads works. With `quantized` (the default) the projections and the embedding
+        table (the head too: it is tied) stored in a type models/quantized.py keeps stay in their blocks, as in
+        `Llama.from_gguf`; the rest, and everything with quantized=False, is dequantized to float32 when loaded."""
         meta, tensors = gguf_load(path)
         if (arch := meta.get("general.architecture")) != "gemma3":
             raise WeightsMismatch(f"{path}: general.architecture is {arch!r}, not 'gemma3'")
@@ -268,8 +283,17 @@ class Gemma3:
         names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
         for i in range(cfg.num_hidden_layers):
             for hf, gg in _GGUF_LAYER.items(): names[f"model.layers.{i}.{hf}.weight"] = f"blk.{i}.{gg}.weight"
-        model = cls(cfg, max_context)
-        load_weights(model, path, _what(cfg), sd=_GGUFNorms(tensors, names))
+        sd = _GGUFNorms(tensors, names, quantized)
+
+        def linear(i: int) -> Callable[[int, int, str], Any]:
+            def make(n_in: int, n_out: int, name: str) -> Any:
+                q = sd.quantized_linear(f"model.layers.{i}.{name}.weight", n_in, n_out)
+                return q if q is not None else nn.Linear(n_in, n_out, bias=False)
+            return make
+        embed = sd.quantized_embedding("model.embed_tokens.weight", cfg.vocab_size, cfg.hidden_size)
+        model = cls(cfg, max_context, linear=linear, embed=embed)
+        load_weights(model, path, _what(cfg), sd=sd)
+        Device[Device.DEFAULT].allocator.free_cache()   # the loading's temporaries (see Llama.from_gguf)
         return model
 
 
@@ -290,11 +314,11 @@ _GGUF_LAYER = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "se
                "mlp.down_proj": "ffn_down", "post_feedforward_layernorm": "post_ffw_norm"}
 
 
-class _GGUFNorms(Renamed):
+class _GGUFNorms(GGUFWeights):
     """A Gemma 3 GGUF file's tensors under HF's names, each norm weight with llama.cpp's +1 taken off."""
 
-    def __getitem__(self, k: str) -> Tensor:
-        t = self.sd[self.names[k]].float()
+    def value(self, k: str) -> Tensor:
+        t = super().value(k)
         return t - 1 if k.endswith("norm.weight") else t
 
 

@@ -16,9 +16,9 @@ GGUF_ARCHITECTURES: dict[str, Any] = {"llama": Llama, "qwen2": Llama, "gemma3": 
 
 
 def load_gguf(path: str | pathlib.Path, max_context: int | None = None, quantized: bool = True) -> Any:
-    """The model in a GGUF file, of the class its architecture names. `quantized` keeps the projections of a LLaMA or
-    Qwen2 file in their blocks (`Llama.from_gguf`); the other architectures load dequantized. Another architecture
-    raises WeightsMismatch naming it and the ones supported.
+    """The model in a GGUF file, of the class its architecture names. `quantized` keeps the projections and the
+    embedding table in their blocks where the file stores them in a type models/quantized.py has kernels for (every
+    architecture's `from_gguf`). Another architecture raises WeightsMismatch naming it and the ones supported.
 
     >>> sorted(GGUF_ARCHITECTURES)
     ['gemma3', 'gpt2', 'llama', 'qwen2']
@@ -27,9 +27,7 @@ def load_gguf(path: str | pathlib.Path, max_context: int | None = None, quantize
     if arch not in GGUF_ARCHITECTURES:
         raise WeightsMismatch(f"{path}: general.architecture is {arch!r}; fusegrad runs "
                               f"{', '.join(sorted(GGUF_ARCHITECTURES))}")
-    cls = GGUF_ARCHITECTURES[arch]
-    if cls is Llama: return Llama.from_gguf(path, max_context, quantized=quantized)
-    return cls.from_gguf(path, max_context)
+    return GGUF_ARCHITECTURES[arch].from_gguf(path, max_context, quantized=quantized)
 
 
 __all__ = ["GGUF_ARCHITECTURES", "load_gguf"]

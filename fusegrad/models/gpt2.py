@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import math
 import pathlib
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
 from fusegrad import nn
+from fusegrad.device import Device
 from fusegrad.ir.ops import UOp
 from fusegrad.models.activations import HF_ACTIVATIONS
 from fusegrad.models.decoding import Generator, KVCache, causal_mask
+from fusegrad.models.gguf_weights import GGUFWeights
+from fusegrad.models.quantized import QuantizedEmbedding
 from fusegrad.models.weights import (
     Namespace,
-    Renamed,
     WeightsMismatch,
     WeightsNotFound,
     fetch_files,
@@ -67,14 +70,17 @@ class Conv1D:
 class GPT2Block:
     """Pre-LayerNorm block: x + attn(ln_1(x)), then + mlp(ln_2(x)); the attention keeps a KV cache."""
 
-    def __init__(self, cfg: GPT2Config, max_context: int):
-        C = cfg.n_embd
+    def __init__(self, cfg: GPT2Config, max_context: int, linear: Callable[[int, int, str], Any] | None = None):
+        C, I = cfg.n_embd, cfg.n_inner or 4 * cfg.n_embd
         self.heads, self.act = cfg.n_head, HF_ACTIVATIONS[cfg.activation_function]
         self.ln_1, self.ln_2 = nn.LayerNorm(C, eps=cfg.layer_norm_epsilon), nn.LayerNorm(C, eps=cfg.layer_norm_epsilon)
+        # linear(in_features, out_features, "attn.c_attn") -> a module with a bias (a BiasedQuantizedLinear, say);
+        # default Conv1D
+        lin = linear or (lambda i, o, name: Conv1D(i, o))
         self.attn = Namespace()
-        self.attn.c_attn, self.attn.c_proj = Conv1D(C, 3 * C), Conv1D(C, C)
+        self.attn.c_attn, self.attn.c_proj = lin(C, 3 * C, "attn.c_attn"), lin(C, C, "attn.c_proj")
         self.mlp = Namespace()
-        self.mlp.c_fc, self.mlp.c_proj = Conv1D(C, cfg.n_inner or 4 * C), Conv1D(cfg.n_inner or 4 * C, C)
+        self.mlp.c_fc, self.mlp.c_proj = lin(C, I, "mlp.c_fc"), lin(I, C, "mlp.c_proj")
         self._cache = KVCache(max_context)
 
     def attention(self, x: Tensor, start_pos: int | UOp, mask: Tensor | None) -> Tensor:
@@ -103,11 +109,15 @@ class GPT2:
     (1, 11)
     """
 
-    def __init__(self, cfg: GPT2Config, max_context: int | None = None):
+    def __init__(self, cfg: GPT2Config, max_context: int | None = None,
+                 linear: Callable[[int], Callable[[int, int, str], Any]] | None = None, embed: Any | None = None):
         self.config = cfg
         self.max_context = min(max_context or cfg.n_positions, cfg.n_positions)
-        self.wte, self.wpe = nn.Embedding(cfg.vocab_size, cfg.n_embd), nn.Embedding(cfg.n_positions, cfg.n_embd)
-        self.h = [GPT2Block(cfg, self.max_context) for _ in range(cfg.n_layer)]
+        # `embed`: a module for the token lookup (a QuantizedEmbedding, whose `project` is then the tied head)
+        self.wte = embed if embed is not None else nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        self.wpe = nn.Embedding(cfg.n_positions, cfg.n_embd)
+        # linear(i) makes block i's projections (GPT2Block's `linear`); default Conv1D
+        self.h = [GPT2Block(cfg, self.max_context, linear(i) if linear else None) for i in range(cfg.n_layer)]
         self.ln_f = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
         self._generator: Generator | None = None
 
@@ -123,7 +133,8 @@ class GPT2:
 
     def forward(self, tokens: Tensor, start_pos: int | UOp = 0) -> Tensor:
         """Logits (B, V) of the last token."""
-        return self.hidden(tokens, start_pos)[:, -1, :] @ self.wte.weight.T
+        x = self.hidden(tokens, start_pos)[:, -1, :]
+        return self.wte.project(x) if isinstance(self.wte, QuantizedEmbedding) else x @ self.wte.weight.T
 
     def generate(self, prompt: list[int], max_new: int, temperature: float = 0.0, jit: bool = True) -> list[int]:
         """New token ids after `prompt` (greedy when temperature is 0). Raises ValueError when the prompt (or the prompt
@@ -151,12 +162,14 @@ class GPT2:
 
 
     @classmethod
-    def from_gguf(cls, path: str | pathlib.Path, max_context: int | None = None) -> GPT2:
+    def from_gguf(cls, path: str | pathlib.Path, max_context: int | None = None, quantized: bool = True) -> GPT2:
         """Load a llama.cpp GGUF file of architecture 'gpt2': the config from its `gpt2.*` metadata, llama.cpp's names
         (`token_embd`, `position_embd`, `blk.N.attn_qkv`, ...) mapped to HF's, its projection weights (stored as
-        (out, in), like nn.Linear) transposed back to Conv1D's (in, out). Every tensor type gguf_load reads works; a
-        quantized one is dequantized to float32 when loaded. The file's `output.weight` is the tied embedding again
-        and is not read."""
+        (out, in), like nn.Linear) transposed back to Conv1D's (in, out). Every tensor type gguf_load reads works. With
+        `quantized` (the default) the projections stored in a type models/quantized.py keeps stay in their blocks
+        (BiasedQuantizedLinear: x @ W.T + b, W as the file stores it) and so does the embedding table (its `project`
+        is the tied head), as in `Llama.from_gguf`; the rest, and everything with quantized=False, is dequantized to
+        float32 when loaded. The file's `output.weight` is the tied embedding again and is not read."""
         meta, tensors = gguf_load(path)
         if (arch := meta.get("general.architecture")) != "gpt2":
             raise WeightsMismatch(f"{path}: general.architecture is {arch!r}, not 'gpt2'")
@@ -173,8 +186,17 @@ class GPT2:
         for i in range(cfg.n_layer):
             for hf, gg in _GGUF_GPT2_LAYER.items():
                 for part in ("weight", "bias"): names[f"h.{i}.{hf}.{part}"] = f"blk.{i}.{gg}.{part}"
-        model = cls(cfg, max_context)
-        load_weights(model, path, f"GPT-2 ({cfg.n_layer} layers x {C})", sd=_GGUFConv1D(tensors, names))
+        sd = _GGUFConv1D(tensors, names, quantized)
+
+        def linear(i: int) -> Callable[[int, int, str], Any]:
+            def make(n_in: int, n_out: int, name: str) -> Any:
+                q = sd.quantized_linear(f"h.{i}.{name}.weight", n_in, n_out, bias=True)
+                return q if q is not None else Conv1D(n_in, n_out)
+            return make
+        embed = sd.quantized_embedding("wte.weight", cfg.vocab_size, C)
+        model = cls(cfg, max_context, linear=linear, embed=embed)
+        load_weights(model, path, f"GPT-2 ({cfg.n_layer} layers x {C})", sd=sd)
+        Device[Device.DEFAULT].allocator.free_cache()   # the loading's temporaries (see Llama.from_gguf)
         return model
 
 
@@ -183,17 +205,18 @@ _GGUF_GPT2_LAYER = {"ln_1": "attn_norm", "attn.c_attn": "attn_qkv", "attn.c_proj
                     "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down"}
 
 
-class _GGUFConv1D(Renamed):
-    """A GPT-2 GGUF file's tensors under HF's names, the 2-D projection weights transposed to Conv1D's (in, out)."""
+class _GGUFConv1D(GGUFWeights):
+    """A GPT-2 GGUF file's tensors under HF's names, the 2-D projection weights not kept quantized transposed to
+    Conv1D's (in, out)."""
 
     def _conv(self, k: str) -> bool: return k.endswith(".weight") and (".attn.c_" in k or ".mlp.c_" in k)
 
-    def __getitem__(self, k: str) -> Tensor:
-        t = self.sd[self.names[k]].float()
+    def value(self, k: str) -> Tensor:
+        t = super().value(k)
         return t.T.contiguous() if self._conv(k) else t
 
     def shape_of(self, k: str) -> tuple[int, ...]:
-        s = tuple(self.sd.shape_of(self.names[k]))   # type: ignore[attr-defined]
+        s = super().shape_of(k)
         return s[::-1] if self._conv(k) else s
 
 

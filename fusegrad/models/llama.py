@@ -18,8 +18,8 @@ from fusegrad import nn
 from fusegrad.device import Device
 from fusegrad.ir.ops import UOp
 from fusegrad.models.decoding import Generator, KVCache, causal_mask
-from fusegrad.models.quantized import QUANTIZED_TYPES, QuantizedEmbedding, QuantizedLinear, block_planes, plane_names, \
-    plane_shape
+from fusegrad.models.gguf_weights import GGUFWeights
+from fusegrad.models.quantized import QuantizedEmbedding
 from fusegrad.models.weights import (
     Namespace,
     Renamed,
@@ -276,39 +276,22 @@ class Llama:
         if (arch := meta.get("general.architecture")) not in ARCHITECTURES:
             raise WeightsMismatch(f"{path}: general.architecture is {arch!r}, not one of {', '.join(ARCHITECTURES)}")
         cfg = config_from_gguf(meta, tensors, str(path))
-        names = GGUFNames(tensors, cfg)
-        types = getattr(tensors, "ggml_types", {}) if quantized else {}
-        gguf_name = {hf[:-len(".weight")]: gg for hf, gg in _GGUF_LAYER.items() if hf.endswith("_proj.weight")}
+        names = GGUFNames(tensors, cfg, quantized)
 
         def linear(i: int) -> LinearFactory:
             def make(n_in: int, n_out: int, name: str, bias: bool) -> Any:
-                gtype = types.get(f"blk.{i}.{gguf_name[name]}")
-                if gtype not in QUANTIZED_TYPES: return nn.Linear(n_in, n_out, bias=bias)
-                names.keep_quantized(f"model.layers.{i}.{name}.weight", gtype)
-                return (BiasedQuantizedLinear if bias else QuantizedLinear)(n_in, n_out, gtype)
+                q = names.quantized_linear(f"model.layers.{i}.{name}.weight", n_in, n_out, bias)
+                return q if q is not None else nn.Linear(n_in, n_out, bias=bias)
             return make
-        head = embed = None
-        if types.get("output.weight") in QUANTIZED_TYPES:
-            names.keep_quantized("lm_head.weight", types["output.weight"])
-            # the head stays on float activations: its logits decide greedy picks (8-bit ones flipped a near-tie of
-            # SmolLM2's against transformers'), and its memory-bound kernel gained nothing from them
-            head = QuantizedLinear(cfg.hidden_size, cfg.vocab_size, types["output.weight"], q8=False)
-        if types.get("token_embd.weight") in QUANTIZED_TYPES:   # tied: its `project` is the head
-            names.keep_quantized("model.embed_tokens.weight", types["token_embd.weight"])
-            embed = QuantizedEmbedding(cfg.vocab_size, cfg.hidden_size, types["token_embd.weight"])
+        head = names.quantized_linear("lm_head.weight", cfg.hidden_size, cfg.vocab_size)
+        # the head stays on float activations: its logits decide greedy picks (8-bit ones flipped a near-tie of
+        # SmolLM2's against transformers'), and its memory-bound kernel gained nothing from them
+        if head is not None: head.q8 = False
+        # tied: the embedding's `project` is the head
+        embed = names.quantized_embedding("model.embed_tokens.weight", cfg.vocab_size, cfg.hidden_size)
         model = cls(cfg, max_context, linear=linear, head=head, embed=embed)
         load_weights(model, path, _what(cfg), sd=names)
         return model
-
-
-class BiasedQuantizedLinear(QuantizedLinear):
-    """A QuantizedLinear plus a float32 bias (Qwen2's q/k/v projections)."""
-
-    def __init__(self, in_features: int, out_features: int, ggml_type: int):
-        super().__init__(in_features, out_features, ggml_type)
-        self.bias = Tensor.zeros(out_features).contiguous()
-
-    def __call__(self, x: Tensor) -> Tensor: return super().__call__(x) + self.bias
 
 
 def _what(cfg: LlamaConfig) -> str:
@@ -357,45 +340,23 @@ _GGUF_BIAS = {"self_attn.q_proj.bias": "attn_q.bias", "self_attn.k_proj.bias": "
 _GGUF_CONFIG_TENSORS = {"rope_freqs.weight"}
 
 
-class GGUFNames(Mapping):
-    """A GGUF file's tensors under HF's names. In a 'llama' file llama.cpp stores q/k projection rows with each head's
-    two rotary halves interleaved (for its RoPE); they are put back in HF's half-split order here. A 'qwen2' file keeps
-    HF's order (llama.cpp rotates Qwen2's halves as HF does)."""
+class GGUFNames(GGUFWeights):
+    """A GGUF file's tensors under HF's names (GGUFWeights: with `quantized`, the projections stored in blocks are
+    served as planes). In a 'llama' file llama.cpp stores q/k projection rows with each head's two rotary halves
+    interleaved (for its RoPE); they are put back in HF's half-split order here. A 'qwen2' file keeps HF's order
+    (llama.cpp rotates Qwen2's halves as HF does)."""
 
-    def __init__(self, tensors: Any, cfg: LlamaConfig):
-        self.tensors, self.cfg = tensors, cfg
-        self.names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
-        if "output.weight" in tensors: self.names["lm_head.weight"] = "output.weight"
+    def __init__(self, tensors: Any, cfg: LlamaConfig, quantized: bool = True):
+        names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
+        if "output.weight" in tensors: names["lm_head.weight"] = "output.weight"
         layer = {**_GGUF_LAYER, **(_GGUF_BIAS if cfg.qkv_bias else {}),
                  **({"self_attn.o_proj.bias": "attn_output.bias"} if cfg.o_bias else {})}
         for i in range(cfg.num_hidden_layers):
-            for hf, gg in layer.items(): self.names[f"model.layers.{i}.{hf}"] = f"blk.{i}.{gg}"
-        known = set(self.names.values()) | _GGUF_CONFIG_TENSORS
-        self.names.update({k: k for k in tensors if k not in known})   # unknown extras
-        self.interleaved = cfg.model_type == "llama"
-        self.planes: dict[str, tuple[str, int, str]] = {}   # "...q_proj.qs" -> (gguf name, ggml type, plane)
-        self._cache: dict[str, dict[str, np.ndarray]] = {}
-        self._served: dict[str, set[str]] = {}
-
-    def keep_quantized(self, hf_weight: str, gtype: int, gg: str | None = None) -> None:
-        """Serve `hf_weight` (e.g. model.layers.0.self_attn.q_proj.weight) as QuantizedLinear's block planes, read
-        from GGUF tensor `gg` (by default the one the name maps to)."""
-        gg = self.names.pop(hf_weight, None) or gg
-        assert gg is not None, hf_weight
-        prefix = hf_weight[:-len("weight")]
-        for plane in plane_names(gtype):
-            self.names[prefix + plane] = gg
-            self.planes[prefix + plane] = (gg, gtype, plane)
-
-    def __iter__(self) -> Any: return iter(self.names)
-    def __len__(self) -> int: return len(self.names)
-    def __contains__(self, k: object) -> bool: return k in self.names   # (not Mapping's: that reads the tensor)
-
-    def shape_of(self, k: str) -> tuple[int, ...]:
-        if k in self.planes:   # (from the header: decoding every weight's planes for a shape check held them all)
-            gg, gtype, plane = self.planes[k]
-            return plane_shape(gtype, plane, *self.tensors.shape_of(gg))
-        return tuple(self.tensors.shape_of(self.names[k]))
+            for hf, gg in layer.items(): names[f"model.layers.{i}.{hf}"] = f"blk.{i}.{gg}"
+        known = set(names.values()) | _GGUF_CONFIG_TENSORS
+        names.update({k: k for k in tensors if k not in known})   # unknown extras
+        super().__init__(tensors, names, quantized)
+        self.cfg, self.interleaved = cfg, cfg.model_type == "llama"
 
     def _heads(self, k: str) -> int | None:
         if not self.interleaved: return None
@@ -403,31 +364,12 @@ class GGUFNames(Mapping):
         if ".k_proj." in k: return self.cfg.kv_heads
         return None
 
-    def _planes(self, k: str) -> dict[str, np.ndarray]:
-        gg, gtype, _ = self.planes[k]
-        if gg not in self._cache:
-            rows, cols = self.tensors.shape_of(gg)
-            planes = block_planes(self.tensors.raw_bytes[gg](), gtype, rows, cols)
-            if (heads := self._heads(k)) is not None:   # llama.cpp's interleaved rotary rows back to HF's order
-                perm = np.arange(rows).reshape(heads, rows // heads // 2, 2).transpose(0, 2, 1).reshape(-1)
-                planes = {n: p[perm] for n, p in planes.items()}
-            self._cache[gg] = planes
-        return self._cache[gg]
-
-    def __getitem__(self, k: str) -> Tensor:
-        if k in self.planes:
-            gg, _, name = self.planes[k]
-            planes = self._planes(k)
-            out = Tensor(planes[name])
-            served = self._served.setdefault(gg, set())
-            served.add(name)
-            if len(served) == len(planes): del self._cache[gg], self._served[gg]   # all handed out: drop the copies
-            return out
-        t = self.tensors[self.names[k]].float()
-        if (heads := self._heads(k)) is not None:   # (a bias's rows too)
-            rows, rest = t.shape[0], t.shape[1:]
-            t = t.reshape(heads, rows // heads // 2, 2, *rest).transpose(1, 2).reshape(rows, *rest)
-        return t
+    def reorder_rows(self, k: str, x: Any) -> Any:
+        if (heads := self._heads(k)) is None: return x   # (a bias's rows too)
+        rows, rest = x.shape[0], tuple(x.shape[1:])
+        x = x.reshape(heads, rows // heads // 2, 2, *rest)
+        x = np.ascontiguousarray(x.swapaxes(1, 2)) if isinstance(x, np.ndarray) else x.transpose(1, 2)
+        return x.reshape(rows, *rest)
 
 
 def read_sharded(index: pathlib.Path) -> Mapping[str, Tensor]:
@@ -454,5 +396,5 @@ class _Sharded(Renamed):
         return tuple(sd.shape_of(name)) if hasattr(sd, "shape_of") else tuple(sd[name].shape)
 
 
-__all__ = ["ARCHITECTURES", "BiasedQuantizedLinear", "Llama", "LlamaConfig", "RopeTables", "apply_rope",
+__all__ = ["ARCHITECTURES", "Llama", "LlamaConfig", "RopeTables", "apply_rope",
            "rope_inv_freq", "rope_tables"]

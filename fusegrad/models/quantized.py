@@ -1,9 +1,9 @@
-"""Linear layers whose weights stay in ggml's block-quantized form (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, and the K types Q4_K,
-Q5_K, Q6_K) in memory: the packed values and the per-block scales are kept, and every call dequantizes them inside the
-matmul kernel. The reduction runs over the block structure (blocks x values, the pieces of a block that unpack with
-different constant masks and shifts, a 4-bit block's low and high nibbles say, as separate terms of one sum), so every
-unpacking is a constant mask or shift and the whole product is one fused kernel that reads about a quarter of the
-float32 bytes.
+"""Linear layers whose weights stay in ggml's block-quantized form (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, and the K types
+Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) in memory: the packed values and the per-block scales are kept, and every call
+dequantizes them inside the matmul kernel. The reduction runs over the block structure (blocks x values, the pieces
+of a block that unpack with different constant masks and shifts, a 4-bit block's low and high nibbles say, as separate
+terms of one sum), so every unpacking is a constant mask or shift and the whole product is one fused kernel that reads
+about a quarter of the float32 bytes.
 
 Consumes the raw blocks of a GGUF tensor (nn/gguf.py's `GGUFFile.blocks`); produces the modules `QuantizedLinear`,
 with the same call as nn.Linear (no bias), and `QuantizedEmbedding`, a lookup table that dequantizes only the rows it
@@ -20,6 +20,7 @@ from fusegrad.tensor import Tensor
 # ggml type id -> (name, values per block, bytes per block); only these stay quantized
 QUANTIZED_TYPES: dict[int, tuple[str, int, int]] = {2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 6: ("Q5_0", 32, 22),
                                                      7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34),
+                                                     10: ("Q2_K", 256, 84), 11: ("Q3_K", 256, 110),
                                                      12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176),
                                                      14: ("Q6_K", 256, 210)}
 
@@ -31,6 +32,10 @@ PLANES: dict[int, dict[str, tuple[tuple[int, ...], DType]]] = {
     6: {"d": ((), dtypes.float32), "qh": ((), dtypes.uint32), "qs": ((16,), dtypes.uint8)},
     7: {"d": ((), dtypes.float32), "m": ((), dtypes.float32), "qh": ((), dtypes.uint32), "qs": ((16,), dtypes.uint8)},
     8: {"d": ((), dtypes.float32), "qs": ((32,), dtypes.int8)},
+    10: {"d": ((), dtypes.float32), "dmin": ((), dtypes.float32), "sc": ((16,), dtypes.uint8),
+         "qs": ((2, 32), dtypes.uint8)},
+    11: {"d": ((), dtypes.float32), "sc": ((16,), dtypes.int8), "qh": ((32,), dtypes.uint8),
+         "qs": ((2, 32), dtypes.uint8)},
     12: {"d": ((), dtypes.float32), "dmin": ((), dtypes.float32), "sc": ((8,), dtypes.uint8),
          "mn": ((8,), dtypes.uint8), "qs": ((4, 32), dtypes.uint8)},
     13: {"d": ((), dtypes.float32), "dmin": ((), dtypes.float32), "sc": ((8,), dtypes.uint8),
@@ -43,6 +48,8 @@ PLANES: dict[int, dict[str, tuple[tuple[int, ...], DType]]] = {
 LAYOUT: dict[int, tuple[tuple[int, ...], int, tuple[int, ...]]] = {
     2: ((), 2, (16,)), 3: ((), 2, (16,)), 8: ((), 1, (32,)),
     6: ((), 2, (16,)), 7: ((), 2, (16,)),     # value 16h + l: nibble h of qs[l], bit 16h + l of the 32-bit qh
+    10: ((), 8, (2, 16)),         # value 32k + l: bits 2(k % 4) of qs[k // 4, l], sub-block 2k + l // 16
+    11: ((), 8, (2, 16)),         # as Q2_K, plus bit k of qh[l] (a set bit adds 4: q - 4 without it)
     12: ((4,), 2, (32,)),         # 4 groups of 32 bytes: low nibbles are sub-block 2g, high nibbles 2g+1
     13: ((), 8, (32,)),           # as Q4_K, plus bit j of qh[l] as value l's fifth bit in sub-block j
     14: ((2,), 4, (2, 16))}       # 2 halves of 128 x 4 quarters (the shift pairs of ql/qh) x 32 values (2 scales)
@@ -107,6 +114,15 @@ def _k_scale_min(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return sc, mn
 
 
+def _k3_scales(s: np.ndarray) -> np.ndarray:
+    """Q3_K's 12 bytes (..., 12) -> its 16 signed sub-block scales (..., 16) int8: the low 4 bits are the nibbles of
+    bytes 0-7 (low nibbles for sub-blocks 0-7, high for 8-15), the top 2 bits sit in bytes 8-11 (sub-block i in byte
+    8 + i % 4 at bit 2 * (i // 4)); the 6-bit value is stored plus 32."""
+    low = np.concatenate([s[..., :8] & 15, s[..., :8] >> 4], axis=-1)
+    high = (np.tile(s[..., 8:12], 4) >> np.repeat(np.arange(0, 8, 2, dtype=np.uint8), 4)) & 3
+    return ((low | (high << 4)).astype(np.int16) - 32).astype(np.int8)
+
+
 def block_planes(raw: np.ndarray | bytes, ggml_type: int, rows: int, cols: int) -> dict[str, np.ndarray]:
     """The blocks of a (rows, cols) weight, `raw` uint8 bytes in ggml's layout, split into the planes PLANES lists:
     float16 scales become float32 exactly (`d`, Q4_1's `m`, the K types' `dmin`), Q4_K/Q5_K's packed 6-bit sub-block
@@ -127,6 +143,12 @@ def block_planes(raw: np.ndarray | bytes, ggml_type: int, rows: int, cols: int) 
         out = {"d": f16(0)} if ggml_type == 6 else {"d": f16(0), "m": f16(2)}
         return {**out, "qh": b[:, :, at:at + 4].copy().view("<u4")[..., 0].astype(np.uint32),
                 "qs": b[:, :, at + 4:at + 20].copy()}
+    if ggml_type == 10:
+        return {"d": f16(80), "dmin": f16(82), "sc": b[:, :, 0:16].copy(),
+                "qs": b[:, :, 16:80].reshape(rows, nb, 2, 32).copy()}
+    if ggml_type == 11:
+        return {"d": f16(108), "sc": _k3_scales(b[:, :, 96:108]), "qh": b[:, :, 0:32].copy(),
+                "qs": b[:, :, 32:96].reshape(rows, nb, 2, 32).copy()}
     if ggml_type == 14:
         return {"d": f16(208), "sc": b[:, :, 192:208].copy().view(np.int8),
                 "ql": b[:, :, 0:128].reshape(rows, nb, 2, 2, 32).copy(),
@@ -144,7 +166,9 @@ class QuantizedLinear:
     d*q+m (Q5_1), d*q (Q8_0); a 4- or 5-bit block keeps its first 16 values in the low nibbles and the next 16 in the
     high ones, and a 5-bit block value j's fifth bit in bit j of qh. A K block holds 256
     values: (d*sc)*q - dmin*mn in sub-blocks of 32 (Q4_K, Q5_K: 4-bit q, and a fifth bit from qh), (d*sc)*(q-32) in
-    sub-blocks of 16 (Q6_K: low 4 bits in ql, high 2 in qh), the float operations in the order of the gguf package's
+    sub-blocks of 16 (Q6_K: low 4 bits in ql, high 2 in qh), (d*sc)*q - dmin*mn in sub-blocks of 16 with 2-bit q and
+    4-bit sc, mn (Q2_K: one byte holds both), (d*sc)*(q-4) in sub-blocks of 16 with 3-bit q (Q3_K: low 2 bits in qs,
+    the third in qh) and 6-bit signed sc, the float operations in the order of the gguf package's
     NumPy dequantization, so the values are bit for bit the same.
 
     >>> lin = QuantizedLinear(64, 3, ggml_type=8)
@@ -185,6 +209,19 @@ class QuantizedLinear:
             q5 = [(((qs >> (4 * h)) & 15) | (((qh >> (bit + 16 * h)) & 1) << 4)).cast(dtypes.int32) for h in range(2)]
             if t == 6: return [d * (q.float() - 16) for q in q5]
             return [d * q.float() + p["m"].reshape(d.shape) for q in q5]
+        if t in (10, 11):   # term k: bits 2(k % 4) of qs half k // 4, scales (k, 2) of the sub-blocks of 16
+            sc = p["sc"].reshape(O, nb, 8, 2, 1)
+            out = []
+            for k in range(8):
+                low = ((p["qs"][:, :, k // 4] >> (2 * (k % 4))) & 3).reshape(O, nb, 2, 16)
+                if t == 10:
+                    dl, ml = d * (sc[:, :, k] & 15).float(), p["dmin"].reshape(d.shape) * (sc[:, :, k] >> 4).float()
+                    out.append(dl * low.float() - ml)
+                else:
+                    high = ((p["qh"] >> k) & 1).reshape(O, nb, 2, 16)
+                    q = low.cast(dtypes.int32) + (high.cast(dtypes.int32) << 2) - 4
+                    out.append((d * sc[:, :, k].float()) * q.float())
+            return out
         if t == 14:   # term k: ql[h, k % 2] shifted by 4 * (k // 2), qh[h] shifted by 2k; scales (h, k, 2)
             sc = p["sc"].reshape(O, nb, 2, 4, 2, 1).float()
             out = []

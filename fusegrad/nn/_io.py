@@ -74,6 +74,15 @@ class Source:
                               f"to {now} bytes after it was opened (load with mmap=False to read a private copy)")
         return self.buf[start:end]
 
+    def release(self, start: int, end: int) -> None:
+        """Done with bytes [start, end) for now: a mapped file's whole pages in the range leave this process's resident
+        memory (madvise DONTNEED; the mapping is read-only, so a later read faults them in again from the page cache,
+        unchanged). A loader that copies each tensor out of the file calls this after the copy, so the file's pages
+        and the copies are not resident together. Nothing happens for an in-memory buffer."""
+        if self._mm is None or not hasattr(_mmap, "MADV_DONTNEED"): return
+        lo, hi = -(-start // _mmap.PAGESIZE) * _mmap.PAGESIZE, end // _mmap.PAGESIZE * _mmap.PAGESIZE
+        if lo < hi <= len(self._mm): self._mm.madvise(_mmap.MADV_DONTNEED, lo, hi - lo)
+
     def readable_end(self) -> int:
         """How many bytes can be read now: the buffer's size, or less when the mapped file was truncated since it was
         opened (a loop of many small reads checks against this once instead of asking the file system each time)."""

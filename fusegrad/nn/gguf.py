@@ -229,7 +229,8 @@ def gguf_load(fn: Tensor | str | pathlib.Path, mmap: bool = True) -> tuple[dict[
     """Read a .gguf file: (metadata key -> value, tensor name -> Tensor). Tensors are read and dequantized on first use;
     shapes are in PyTorch order (GGUF's dims reversed). mmap=False reads the whole file into memory now (see
     safe_load). The returned dict also has `ggml_types` (name -> ggml type id) and `raw_bytes` (name -> a function
-    giving the tensor's bytes as stored, for layers that keep the blocks quantized)."""
+    giving the tensor's bytes as stored, for layers that keep the blocks quantized) and `release_bytes` (name -> a function
+    that takes a mapped file's pages of that tensor out of the resident memory once they have been copied)."""
     src = Source(fn, mmap=mmap)
     if len(src) < 4 or bytes(src.buf[:4]) != b"GGUF": raise src.error("not a GGUF file (missing the 'GGUF' magic)")
     if len(src) < 8: raise src.error("truncated GGUF header")
@@ -269,9 +270,10 @@ def gguf_load(fn: Tensor | str | pathlib.Path, mmap: bool = True) -> tuple[dict[
     # what stays-quantized layers read instead of the dequantized tensor: each tensor's ggml type, and its raw bytes
     # (a view of the memory-mapped file) on demand
     sd.ggml_types = {name: gtype for name, _, gtype, _ in infos}
-    sd.raw_bytes = {name: functools.partial(src.read, data_start + off,
-                                            data_start + off + prod(dims) // GGML_TYPES[gt][1] * GGML_TYPES[gt][2],
-                                            f"tensor {name!r}") for name, dims, gt, off in infos}
+    span = {name: (data_start + off, data_start + off + prod(dims) // GGML_TYPES[gt][1] * GGML_TYPES[gt][2])
+            for name, dims, gt, off in infos}
+    sd.raw_bytes = {name: functools.partial(src.read, *span[name], f"tensor {name!r}") for name in span}
+    sd.release_bytes = {name: functools.partial(src.release, *span[name]) for name in span}
     return kv, sd
 
 

@@ -1,7 +1,7 @@
-"""A NumPy encoder for ggml's K-quant blocks (Q4_K, Q5_K, Q6_K), which the `gguf` package can decode
-(gguf.quants.dequantize) but not write. It is a plain round-to-nearest encoder (per sub-block range, then the 6- or
-8-bit sub-block scales against one float16 super-scale), not llama.cpp's search for the best scales: valid blocks with
-reasonable error are all the tests and benchmarks need, and the reference values are always the gguf package's
+"""A NumPy encoder for ggml's K-quant blocks (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K), which the `gguf` package can decode
+(gguf.quants.dequantize) but not write. It is a plain round-to-nearest encoder (per sub-block range, then the 4-,
+6- or 8-bit sub-block scales against one float16 super-scale), not llama.cpp's search for the best scales: valid blocks
+with reasonable error are all the tests and benchmarks need, and the reference values are always the gguf package's
 dequantization of the bytes written. `quantize(arr, name)` also passes the other types to gguf.quants.quantize;
 `add_tensor` and `finish` are the steps every test's GGUF writer shares."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-K_BYTES = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
+K_BYTES = {"Q2_K": 84, "Q3_K": 110, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
 
 
 def _f16(x: np.ndarray) -> np.ndarray:
@@ -63,6 +63,42 @@ def _q6_k(x: np.ndarray) -> np.ndarray:
     return np.concatenate([ql.reshape(n, 128), qh.reshape(n, 64), sc.view(np.uint8), d_b], axis=1)
 
 
+def _pack_2bit(q: np.ndarray) -> np.ndarray:
+    """2-bit values (n, 256) -> Q2_K's/Q3_K's qs (n, 64): value 128h + 32j + l in bits 2j of byte 32h + l."""
+    q = q.reshape(-1, 2, 4, 32).astype(np.uint8)
+    return np.bitwise_or.reduce(q << (2 * np.arange(4, dtype=np.uint8)).reshape(1, 1, 4, 1), axis=2).reshape(-1, 64)
+
+
+def _q2_k(x: np.ndarray) -> np.ndarray:
+    n = x.shape[0]
+    sub = x.reshape(n, 16, 16)
+    mn_raw = np.maximum(0.0, -sub.min(-1))                                    # value = (d sc) q - (dmin mn)
+    sc_raw = (sub.max(-1) + mn_raw) / 3
+    d_b, d = _f16(sc_raw.max(-1) / 15)
+    m_b, dmin = _f16(mn_raw.max(-1) / 15)
+    sc = np.clip(np.rint(_ratio(sc_raw, d)), 0, 15).astype(np.uint8)
+    mn = np.clip(np.rint(_ratio(mn_raw, dmin)), 0, 15).astype(np.uint8)
+    ds, dm = (d * sc.astype(np.float32))[..., None], (dmin * mn.astype(np.float32))[..., None]
+    q = np.clip(np.rint(_ratio(sub + dm, np.broadcast_to(ds, sub.shape))), 0, 3)
+    return np.concatenate([sc | (mn << 4), _pack_2bit(q), d_b, m_b], axis=1)
+
+
+def _q3_k(x: np.ndarray) -> np.ndarray:
+    n = x.shape[0]
+    sub = x.reshape(n, 16, 16)
+    sc_raw = np.abs(sub).max(-1) / 4                                          # value = (d sc) q, q in [-4, 3]
+    d_b, d = _f16(sc_raw.max(-1) / 31)
+    sc = np.clip(np.rint(_ratio(sc_raw, d)), -32, 31).astype(np.int16)
+    ds = (d * sc.astype(np.float32))[..., None]
+    q = (np.clip(np.rint(_ratio(sub, np.broadcast_to(ds, sub.shape))), -4, 3) + 4).astype(np.uint8).reshape(n, 256)
+    hmask = np.bitwise_or.reduce((q >> 2).reshape(n, 8, 32) << np.arange(8, dtype=np.uint8).reshape(1, 8, 1), axis=1)
+    s6 = (sc + 32).astype(np.uint8)                                           # 6 bits: nibbles, then 2-bit tops
+    low = s6[:, :8] & 15 | ((s6[:, 8:] & 15) << 4)
+    top = np.bitwise_or.reduce((s6 >> 4).reshape(n, 4, 4) << (2 * np.arange(4, dtype=np.uint8)).reshape(1, 4, 1),
+                               axis=1)
+    return np.concatenate([hmask, _pack_2bit(q & 3), low, top, d_b], axis=1)
+
+
 def quantize(arr: np.ndarray, name: str) -> np.ndarray:
     """`arr` (..., cols) float32 as ggml type `name`'s blocks: uint8 (..., cols // 256 * bytes per block) for the K
     types (cols a multiple of 256), gguf.quants.quantize's result for the others."""
@@ -71,7 +107,8 @@ def quantize(arr: np.ndarray, name: str) -> np.ndarray:
         return gguf.quants.quantize(arr, gguf.GGMLQuantizationType[name])
     if arr.shape[-1] % 256: raise ValueError(f"{arr.shape[-1]} columns are not whole {name} blocks of 256")
     blocks = np.asarray(arr, dtype=np.float32).reshape(-1, 256)
-    out = _q6_k(blocks) if name == "Q6_K" else _q4_5_k(blocks, 4 if name == "Q4_K" else 5)
+    out = {"Q2_K": _q2_k, "Q3_K": _q3_k, "Q6_K": _q6_k}.get(name, lambda b: _q4_5_k(b, 4 if name == "Q4_K" else 5))(
+        blocks)
     return out.reshape(*arr.shape[:-1], arr.shape[-1] // 256 * K_BYTES[name])
 
 

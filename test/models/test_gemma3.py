@@ -137,7 +137,7 @@ def write_gemma3_gguf(path: pathlib.Path, model, quant: str | None = None, extra
     return held
 
 
-@pytest.mark.parametrize("quant", [None, "Q8_0"])
+@pytest.mark.parametrize("quant", [None, "Q8_0", "Q4_1"])
 def test_gguf(tmp_path, quant):
     # 6 layers (llama.cpp's pattern: the 6th is full attention), local RoPE base 10000 as llama.cpp assumes
     kw = dict(num_hidden_layers=6, layer_types=None, sliding_window_pattern=6, query_pre_attn_scalar=16,
@@ -151,6 +151,14 @@ def test_gguf(tmp_path, quant):
     if quant:
         ref = tiny_gemma3(seed=2, **kw)
         ref.load_state_dict({k: torch.tensor(v) for k, v in held.items()}, strict=False)
+        # the projections and the tied embedding stay in their blocks; quantized=False gives the float32 modules
+        from fusegrad.models.quantized import QuantizedEmbedding, QuantizedLinear
+        a = ours.model.layers[0].self_attn
+        assert isinstance(a.q_proj, QuantizedLinear) and isinstance(ours.model.layers[5].mlp.down_proj, QuantizedLinear)
+        assert isinstance(ours.model.embed_tokens, QuantizedEmbedding)
+        flt = Gemma3.from_gguf(tmp_path / "g.gguf", quantized=False)
+        assert not isinstance(flt.model.layers[0].self_attn.q_proj, QuantizedLinear)
+        assert_logits(flt, ref, PROMPTS[:1])
     assert_logits(ours, ref, PROMPTS)
     assert ours.generate(PROMPTS[2], 8) == ref_greedy(ref, PROMPTS[2], 8)
 

@@ -181,7 +181,7 @@ def write_gpt2_gguf(path: pathlib.Path, model, quant: str | None = None) -> dict
     return held
 
 
-@pytest.mark.parametrize("quant", [None, "Q8_0"])
+@pytest.mark.parametrize("quant", [None, "Q8_0", "Q4_1"])
 def test_gguf(saved, tmp_path, quant):
     d, ref = saved
     held = write_gpt2_gguf(tmp_path / "g.gguf", ref, quant)
@@ -191,6 +191,15 @@ def test_gguf(saved, tmp_path, quant):
         ref = transformers.GPT2LMHeadModel(ref.config).eval()
         ref.load_state_dict({k: torch.tensor(np.ascontiguousarray(v)) for k, v in held.items()}, strict=False)
         ref.tie_weights()
+        # the projections (with their float32 biases) and the tied embedding stay in their blocks
+        from fusegrad.models.quantized import QuantizedEmbedding, QuantizedLinear
+        assert all(isinstance(m, QuantizedLinear) for b in ours.h for m in (b.attn.c_attn, b.attn.c_proj, b.mlp.c_fc,
+                                                                           b.mlp.c_proj))
+        assert isinstance(ours.wte, QuantizedEmbedding)
+        flt = GPT2.from_gguf(tmp_path / "g.gguf", quantized=False)
+        assert not isinstance(flt.h[0].attn.c_attn, QuantizedLinear) and not isinstance(flt.wte, QuantizedEmbedding)
+        np.testing.assert_allclose(ours.forward(Tensor([PROMPTS[0]]), 0).numpy(),
+                                   flt.forward(Tensor([PROMPTS[0]]), 0).numpy(), rtol=1e-4, atol=1e-4)
     for p in PROMPTS:
         with torch.no_grad(): want = ref(torch.tensor([p])).logits[0, -1].numpy()
         got = ours.forward(Tensor([p]), 0).numpy()[0]

@@ -294,7 +294,7 @@ def test_gguf_load_decodes_each_quantized_weight_once_and_copies_none_with_a_ker
     """Loading keeps memory and time down: the shape check reads shapes from the header (it used to decode every
     weight's planes at once, holding a second copy of the model), each weight's blocks are split into planes once,
     and the planes become the model's buffers as they are (no kernel copying them in)."""
-    import fusegrad.models.llama as llama_mod
+    import fusegrad.models.gguf_weights as llama_mod
     from fusegrad import GlobalCounters
     from fusegrad.models.quantized import QuantizedLinear
     _, ref = saved

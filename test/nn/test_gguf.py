@@ -328,3 +328,31 @@ def test_dequantization_bit_exact_vs_gguf_package(tmp_path, name):
             f"{name} {k}: {np.count_nonzero(got != want)} values differ, max {np.abs(got - want).max()}"
     if name in ("Q2_K", "Q3_K", "Q5_K") or "quantized" not in arrays: return
     assert np.abs(tensors["quantized"].numpy() - x).max() <= 0.1 * np.abs(x).max()
+
+
+def _mapped_rss_kb(path) -> int:
+    """This process's resident kB of the mappings of `path` (/proc/self/smaps)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if head and "-" in head[0] and not head[0].endswith(":"): inside = line.rstrip().endswith(str(path))
+            elif inside and head[0] == "Rss:": total += int(head[1])
+    return total
+
+
+@pytest.mark.skipif(not hasattr(__import__("mmap"), "MADV_DONTNEED"), reason="no madvise on this platform")
+def test_release_drops_mapped_pages_and_keeps_the_bytes(tmp_path):
+    """Source.release (what the quantized GGUF loader calls after copying a tensor's blocks): the mapped file's pages
+    of the range leave the resident set, and reading them again gives the same bytes."""
+    from fusegrad.nn._io import Source
+    data = np.random.default_rng(0).integers(0, 256, 8 << 20, dtype=np.uint8)
+    fn = tmp_path / "blob.bin"
+    fn.write_bytes(data.tobytes())
+    src = Source(fn)
+    assert int(np.frombuffer(src.read(0, data.size), np.uint8).sum()) == int(data.sum())   # every page touched
+    assert _mapped_rss_kb(fn) >= 8 << 10
+    src.release(100, data.size)            # all whole pages after byte 100: the first page stays
+    assert _mapped_rss_kb(fn) <= 8, _mapped_rss_kb(fn)
+    assert bytes(src.read(0, data.size)) == data.tobytes()
+    Source(data.tobytes()).release(0, data.size)   # an in-memory buffer: nothing to do
