@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 from fusegrad import Tensor
-from fusegrad.helpers import Context
 from fusegrad.models.llama import Llama, LlamaConfig
 from fusegrad.models.weights import WeightsMismatch, WeightsNotFound
 
@@ -20,14 +19,6 @@ from .kquants import add_tensor, finish
 
 torch = pytest.importorskip("torch", reason="the reference model runs in PyTorch")
 transformers = pytest.importorskip("transformers", reason="the reference LLaMA comes from transformers")
-
-
-@pytest.fixture(autouse=True)
-def float_activations():
-    """1e-4 against transformers holds on the float path; the 8-bit activation path (Q8_ACTIVATIONS, on by default
-    where the CPU has 8-bit dot products) quantizes a quantized file's activations as llama.cpp does: its tests are
-    test/models/test_q8.py and test_quantized.py's q8 tests."""
-    with Context(Q8_ACTIVATIONS=0): yield
 PROMPTS = [[5, 17, 200, 3, 99, 42], [1], [250, 251, 252, 7, 7, 7, 7, 30, 31, 32, 33, 34]]
 
 

@@ -21,9 +21,8 @@ gguf = pytest.importorskip("gguf", reason="the blocks are dequantized with the g
 
 @pytest.fixture(autouse=True)
 def float_activations(request):
-    """These tests pin the float path (the weight dequantized in the kernel, x as it is): the 8-bit activation path
-    (Q8_ACTIVATIONS, on by default where the CPU has VNNI) quantizes x, which these tolerances don't allow for; its
-    tests are test/models/test_q8.py and the `q8` tests below."""
+    """The float path (conftest.py) for these tests, the 8-bit activation path for the `q8` ones below (its kernels:
+    test/models/test_q8.py)."""
     with Context(Q8_ACTIVATIONS=int("q8" in request.node.name)): yield
 NAMES = [v[0] for v in QUANTIZED_TYPES.values()]
 F16_AT = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q2_K": (80, 82), "Q3_K": (108,),
