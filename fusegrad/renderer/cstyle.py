@@ -45,6 +45,7 @@ class CStyleLanguage(TextRenderer):
 
     # ops the target's vector types do natively (GCC/Clang vector extensions); others are rendered lane by lane
     vector_ops = {Ops.ADD, Ops.MUL, Ops.NEG, Ops.RECIPROCAL, Ops.AND, Ops.OR, Ops.XOR}
+    scalar_shift_counts = False  # ClangRenderer: narrow-lane shifts by one constant rendered with a scalar count
 
     def render_dtype(self, dt: DType) -> str:
         if dt.scalar() not in self.type_map: raise RuntimeError(f"{type(self).__name__} has no type for {dt}")
@@ -515,6 +516,7 @@ class ClangRenderer(CStyleLanguage):
     vector_math = True   # fg_exp2f_xN, fg_log2f_xN
     masked_vector_loads = True   # vmload_T_xN
     widen_narrow_vectors = True  # GCC converts uchar vectors to float and shifts them one lane at a time
+    scalar_shift_counts = True   # 8/16-bit lanes shifted by one constant: `x >> 4` (_narrow_shift)
     float_fn = {**CStyleLanguage.float_fn, Ops.EXP2: "fg_exp2f", Ops.LOG2: "fg_log2f"}
 
     def reads_operands_once(self, u: UOp) -> bool:
@@ -604,7 +606,7 @@ def _narrow_shift(c: CStyleLanguage, k: TextKernel, u: UOp) -> str:
     every lane: the count as one number, which GCC shifts as a whole vector (by a vector of counts it goes lane by
     lane)."""
     amt = u.src[1]
-    if u.dtype.count > 1 and u.dtype.scalar().itemsize < 4 and amt.op is Ops.VECTORIZE and \
+    if c.scalar_shift_counts and u.dtype.count > 1 and u.dtype.scalar().itemsize < 4 and amt.op is Ops.VECTORIZE and \
             all(s is amt.src[0] for s in amt.src) and amt.src[0].op is Ops.CONST and \
             0 <= int(amt.src[0].arg) < 8 * u.dtype.scalar().itemsize:
         return k.value(u, c.render_alu(u.op, u.dtype, [k.r[u.src[0]], str(int(amt.src[0].arg))], u.src[-1].dtype))
@@ -614,10 +616,11 @@ def _narrow_shift(c: CStyleLanguage, k: TextKernel, u: UOp) -> str:
 def _dot4(c: CStyleLanguage, k: TextKernel, u: UOp) -> str:
     """Ops.DOT4 (codegen/dot4.py) on n int32 lanes: x86 VNNI's vpdpbusd where the machine has it, else AVX2's
     vpmaddubsw (pairs of byte products into int16; dot4.py makes sure they don't saturate) then vpmaddwd by ones."""
+    if c.machine is None: raise RuntimeError(c.cant_render(u.op))
     n = u.dtype.count
     iv = c.render_dtype(dtypes.int32.vec(n))
     acc, a, b = (k.r[s] for s in u.src)
-    if c.machine is not None and c.machine.vnni():
+    if c.machine.vnni():
         return k.bind(f"__builtin_ia32_vpdpbusd_v{n}si({_strip(acc)}, ({iv})({a}), ({iv})({b}))", u.dtype)
     bits, qi, hi = 32 * n, f"fg_v{4 * n}qi", f"fg_v{2 * n}hi"
     suffix = "256" if bits == 256 else "128"
@@ -632,7 +635,9 @@ typedef char fg_v16qi __attribute__((vector_size(16)));
 typedef short fg_v8hi __attribute__((vector_size(16)));"""
 
 
-ClangRenderer.rules = {**CStyleLanguage.rules, Ops.DOT4: _dot4, Ops.SHL: _narrow_shift, Ops.SHR: _narrow_shift}
+# one C table for every dialect: only the CPU's C renderer makes these differ (DOT4 exists only where
+# `dot4_lanes()` names lanes; narrow shifts by one count only with `scalar_shift_counts`)
+CStyleLanguage.rules.update({Ops.DOT4: _dot4, Ops.SHL: _narrow_shift, Ops.SHR: _narrow_shift})
 
 
 def _thread_trampoline(name: str, args: list[str]) -> str:
