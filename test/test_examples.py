@@ -137,8 +137,8 @@ def test_quickstart_runs_and_prints_what_it_says():
 
 # ----- examples/llama.py: GGUF files, greedy tokens equal to transformers' on the same file, TinyJit on and off
 
-def run_llama(*args: str, jit: int = 1, timeout: int = 600) -> subprocess.CompletedProcess:
-    env = {**os.environ, "JIT": str(jit)}
+def run_llama(*args: str, jit: int = 1, timeout: int = 600, **env_vars: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "JIT": str(jit), **env_vars}
     return subprocess.run([sys.executable, str(ROOT / "examples" / "llama.py"), *args], capture_output=True,
                           text=True, timeout=timeout, cwd=ROOT, env=env, check=False)
 
@@ -196,7 +196,11 @@ def test_llama_example_greedy_equals_transformers(tiny_llama_gguf, jit, weights)
     tok = GGUFTokenizer.from_gguf(tiny_llama_gguf)
     prompt = "the quick brown fox 🦊 jumps"
     extra = ["--float"] if weights == "float" else []
-    r = run_llama(str(tiny_llama_gguf), prompt, "--max-new", "10", "--show-ids", "--threads", "2", *extra, jit=jit)
+    # the float activations: this tiny random model's greedy picks drift from transformers' on the 8-bit activation
+    # path (on by default where the CPU has 8-bit dot products: llama.cpp's numerics); the real SmolLM2 file keeps
+    # them on it (test_llama_example_real_smollm_chat, default path)
+    r = run_llama(str(tiny_llama_gguf), prompt, "--max-new", "10", "--show-ids", "--threads", "2", *extra, jit=jit,
+                  Q8_ACTIVATIONS="0")
     ours = shown_ids(r)
     want = transformers_greedy(tiny_llama_gguf, tok.encode(prompt), 10)
     assert_same_greedy(ours, want, {tok.eos_id})

@@ -10,6 +10,7 @@ from fusegrad.ir.pattern import graph_rewrite
 from fusegrad.ir import spec   # (spec.verify_* at call time: tests count the calls)
 from fusegrad.ir.symbolic import pm_symbolic
 from fusegrad.codegen.decompose import decompose_dtypes
+from fusegrad.codegen.dot4 import contract_dot4
 from fusegrad.codegen.gpudims import add_gpudims
 from fusegrad.codegen.safediv import guard_int_division
 from fusegrad.codegen.linearize import linearize, trip_count
@@ -91,6 +92,7 @@ def to_program(ast: UOp, renderer: Renderer, opts: list | None = None) -> Progra
     sink = decompose_dtypes(sink, renderer.native_dtypes())
     sink = guard_int_division(sink)  # x // 0 must not kill the process (codegen/safediv.py)
     if not NOOPT or opts: sink = apply_opts(sink, renderer, opts)
+    sink = contract_dot4(sink, renderer)   # 8-bit dot products where the target has them (dot4.py)
     if renderer.widen_narrow_vectors: sink = widen_narrow_vectors(sink)   # 8/16-bit lanes in int32 (widen.py)
     # GPU-style targets only (renderer.has_local): the output loops become the grid of work-items
     global_size: tuple[int, ...] = (1, 1, 1)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fusegrad.codegen.dot4 import dot_product_kernel
 from fusegrad.codegen.group import group_opt, group_reduce
 from fusegrad.ir.ops import Ops, UOp
 from fusegrad.ir.pattern import graph_rewrite, substitute, substitute_each
@@ -330,10 +331,14 @@ def hand_coded_opts(ast: UOp, renderer: Renderer | None = None) -> list[Opt]:
     masked = _masked_loads(nodes, renderer)
     if simd and kernel_dts <= vector_dtypes(renderer) | {dtypes.void}:
         item = max(d.itemsize for d in kernel_dts if d not in (dtypes.bool, dtypes.void))
+        # byte products that dot4.py contracts into 8-bit dot products: along a reduce, vectors of up to 32 bytes
+        # (8 int32 lanes of dot products, which every target with them has)
+        dot4 = renderer is not None and bool(renderer.dot4_lanes()) and dot_product_kernel(nodes)
         best = 0
         for r in sorted(sizes, key=lambda r: (r.arg[1] == "reduce", -r.arg[0])):  # ties: innermost output axis
-            w = next((w for w in (simd // item, simd // item // 2, simd // item // 4) if w >= 4 and sizes[r] % w == 0),
-                     None)
+            widths = (32, 16, 8) if dot4 and r.arg[1] == "reduce" else \
+                (simd // item, simd // item // 2, simd // item // 4)
+            w = next((w for w in widths if w >= 4 and sizes[r] % w == 0), None)
             if w is None: continue
             sc = _vector_score(accesses, r, weights, masked) * w  # wider vectors do more per instruction
             if sc > best: vec_rng, width, best = r, w, sc

@@ -132,6 +132,9 @@ class Ops(enum.Enum):
     SHR = enum.auto()
     WHERE = enum.auto()
     MULACC = enum.auto()        # a*b+c
+    # 8-bit dot products (codegen/dot4.py makes them, only for a renderer that has them: `Renderer.dot4_lanes`):
+    # src = (acc int32 x n, a uint8 x 4n, b int8 x 4n); lane i = acc[i] + sum over k < 4 of a[4i+k] * b[4i+k]
+    DOT4 = enum.auto()
 
     def __repr__(self) -> str: return f"Ops.{self.name}"
     # hashed by identity (each member is a singleton), in C: Enum's own __hash__ is a Python call, and every graph
@@ -158,7 +161,7 @@ class GroupOp:
     # ops of the linear program (the backend contract); see docs/runtime.md
     Linear = {Ops.PARAM, Ops.DEFINE_VAR, Ops.DEFINE_REG, Ops.DEFINE_LOCAL, Ops.RANGE, Ops.END, Ops.IF, Ops.ENDIF,
               Ops.BARRIER, Ops.SPECIAL, Ops.INDEX, Ops.LOAD, Ops.STORE, Ops.CONST, Ops.CAST, Ops.BITCAST, Ops.VECTORIZE,
-              Ops.GEP} | ALU
+              Ops.GEP, Ops.DOT4} | ALU
 
 
 class OpMixin:

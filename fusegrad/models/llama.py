@@ -284,6 +284,9 @@ class Llama:
                 return q if q is not None else nn.Linear(n_in, n_out, bias=bias)
             return make
         head = names.quantized_linear("lm_head.weight", cfg.hidden_size, cfg.vocab_size)
+        # the head stays on float activations: its logits decide greedy picks (8-bit ones flipped a near-tie of
+        # SmolLM2's against transformers'), and its memory-bound kernel gained nothing from them
+        if head is not None: head.q8 = False
         # tied: the embedding's `project` is the head
         embed = names.quantized_embedding("model.embed_tokens.weight", cfg.vocab_size, cfg.hidden_size)
         model = cls(cfg, max_context, linear=linear, head=head, embed=embed)

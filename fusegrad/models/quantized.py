@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from fusegrad.device import Device
 from fusegrad.dtype import DType, dtypes
+from fusegrad.helpers import Q8_ACTIVATIONS
 from fusegrad.tensor import Tensor
 
 # ggml type id -> (name, values per block, bytes per block); only these stay quantized
@@ -51,6 +53,45 @@ LAYOUT: dict[int, tuple[tuple[int, ...], int, tuple[int, ...]]] = {
     12: ((4,), 2, (32,)),         # 4 groups of 32 bytes: low nibbles are sub-block 2g, high nibbles 2g+1
     13: ((), 8, (32,)),           # as Q4_K, plus bit j of qh[l] as value l's fifth bit in sub-block j
     14: ((2,), 4, (2, 16))}       # 2 halves of 128 x 4 quarters (the shift pairs of ql/qh) x 32 values (2 scales)
+
+
+# ggml type id -> the weight's values as unsigned bytes u and the block's offset o: value = d * (u - o) (Q4_0: 8,
+# Q5_0: 16, Q8_0: 128, its int8 value + 128) or d * u + m (Q4_1, Q5_1: o None); the types the 8-bit path takes
+Q8_OFFSET: dict[int, int | None] = {2: 8, 3: None, 6: 16, 7: None, 8: 128}
+# the 8-bit path is for decoding (a few rows): a prompt's rows were slower on it (SmolLM2 Q4_1 prefill 45-59 against
+# 78-80 tok/s, docs/performance.md), its kernels not tuned for many rows
+Q8_MAX_ROWS = 8
+
+
+def quantize_q8(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """x (..., n) -> its 8-bit form per block of 32 values, as llama.cpp's q8_1: q int8 (..., n/32, 32) =
+    round(x / dx) (half to even), dx = max |x| / 127 over the block (q = 0 where the block is all zero), and
+    sx = dx * sum(q) (..., n/32). x is computed once (a buffer), then two kernels: dx and sx (q recomputed inside the
+    sum), and q. The rounding adds 1.5 * 2**23 (exact half-to-even rounding of |v| <= 2**22 in float32, here at most
+    127) and reads the integer from the sum's low bits: whole-vector code, where round() and a float -> int8 cast
+    were lane by lane."""
+    if x.shape[-1] % 32: raise ValueError(f"{x.shape[-1]} features are not whole blocks of 32")
+    xb = x.float().contiguous().reshape(*x.shape[:-1], x.shape[-1] // 32, 32)
+
+    def q(d: Tensor) -> Tensor:   # int32
+        return (xb * (d > 0).where(1 / d, 0).unsqueeze(-1) + _ROUND).bitcast(dtypes.int32) - _ROUND_BITS
+    dx = xb.abs().max(-1) / 127
+    stats = dx.stack(dx * q(dx).sum(-1).float(), dim=-1).contiguous()
+    return q(stats[..., 0]).cast(dtypes.int8).contiguous(), stats[..., 0], stats[..., 1]
+
+
+_ROUND, _ROUND_BITS = 12582912.0, 0x4B400000   # 1.5 * 2**23 and its float32 bits
+
+
+def q8_enabled(device: str | tuple[str, ...], ggml_type: int = 2) -> bool:
+    """Whether quantized matvecs of `ggml_type` on `device` take the 8-bit path: Q8_ACTIVATIONS=1/0, else (-1) where
+    the device's renderer has 8-bit dot products for the type's unsigned bytes (codegen/dot4.py: x86 VNNI for all of
+    them, AVX2 for the 4- and 5-bit types; Q8_0's bytes, up to 255, would saturate its pairs)."""
+    if Q8_ACTIVATIONS.value >= 0: return bool(Q8_ACTIVATIONS.value)
+    need = {2: 15, 3: 15, 6: 31, 7: 31, 8: 255}.get(ggml_type, 255)
+    if not isinstance(device, str): return False   # a tensor on several devices (sharded) takes the float path
+    ren = Device[device].renderer                  # (x lives there: the device is open)
+    return bool(ren.dot4_lanes()) and ren.dot4_max_unsigned() >= need
 
 
 def plane_names(ggml_type: int) -> tuple[str, ...]:
@@ -135,9 +176,10 @@ class QuantizedLinear:
     (2, 3)
     """
 
-    def __init__(self, in_features: int, out_features: int, ggml_type: int):
+    def __init__(self, in_features: int, out_features: int, ggml_type: int, q8: bool = True):
         if ggml_type not in QUANTIZED_TYPES: raise ValueError(f"ggml type {ggml_type} has no quantized kernel")
         self.ggml_type, self.in_features, self.out_features = ggml_type, in_features, out_features
+        self.q8 = q8   # may take the 8-bit activation path (`__call__`); an output head doesn't (Llama.from_gguf)
         name, block, _ = QUANTIZED_TYPES[ggml_type]
         if in_features % block: raise ValueError(f"{in_features} inputs are not whole {name} blocks of {block}")
         nb = in_features // block
@@ -205,9 +247,38 @@ class QuantizedLinear:
         """W (out_features, in_features) in float32."""
         return self._join(self._terms(self._planes()))
 
+    def _q8_terms(self) -> tuple[list[Tensor], Tensor, Tensor]:
+        """The weight for the 8-bit path: LAYOUT's terms as unsigned bytes u (rows, nb, *post), and per block the
+        factor a and the addend c of value = a*u + c (models/quantized.py Q8_OFFSET)."""
+        t, p = self.ggml_type, self._planes()
+        if t == 8: u = [p["qs"].bitcast(dtypes.uint8) ^ 128]
+        elif t in (2, 3): u = [p["qs"] & 15, p["qs"] >> 4]
+        else:
+            bit = Tensor.arange(16, device=p["qh"].device, dtype=dtypes.uint32).reshape(1, 1, 16)
+            qs, qh = p["qs"].cast(dtypes.uint32), p["qh"].reshape(*p["qh"].shape, 1)
+            u = [(((qs >> (4 * h)) & 15) | (((qh >> (bit + 16 * h)) & 1) << 4)).cast(dtypes.uint8) for h in range(2)]
+        off = Q8_OFFSET[t]
+        return u, p["d"], p["m"] if off is None else p["d"] * -off
+
+    def _q8_call(self, x: Tensor) -> Tensor:
+        """x @ W.T on x quantized to 8 bits per block of 32 (quantize_q8): per row and block, the integer dot product
+        of the weight's bytes u with q (int32, exact), times a*dx, plus c*sx; the C renderer does the products
+        with 8-bit dot-product instructions (codegen/dot4.py)."""
+        u, a, c = self._q8_terms()
+        q, dx, sx = quantize_q8(x)
+        lead, nb, n_terms = x.shape[:-1], self.in_features // 32, len(u)
+        qt = q.reshape(*lead, 1, nb, n_terms, 32 // n_terms).cast(dtypes.int32)
+        dot = sum((qt[..., i, :] * w.cast(dtypes.int32) for i, w in enumerate(u[1:], 1)),
+                  qt[..., 0, :] * u[0].cast(dtypes.int32))
+        dx, sx = dx.reshape(*lead, 1, nb), sx.reshape(*lead, 1, nb)
+        return ((a * dx).unsqueeze(-1) * dot.float()).sum((-2, -1)) + (c * sx).sum(-1)
+
     def __call__(self, x: Tensor) -> Tensor:
         if x.shape[-1] != self.in_features:
             raise ValueError(f"input has {x.shape[-1]} features, the layer takes {self.in_features}")
+        rows = int(np.prod(x.shape[:-1])) if all(isinstance(d, int) for d in x.shape) else Q8_MAX_ROWS + 1
+        if self.q8 and self.ggml_type in Q8_OFFSET and rows <= Q8_MAX_ROWS and q8_enabled(x.device, self.ggml_type):
+            return self._q8_call(x).contiguous()
         pre, n_terms, post = LAYOUT[self.ggml_type]
         parts = self._terms(self._planes())
         nb = parts[0].shape[1]
@@ -230,7 +301,7 @@ class QuantizedEmbedding(QuantizedLinear):
     """
 
     def __init__(self, vocab_size: int, embed_size: int, ggml_type: int):
-        super().__init__(embed_size, vocab_size, ggml_type)
+        super().__init__(embed_size, vocab_size, ggml_type, q8=False)   # a tied head's logits: the float path
 
     def __call__(self, idx: Tensor) -> Tensor:   # type: ignore[override]
         if not dtypes.is_int(idx.dtype): raise TypeError(f"embedding indices must be integers, got {idx.dtype}")
@@ -241,5 +312,5 @@ class QuantizedEmbedding(QuantizedLinear):
         return super().__call__(x)
 
 
-__all__ = ["LAYOUT", "PLANES", "QUANTIZED_TYPES", "QuantizedEmbedding", "QuantizedLinear", "block_planes",
-           "plane_names", "plane_shape"]
+__all__ = ["LAYOUT", "PLANES", "Q8_OFFSET", "QUANTIZED_TYPES", "QuantizedEmbedding", "QuantizedLinear", "block_planes",
+           "plane_names", "plane_shape", "q8_enabled", "quantize_q8"]

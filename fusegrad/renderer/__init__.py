@@ -61,6 +61,15 @@ class Renderer:
     vector_math: bool = False     # exp2 and log2 of float32 vectors are whole-vector code (not a call per lane):
                                   # elementwise kernels evaluating them are worth VECTORIZE (opt.py, elementwise_opts)
 
+    def dot4_lanes(self) -> tuple[int, ...]:
+        """The int32 lane counts of the Ops.DOT4 (8-bit dot products) it renders as instructions (codegen/dot4.py
+        makes them only for these); none by default."""
+        return ()
+
+    def dot4_max_unsigned(self) -> int:
+        """The largest unsigned byte its DOT4 multiplies exactly (codegen/dot4.py checks the operand's bound)."""
+        return 0
+
     def supported_dtypes(self) -> list[DType]:
         """Every dtype kernels on this device can use (natively or emulated by codegen)."""
         return list(dtypes.all)

@@ -9,7 +9,8 @@ import math
 
 from fusegrad.dtype import DType, PtrDType, dtypes
 from fusegrad.ir.ops import GroupOp, Ops, UOp
-from fusegrad.renderer import AluRule, Rule, TextKernel, TextRenderer, alu_rules, close_block, is_pure, range_name
+from fusegrad.renderer import AluRule, Rule, TextKernel, TextRenderer, alu_rules, close_block, is_pure, range_name, \
+    value_rule
 
 # An operation used once is written into its user's expression; a chain deeper than this gets a variable every
 # MAX_NEST operations, so a fused chain of 100,000 ops is 100,000/MAX_NEST statements rather than one expression
@@ -44,6 +45,7 @@ class CStyleLanguage(TextRenderer):
 
     # ops the target's vector types do natively (GCC/Clang vector extensions); others are rendered lane by lane
     vector_ops = {Ops.ADD, Ops.MUL, Ops.NEG, Ops.RECIPROCAL, Ops.AND, Ops.OR, Ops.XOR}
+    scalar_shift_counts = False  # ClangRenderer: narrow-lane shifts by one constant rendered with a scalar count
 
     def render_dtype(self, dt: DType) -> str:
         if dt.scalar() not in self.type_map: raise RuntimeError(f"{type(self).__name__} has no type for {dt}")
@@ -514,10 +516,17 @@ class ClangRenderer(CStyleLanguage):
     vector_math = True   # fg_exp2f_xN, fg_log2f_xN
     masked_vector_loads = True   # vmload_T_xN
     widen_narrow_vectors = True  # GCC converts uchar vectors to float and shifts them one lane at a time
+    scalar_shift_counts = True   # 8/16-bit lanes shifted by one constant: `x >> 4` (_narrow_shift)
     float_fn = {**CStyleLanguage.float_fn, Ops.EXP2: "fg_exp2f", Ops.LOG2: "fg_log2f"}
 
     def reads_operands_once(self, u: UOp) -> bool:
         return u.op in GroupOp.ALU and self._half_vector_math(u.op, u.src[-1].dtype)
+
+    def dot4_lanes(self) -> tuple[int, ...]:
+        return self.machine.dot4_lanes() if self.machine is not None else ()
+
+    def dot4_max_unsigned(self) -> int:
+        return self.machine.dot4_max_unsigned() if self.machine is not None else 0
 
     @staticmethod
     def _half_vector_math(op: Ops, src_dtype: DType) -> bool:
@@ -550,6 +559,9 @@ class ClangRenderer(CStyleLanguage):
             if op in (Ops.AND, Ops.OR, Ops.XOR): return self._render_alu(op, dt, a, src_dtype)  # 0/1 lanes stay 0/1
         if op in (Ops.SHL, Ops.SHR) and dt.count > 1 and dtypes.is_int(dt) and dt.scalar().itemsize >= 4:
             return self._render_alu(op, dt, a, src_dtype)  # vector shifts (bfloat16's bits <-> float32)
+        if op in (Ops.SHL, Ops.SHR) and dt.count > 1 and dtypes.is_int(dt) and a[1].isdigit():
+            # by one constant (_narrow_shift): GCC shifts 8/16-bit lanes as 16-bit lanes and masks (vpsrlw, vpand)
+            return self._render_alu(op, dt, a, src_dtype)
         return super().render_alu(op, dt, a, src_dtype)
 
     def render_cast(self, dt: DType, x: str, src_dt: DType) -> str:
@@ -581,11 +593,51 @@ class ClangRenderer(CStyleLanguage):
         used += [vector_exp2_c(w) for w in (4, 8, 16) if f"fg_exp2f_x{w}(" in src]
         used += [vector_log2_c(w) for w in (4, 8, 16) if f"fg_log2f_x{w}(" in src]
         if "fg_h2f(" in src or "fg_f2h(" in src: used.append(HALF_SCALAR_C)
+        if "__builtin_ia32_pmaddubsw" in src: used.append(DOT4_TYPES_C)
         used += [widen_convert_c(d, w, self.render_dtype(d.vec(w)), self.render_dtype(dtypes.int32.vec(w)))
                  for d in (dtypes.uint8, dtypes.int8, dtypes.uint16, dtypes.int16) for w in (2, 4, 8, 16, 32)
                  if f"{widen_name(d, w)}(" in src]
         return "".join(f + "\n" for f in used) + src + (_thread_trampoline(name, args) if args[-2:] ==
                                                          ["int core_start", "int core_end"] else "")
+
+
+def _narrow_shift(c: CStyleLanguage, k: TextKernel, u: UOp) -> str:
+    """A shift of 8/16-bit integer lanes (a DOT4's unpacked nibbles: widen.py leaves them) by the same constant in
+    every lane: the count as one number, which GCC shifts as a whole vector (by a vector of counts it goes lane by
+    lane)."""
+    amt = u.src[1]
+    if c.scalar_shift_counts and u.dtype.count > 1 and u.dtype.scalar().itemsize < 4 and amt.op is Ops.VECTORIZE and \
+            all(s is amt.src[0] for s in amt.src) and amt.src[0].op is Ops.CONST and \
+            0 <= int(amt.src[0].arg) < 8 * u.dtype.scalar().itemsize:
+        return k.value(u, c.render_alu(u.op, u.dtype, [k.r[u.src[0]], str(int(amt.src[0].arg))], u.src[-1].dtype))
+    return value_rule(c, k, u)
+
+
+def _dot4(c: CStyleLanguage, k: TextKernel, u: UOp) -> str:
+    """Ops.DOT4 (codegen/dot4.py) on n int32 lanes: x86 VNNI's vpdpbusd where the machine has it, else AVX2's
+    vpmaddubsw (pairs of byte products into int16; dot4.py makes sure they don't saturate) then vpmaddwd by ones."""
+    if c.machine is None: raise RuntimeError(c.cant_render(u.op))
+    n = u.dtype.count
+    iv = c.render_dtype(dtypes.int32.vec(n))
+    acc, a, b = (k.r[s] for s in u.src)
+    if c.machine.vnni():
+        return k.bind(f"__builtin_ia32_vpdpbusd_v{n}si({_strip(acc)}, ({iv})({a}), ({iv})({b}))", u.dtype)
+    bits, qi, hi = 32 * n, f"fg_v{4 * n}qi", f"fg_v{2 * n}hi"
+    suffix = "256" if bits == 256 else "128"
+    pairs = f"__builtin_ia32_pmaddubsw{suffix}(({qi})({a}), ({qi})({b}))"
+    ones = "{" + ", ".join(["1"] * (2 * n)) + "}"
+    return k.bind(f"{acc}+({iv})__builtin_ia32_pmaddwd{suffix}({pairs}, ({hi}){ones})", u.dtype)
+
+
+DOT4_TYPES_C = """typedef char fg_v32qi __attribute__((vector_size(32)));
+typedef short fg_v16hi __attribute__((vector_size(32)));
+typedef char fg_v16qi __attribute__((vector_size(16)));
+typedef short fg_v8hi __attribute__((vector_size(16)));"""
+
+
+# one C table for every dialect: only the CPU's C renderer makes these differ (DOT4 exists only where
+# `dot4_lanes()` names lanes; narrow shifts by one count only with `scalar_shift_counts`)
+CStyleLanguage.rules.update({Ops.DOT4: _dot4, Ops.SHL: _narrow_shift, Ops.SHR: _narrow_shift})
 
 
 def _thread_trampoline(name: str, args: list[str]) -> str:

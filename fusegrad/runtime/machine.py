@@ -23,9 +23,11 @@ from fusegrad.helpers import CACHELEVEL, DEBUG, cache_dir, hash_bytes
 # target macro -> the /proc/cpuinfo flag the host needs for code built with it (x86)
 _HOST_FLAGS = {"__AVX512F__": "avx512f", "__AVX512BW__": "avx512bw", "__AVX512DQ__": "avx512dq",
                "__AVX512VL__": "avx512vl", "__AVX2__": "avx2", "__AVX__": "avx", "__FMA__": "fma", "__F16C__": "f16c",
-               "__BMI2__": "bmi2", "__SSE4_2__": "sse4_2"}
+               "__BMI2__": "bmi2", "__SSE4_2__": "sse4_2", "__AVX512VNNI__": "avx512_vnni",
+               "__AVXVNNI__": "avx_vnni"}
 # the features worth showing (the compiler target's macros without underscores)
-_SHOWN = ("AVX512F", "AVX512BW", "AVX512VL", "AVX512FP16", "AVX2", "AVX", "FMA", "F16C", "SSE4_2", "SSE2", "ARM_NEON",
+_SHOWN = ("AVX512F", "AVX512BW", "AVX512VL", "AVX512VNNI", "AVXVNNI", "AVX512FP16", "AVX2", "AVX", "FMA", "F16C",
+          "SSE4_2", "SSE2", "ARM_NEON",
           "ARM_FEATURE_FMA", "ARM_FEATURE_SVE", "ARM_FEATURE_FP16_VECTOR_ARITHMETIC")
 _OVERRIDES = {"vector_bytes": "CPU_VECTOR_BYTES", "vector_registers": "CPU_VECTOR_REGISTERS",
               "fma_pipes": "CPU_FMA_PIPES", "l1_bytes": "CPU_L1_BYTES", "l2_bytes": "CPU_L2_BYTES",
@@ -67,6 +69,25 @@ class Machine:
         them the compiler converts one lane at a time, and vectorizing float16 elementwise code gains nothing."""
         if self.isa == "neon": return True
         return "F16C" in self.features and (lanes <= 8 or "AVX512F" in self.features)
+
+    def dot4_lanes(self) -> tuple[int, ...]:
+        """The int32 lane counts of the 8-bit dot products this target does in a few instructions: lane i of the result
+        adds the 4 products of unsigned bytes 4i..4i+3 of one operand and signed bytes of the other. x86 VNNI's
+        `vpdpbusd` (16 lanes with AVX512-VNNI, 8 and 4 with its VL forms or with AVX-VNNI), else AVX2's `vpmaddubsw`
+        then `vpmaddwd` (8 and 4 lanes; exact only for unsigned bytes up to `dot4_max_unsigned`); () without them."""
+        if "AVX512VNNI" in self.features and "AVX512VL" in self.features: return (16, 8, 4)
+        if "AVX512VNNI" in self.features: return (16,)
+        if "AVXVNNI" in self.features or "AVX2" in self.features: return (8, 4)
+        return ()
+
+    def dot4_max_unsigned(self) -> int:
+        """The largest unsigned byte value the 8-bit dot product takes exactly: 255 with VNNI (it adds in int32),
+        127 with AVX2's `vpmaddubsw`, whose pairs of products saturate at int16 (127 * 128 * 2 doesn't)."""
+        return 255 if "AVX512VNNI" in self.features or "AVXVNNI" in self.features else 127
+
+    def vnni(self) -> bool:
+        """Whether the dot products are VNNI's `vpdpbusd` (else AVX2's two-instruction form)."""
+        return "AVX512VNNI" in self.features or "AVXVNNI" in self.features
 
     def describe(self) -> str:
         """A few lines for people: `python -m fusegrad.runtime.machine`, the doctor, the benchmarks."""

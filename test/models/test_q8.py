@@ -1,0 +1,158 @@
+"""The 8-bit activation path of QuantizedLinear (models/quantized.py `quantize_q8`, `_q8_call`) and the 8-bit dot
+products it compiles to (codegen/dot4.py, Ops.DOT4 rendered as x86 VNNI `vpdpbusd`): the activation's q8 form
+against NumPy bit for bit, the matvec exact where every value is an integer, close to the float path otherwise, the
+same on the PYTHON backend, and the hot loop's instructions per x86 level."""
+from __future__ import annotations
+
+import pathlib
+import platform
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from fusegrad import Tensor
+from fusegrad.codegen import to_program
+from fusegrad.codegen.opt import hand_coded_opts
+from fusegrad.dtype import dtypes
+from fusegrad.helpers import Context
+from fusegrad.ir.ops import Ops
+from fusegrad.models.quantized import PLANES, Q8_OFFSET, QuantizedLinear, quantize_q8
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "runtime"))
+from asm_loops import hot_loop
+
+NP = {dtypes.uint8: np.uint8, dtypes.int8: np.int8, dtypes.uint32: np.uint32, dtypes.float32: np.float32}
+
+
+def q8_reference(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The q8 scheme in NumPy float32: dx = max|x|/127 per block of 32, q = round-half-even(x * (1/dx)),
+    sx = dx*sum(q)."""
+    xb = x.astype(np.float32).reshape(*x.shape[:-1], -1, 32)
+    dx = (np.abs(xb).max(-1) / np.float32(127)).astype(np.float32)
+    with np.errstate(divide="ignore"):
+        inv = np.where(dx > 0, np.float32(1) / dx, np.float32(0)).astype(np.float32)
+    q = np.round(xb * inv[..., None]).astype(np.int8)
+    return q, dx, (dx * q.astype(np.int32).sum(-1).astype(np.float32)).astype(np.float32)
+
+
+def test_quantize_q8_exact():
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal((3, 128)) * 3).astype(np.float32)
+    x[1, 32:64] = 0                                  # an all-zero block: dx 0, q 0
+    x[2, :32] = np.arange(-16, 16) * 0.5             # ties (x * inv exactly .5): half to even
+    q, dx, sx = quantize_q8(Tensor(x))
+    rq, rdx, rsx = q8_reference(x)
+    assert q.dtype == dtypes.int8
+    np.testing.assert_array_equal(q.numpy(), rq)
+    np.testing.assert_array_equal(dx.numpy(), rdx)
+    np.testing.assert_array_equal(sx.numpy(), rsx)
+
+
+def random_layer(t: int, n_in: int, n_out: int, rng, int_scales: bool) -> QuantizedLinear:
+    """A QuantizedLinear of type t with random block bytes; scales 1 and integer minimums (exact arithmetic) or
+    random float ones."""
+    lin = QuantizedLinear(n_in, n_out, t)
+    for name, (shape, dt) in PLANES[t].items():
+        full = (n_out, n_in // 32, *shape)
+        if dt == dtypes.float32:
+            if int_scales:
+                v = np.ones(full, np.float32) if name == "d" else rng.integers(-9, 9, full).astype(np.float32)
+            else: v = (rng.random(full) * 0.02 - (0.01 if name == "m" else 0)).astype(np.float32)
+        else: v = rng.integers(0, 1 << (8 * dt.itemsize), full, dtype=np.uint64).astype(NP[dt])
+        setattr(lin, name, Tensor(v.view(NP[dt]) if dt != dtypes.float32 else v).contiguous().realize())
+    return lin
+
+
+@pytest.mark.parametrize("t", sorted(Q8_OFFSET))
+def test_q8_matvec_exact_on_integers(t):
+    """Scales 1, integer minimums and activations whose blocks each reach +-127: dx = 1, q = x, and every product,
+    block sum and row sum is an integer float32 holds exactly, so the q8 matvec must equal NumPy's integer W @ x."""
+    rng = np.random.default_rng(t)
+    lin = random_layer(t, 128, 40, rng, int_scales=True)
+    x = rng.integers(-127, 128, (2, 128)).astype(np.float32)
+    x[:, ::32] = 127 * np.sign(rng.standard_normal((2, 4)) + 0.1)     # each block's max |x| is 127
+    w = lin.dequantize().numpy().astype(np.int64)
+    with Context(Q8_ACTIVATIONS=1): y = lin(Tensor(x)).numpy()
+    np.testing.assert_array_equal(y, (x.astype(np.int64) @ w.T).astype(np.float32))
+
+
+@pytest.mark.parametrize("t", sorted(Q8_OFFSET))
+def test_q8_matvec_vs_reference_and_float_path(t):
+    """Random scales: the q8 matvec equals the NumPy q8 scheme (per block (a*dx)*dot + c*sx, summed in float64) to
+    float32 rounding, and the float path (x unquantized) within the activation's quantization error."""
+    rng = np.random.default_rng(10 + t)
+    lin = random_layer(t, 256, 48, rng, int_scales=False)
+    x = rng.standard_normal((1, 256)).astype(np.float32)
+    with Context(Q8_ACTIVATIONS=1): y = lin(Tensor(x)).numpy()
+    with Context(Q8_ACTIVATIONS=0): yf = lin(Tensor(x)).numpy()
+    q, dx, sx = q8_reference(x)
+    w = lin.dequantize().numpy().astype(np.float64)                  # a*u + c per value
+    d = lin.d.numpy().astype(np.float64)
+    c = lin.m.numpy().astype(np.float64) if Q8_OFFSET[t] is None else -Q8_OFFSET[t] * d
+    u = (w - np.repeat(c, 32, axis=1)) / np.repeat(d, 32, axis=1)     # the unsigned bytes (exact: small integers)
+    dots = (u.reshape(48, 8, 32) * q[0].astype(np.float64)).sum(-1)   # (rows, blocks), integers
+    ref = ((d * dx[0]) * dots + c * sx[0]).sum(-1)
+    np.testing.assert_allclose(y[0], ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+    assert np.abs(y - yf).max() <= 0.02 * np.abs(yf).max()
+
+
+def test_q8_on_python_backend():
+    """The same kernels without 8-bit dot products (the PYTHON backend renders no DOT4): the same exact integers."""
+    rng = np.random.default_rng(3)
+    lin = random_layer(3, 64, 8, rng, int_scales=True)
+    for name in PLANES[3]: setattr(lin, name, getattr(lin, name).to("PYTHON").realize())
+    x = rng.integers(-127, 128, (1, 64)).astype(np.float32)
+    x[:, ::32] = 127
+    w = lin.dequantize().numpy().astype(np.int64)
+    with Context(Q8_ACTIVATIONS=1): y = lin(Tensor(x, device="PYTHON")).numpy()
+    np.testing.assert_array_equal(y, (x.astype(np.int64) @ w.T).astype(np.float32))
+
+
+X86 = platform.machine().lower() in ("x86_64", "amd64")
+
+
+@pytest.mark.skipif(not X86, reason="x86 levels")
+@pytest.mark.parametrize("march,vnni", [("icelake-server", True), ("alderlake", True), ("x86-64-v4", False),
+                                        ("x86-64-v3", False)])
+@pytest.mark.parametrize("t", [3, 8])
+def test_q8_hot_loop_instructions(march, vnni, t, monkeypatch):
+    """With AVX512-VNNI (icelake-server) or AVX-VNNI (alderlake) the matvec multiplies the bytes with vpdpbusd, for
+    Q4_1's nibbles and Q8_0's bytes alike; with AVX2 alone (x86-64-v3; x86-64-v4 adds AVX-512 without VNNI) with
+    vpmaddubsw + vpmaddwd for Q4_1 (nibbles <= 15: the int16 pairs can't saturate) and not for Q8_0 (bytes up to
+    255 could): no DOT4 there, the int32 products. No value is converted to float one by one."""
+    from test_register_tile import CC, target
+    if CC is None: pytest.skip("no C compiler")
+    comp, ren = target(march, monkeypatch)
+    assert ren.dot4_lanes() and ren.dot4_max_unsigned() == (255 if vnni else 127)
+    lin = random_layer(t, 576, 64, np.random.default_rng(0), int_scales=False)
+    with Context(Q8_ACTIVATIONS=1): out = lin(Tensor.empty(1, 576).realize())
+    ast = out.schedule()[-1].ast
+    spec = to_program(ast, ren, hand_coded_opts(ast, ren))
+    dot4 = vnni or t == 3
+    assert any(u.op is Ops.DOT4 for u in spec.uops) == dot4
+    asm = comp.assembly(spec.src)
+    lines = asm.splitlines()
+    start = lines.index(f"{spec.name}:")
+    body = lines[start:next(i for i in range(start, len(lines)) if ".cfi_endproc" in lines[i])]
+    hot_loop(asm, spec.name)   # (it has a vector loop)
+    def count(op: str) -> int: return sum(op in ln for ln in body)
+    assert count("vcvtsi2ss") == 0, "\n".join(body)
+    if vnni: assert count("vpdpbusd") >= 2 and count("vpmulld") == 0, "\n".join(body)
+    elif dot4: assert count("vpmaddubsw") >= 2 and count("vpmaddwd") >= 2 and count("vpdpbusd") == 0, "\n".join(body)
+    else: assert count("vpdpbusd") == 0 and count("vpmaddubsw") == 0
+
+
+@pytest.mark.parametrize("march", ["x86-64-v3", "native"])
+@pytest.mark.parametrize("t", sorted(Q8_OFFSET))
+def test_q8_exact_per_march(march, t, monkeypatch):
+    """The exact-integer check in a process built for CPU_MARCH (AVX2's vpmaddubsw form; this host's own)."""
+    from test_register_tile import runnable
+    if march != "native" and (not X86 or not runnable(march)): pytest.skip(f"this host can't run {march}")
+    monkeypatch.setenv("CPU_MARCH", march)
+    code = ("import sys; sys.path.insert(0, 'test/models'); import test_q8 as m; "
+            f"m.test_q8_matvec_exact_on_integers({t}); print('ok')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False,
+                       cwd=str(pathlib.Path(__file__).resolve().parents[2]))
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]
