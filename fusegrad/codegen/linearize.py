@@ -75,6 +75,8 @@ class Linearizer:
         self.data_dep: set[UOp] = set()
         self.users = Counter(s for n in self.topo for s in dict.fromkeys(n.src))
         self.folded: set[UOp] = set()   # UNROLLED chains the accumulator update replaces (unrolled_parts)
+        for n in self.topo:
+            if n.op is Ops.REDUCE: self.unrolled_parts(n)
 
     def _chain(self, ranges: list[UOp], parent: UOp | None) -> None:
         for r in ranges:
@@ -117,7 +119,8 @@ class Linearizer:
 
     def emit_block(self, b: UOp | None) -> None:
         for n in self.topo:
-            if self.block[n] is b and n not in self.val and n.op is not Ops.RANGE and n is not self.ast:
+            if self.block[n] is b and n not in self.val and n.op is not Ops.RANGE and n is not self.ast and \
+                    n not in self.folded:
                 self.emit_node(n)
         for r, p in self.parent.items():
             if p is b and r.arg[1] != "reduce": self.emit_loop(r, lambda r=r: self.emit_block(r))
@@ -140,7 +143,8 @@ class Linearizer:
         inside = set(rngs)
         for r in group:
             for n in r.src[0].toposort():
-                if n not in self.val and n.op is not Ops.RANGE and self.block[n] not in inside and \
+                if n not in self.val and n not in self.folded and n.op is not Ops.RANGE and \
+                        self.block[n] not in inside and \
                         not (self.block[n] is not None and self._under(self.block[n], inside)):
                     self.emit_node(n)
         slots, inits = [], []

@@ -311,25 +311,26 @@ def _copies(access: UOp, axes: list[tuple[UOp, int, int]]) -> int:
 def window_tile(glob: list[UOp], sizes: dict[UOp, int], loads: list[UOp], vec_rng: UOp, width: int,
                 window: UOp | None, registers: int) -> tuple[list[UOp], list[int], bool] | None:
     """The register tile of a convolution on a target with fewer than 32 vector registers (AVX2's 16): up to two
-    output ranges and amounts (at most MAX_ACCUMULATORS accumulators), and whether to unroll the short reduce
-    `window` (a kernel's kx, which the heuristic otherwise unrolls fully): the fewest loads per FMA among the tiles
-    that fit by `tile_registers`' rule counted on the copies. The accumulators of the first range's copy i come one
-    after another (codegen/linearize.py), so what stays live is the accumulators, the copies (along the second range
-    and the window's taps) of the loads that don't move along the first range, and one more. Unrolling the window
-    shares the loads of overlapping taps (x + kx along an upcast x: 5 columns x 5 taps read 9 addresses, not 25),
-    but multiplies the operands that stay live: a 4 x 3 tile of an input gradient unrolled by 5 needs 28 registers
-    and spilled a third of its loads. A range whose loads overlap the window's is never the first (its taps would be
-    live across all of its copies). At least MIN_ACCUMULATORS: an unrolled window adds its taps to each accumulator
-    one after another (a 2 x 3 tile unrolled by 8 waited on its FMAs' latency, 20% slower than 8 x 1). One that overlaps any reduce range (y + ky) is the first only where nothing
-    else does as well (GCC carries its taps across loop trips and spills: 5-10% slower). None where a load is neither a vector along `vec_rng` nor a broadcast."""
+    output ranges and amounts (MIN_ACCUMULATORS to MAX_ACCUMULATORS accumulators) and whether to unroll the short
+    reduce `window` (a convolution's kx, which the heuristic otherwise unrolls fully): the fewest loads per FMA among
+    the tiles that fit the registers, then the fewest registers. The rule is `tile_registers`' counted on the copies:
+    the accumulators of the first range's copy i come one after another (codegen/linearize.py), so what stays live
+    is the accumulators, the copies (along the second range and the window's taps) of the loads that don't move
+    along the first range, and one more. Unrolling the window shares the loads of overlapping taps (x + kx along an
+    upcast x: 5 columns x 5 taps read 9 addresses, not 25) but multiplies what stays live: a 4 x 3 tile of an input
+    gradient unrolled by 5 needs 28 registers, and spilled a third of its loads. A range whose loads overlap the
+    window's is never the first (its taps would stay live across all its copies); one that overlaps another reduce
+    range (y + ky) is the first only where nothing else does as well (GCC carried its taps across loop trips and
+    spilled: 5-10% slower). At least MIN_ACCUMULATORS, since each adds an unrolled window's taps one after another
+    (a 2 x 3 tile unrolled by 8 waited on its FMAs: 20% slower than 8 x 1). None (the usual tile) where a load is
+    neither a vector along `vec_rng` nor a broadcast, or where the window has more taps than an output range it
+    overlaps (a weight gradient's 8 output columns against its 3 taps: this tile lost 12-25% there)."""
     if any(_stride(a.src[1], vec_rng) not in (0, 1) for a in loads): return None
     def divisors(n: int) -> list[int]: return [k for k in range(2, min(n, 8) + 1) if n % k == 0]
     reduces = [r for r in dict.fromkeys(n for a in loads for n in a.src[1].toposort() if n.op is Ops.RANGE)
                if r.arg[1] == "reduce"]
     def overlaps(r: UOp, others: list[UOp]) -> bool:   # some load moves along r and one of `others` by one stride
         return any((st := _stride(a.src[1], r)) and any(st == _stride(a.src[1], o) for o in others) for a in loads)
-    # the window must be a convolution's taps, fewer than the output columns they overlap; a weight gradient's short
-    # output columns (its window: 8 of them against 3 taps) keep the usual tile (this one lost 12-25% there)
     if window is not None and \
             any(sizes[r] * (width if r is vec_rng else 1) < sizes[window] for r in glob if overlaps(r, [window])):
         return None
