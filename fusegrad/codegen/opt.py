@@ -432,7 +432,8 @@ def hand_coded_opts(ast: UOp, renderer: Renderer | None = None) -> list[Opt]:
     window = next((k[-1] for k in dict.fromkeys(n.src[1:] for n in nodes if n.op is Ops.REDUCE)
                    if k[-1] is not vec_rng and 1 < sizes.get(k[-1], 0) <= 8), None)
     unroll_window = True
-    if regs < 32 and len(glob) > 2 and vec_rng in glob and sum(n.op is Ops.REDUCE for n in nodes) == 1 and \
+    if regs < 32 and len(glob) > 2 and vec_rng is not None and vec_rng.arg[1] == "global" and \
+            sum(n.op is Ops.REDUCE for n in nodes) == 1 and \
             (wt := window_tile(glob, sizes, loads, vec_rng, width, window, regs)) is not None:
         picked, tile, unroll_window = wt
     skinny = skinny_tile(picked, sizes, loads, renderer, regs) if len(glob) == 2 else None   # (a plain 2-D product)
