@@ -323,14 +323,16 @@ def window_tile(glob: list[UOp], sizes: dict[UOp, int], loads: list[UOp], vec_rn
     range (y + ky) is the first only where nothing else does as well (GCC carried its taps across loop trips and
     spilled: 5-10% slower). At least MIN_ACCUMULATORS, since each adds an unrolled window's taps one after another
     (a 2 x 3 tile unrolled by 8 waited on its FMAs: 20% slower than 8 x 1). None (the usual tile) where a load is
-    neither a vector along `vec_rng` nor a broadcast, or where the window has more taps than an output range it
-    overlaps (a weight gradient's 8 output columns against its 3 taps: this tile lost 12-25% there)."""
+    neither a vector along `vec_rng` nor a broadcast, for kernels that read no input at an output index plus a
+    reduce index (not a convolution: a batched product keeps `register_tile`'s tile), or where the window has more
+    taps than an output range it overlaps (a weight gradient's 8 output columns against 3 taps: it lost 12-25%)."""
     if any(_stride(a.src[1], vec_rng) not in (0, 1) for a in loads): return None
     def divisors(n: int) -> list[int]: return [k for k in range(2, min(n, 8) + 1) if n % k == 0]
     reduces = [r for r in dict.fromkeys(n for a in loads for n in a.src[1].toposort() if n.op is Ops.RANGE)
                if r.arg[1] == "reduce"]
     def overlaps(r: UOp, others: list[UOp]) -> bool:   # some load moves along r and one of `others` by one stride
         return any((st := _stride(a.src[1], r)) and any(st == _stride(a.src[1], o) for o in others) for a in loads)
+    if not any(overlaps(r, reduces) for r in glob): return None   # no input read at x + kx: not a convolution
     if window is not None and \
             any(sizes[r] * (width if r is vec_rng else 1) < sizes[window] for r in glob if overlaps(r, [window])):
         return None

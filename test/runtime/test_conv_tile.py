@@ -1,8 +1,11 @@
 """Convolution tiles on AVX2 (codegen/opt.py `window_tile`) and unrolled reduces added in the loop's own order
 (codegen/linearize.py `unrolled_parts`): the heuristic's choice for beautiful_mnist's 5x5 convolution and its
 gradients on an x86-64-v3 target (16 vector registers) and an x86-64-v4 one (unchanged), the absence of spills where
-the old unrolled tile spilled, and exact results of whole forward and backward passes with AVX2's tiles (integer-valued
-inputs: every partial sum is exact in float32) against PyTorch, over random convolution shapes."""
+the old unrolled tile spilled, exact results of whole forward and backward passes with AVX2's tiles (integer-valued
+inputs: every partial sum is exact in float32) against PyTorch over random convolution shapes, and a ReLU gradient's
+reduce whose compare masks become bool vectors as whole vectors on AVX2 (renderer/cstyle.py `bools_narrow_c`)."""
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -45,7 +48,8 @@ def test_avx2_convolution_tiles(monkeypatch):
     fwd = hand_coded_opts(asts["forward"], ren)
     assert [(o.op, o.amount) for o in fwd] == [("VECTORIZE", 8), ("UPCAST", 2), ("UPCAST", 5), ("UNROLL", 5)]
     grad_in = hand_coded_opts(asts["input"], ren)
-    assert sorted(o.amount for o in grad_in if o.op == "UPCAST") == [3, 4] and not any(o.op == "UNROLL" for o in grad_in)
+    assert sorted(o.amount for o in grad_in if o.op == "UPCAST") == [3, 4]
+    assert not any(o.op == "UNROLL" for o in grad_in)
     assert sorted(o.amount for o in hand_coded_opts(asts["weight"], ren) if o.op == "UPCAST") == [2, 5]
     _, ren = target("x86-64-v4", monkeypatch)
     assert [(o.op, o.amount) for o in hand_coded_opts(asts["forward"], ren)] == \
@@ -80,20 +84,49 @@ def test_unrolled_copies_add_in_the_loop_order(monkeypatch):
     np.testing.assert_array_equal(run(comp, unrolled, [a, b], (8, 8)), run(comp, plain, [a, b], (8, 8)))
 
 
+def avx2_device(mp: pytest.MonkeyPatch) -> object:
+    """This process's CPU device told it has AVX2's 8-lane vectors and 16 registers (the heuristic then picks AVX2's
+    tiles; the code runs on any x86 host, it only uses fewer registers), with no program built before reused."""
+    comp, _ = target("x86-64-v3", mp)
+    ren = Device["CPU"].renderer
+    mp.setattr(ren, "machine", comp.machine)
+    mp.setattr(ren, "simd_bytes", comp.machine.vector_bytes)
+    mp.setattr(realize_mod, "_programs", {})
+    return comp
+
+
+def test_relu_gradient_reduce_narrows_its_masks_as_whole_vectors(monkeypatch):
+    """A ReLU gradient's bias reduce (sum of g where x + b > 0, over images and pixels) on AVX2: the compare's mask
+    becomes the bool vector through one byte shuffle, not lane by lane (GCC 12's __builtin_convertvector there: a
+    vpextrd and a movzbl per lane, the positive control), and the result is exact."""
+    comp, ren = target("x86-64-v3", monkeypatch)
+    x, b, g = Tensor.empty(16, 8, 12, 12).realize(), Tensor.empty(1, 8, 1, 1).realize(), \
+        Tensor.empty(16, 8, 12, 12).realize()
+    (si,) = ((x + b) > 0).where(g, 0).sum((0, 2, 3)).schedule()
+    spec = to_program(si.ast, ren)
+    lane_by_lane = re.compile(r"^\s+(vpextr[bwdq]|movzb\w)\s")
+    assert "fg_bools4_x8(" in spec.src
+    assert not [ln for ln in hot_loop(comp.assembly(spec.src), spec.name) if lane_by_lane.match(ln)]
+    old = re.sub(r"typedef unsigned char b .*?\n  return __builtin_shufflevector\(.*?\);",
+                 "return __builtin_convertvector(m, unsigned_char_x8);", spec.src, flags=re.S)
+    assert old != spec.src and [ln for ln in hot_loop(comp.assembly(old), spec.name) if lane_by_lane.match(ln)]
+    rng = np.random.default_rng(4)
+    xn, bn, gn = (rng.integers(-3, 4, s).astype(np.float32) for s in ((16, 8, 12, 12), (1, 8, 1, 1), (16, 8, 12, 12)))
+    with pytest.MonkeyPatch.context() as mp:
+        avx2_device(mp)
+        got = ((Tensor(xn) + Tensor(bn)) > 0).where(Tensor(gn), 0).sum((0, 2, 3)).numpy()
+    np.testing.assert_array_equal(got, np.where(xn + bn > 0, gn, 0).sum((0, 2, 3)))
+
+
 @settings(max_examples=12, deadline=None)
 @given(n=st.integers(1, 4), cin=st.integers(1, 6), cout=st.sampled_from([8, 16, 24]), hw=st.integers(5, 13),
        k=st.integers(1, 5), pad=st.integers(0, 2))
 def test_convolutions_with_avx2_tiles_are_exact(n, cin, cout, hw, k, pad):
-    """Forward and both gradients of a convolution, with the heuristic choosing AVX2's tiles (this process's CPU
-    device told it has 8-lane vectors and 16 registers; the code runs on any x86 host: it only uses fewer registers),
-    equal PyTorch's exactly on integer-valued inputs."""
+    """Forward and both gradients of a convolution, with the heuristic choosing AVX2's tiles (`avx2_device`), equal
+    PyTorch's exactly on integer-valued inputs."""
     if k > hw + 2 * pad: return
-    ren = Device["CPU"].renderer
     with pytest.MonkeyPatch.context() as mp:
-        comp, _ = target("x86-64-v3", mp)
-        mp.setattr(ren, "machine", comp.machine)
-        mp.setattr(ren, "simd_bytes", comp.machine.vector_bytes)
-        mp.setattr(realize_mod, "_programs", {})   # programs built for this process's own target are not reused
+        avx2_device(mp)
         rng = np.random.default_rng(n * 1000 + cin * 100 + hw * 10 + k)
         xn = rng.integers(-3, 4, (n, cin, hw, hw)).astype(np.float32)
         wn = rng.integers(-3, 4, (cout, cin, k, k)).astype(np.float32)
