@@ -41,8 +41,8 @@ def conv_asts(n: int = 8, cin: int = 32, cout: int = 32, hw: int = 24, k: int = 
 def test_avx2_convolution_tiles(monkeypatch):
     """AVX2: the forward pass takes 2 images x 5 output columns (10 accumulators) and unrolls its 5 taps (the columns
     share 9 loads of the input per row of taps, not 25); the input gradient takes 4 channels x 3 vectors of a row and
-    doesn't unroll (unrolled, its 4 x 3 tile needs 28 registers); the weight gradient 5 taps x 2 vectors. AVX-512
-    keeps the tiles it had (8 x 2, unrolled)."""
+    doesn't unroll (unrolled, its 4 x 3 tile needs 28 registers); the weight gradient 5 taps x 2 vectors. With one
+    image the usual tile stays (window_tile is for batches); AVX-512 keeps the tiles it had (8 x 2, unrolled)."""
     asts = conv_asts()
     _, ren = target("x86-64-v3", monkeypatch)
     fwd = hand_coded_opts(asts["forward"], ren)
@@ -51,6 +51,9 @@ def test_avx2_convolution_tiles(monkeypatch):
     assert sorted(o.amount for o in grad_in if o.op == "UPCAST") == [3, 4]
     assert not any(o.op == "UNROLL" for o in grad_in)
     assert sorted(o.amount for o in hand_coded_opts(asts["weight"], ren) if o.op == "UPCAST") == [2, 5]
+    one = conv_asts(n=1)   # one image (EfficientNet-Lite0 bs1): the usual tile, its window unrolled
+    assert [(o.op, o.amount) for o in hand_coded_opts(one["input"], ren)] == \
+        [("VECTORIZE", 8), ("UPCAST", 4), ("UPCAST", 3), ("UNROLL", 5)]
     _, ren = target("x86-64-v4", monkeypatch)
     assert [(o.op, o.amount) for o in hand_coded_opts(asts["forward"], ren)] == \
         [("VECTORIZE", 16), ("UPCAST", 8), ("UPCAST", 2), ("UNROLL", 5)]
