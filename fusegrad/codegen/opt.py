@@ -356,6 +356,7 @@ def window_tile(glob: list[UOp], sizes: dict[UOp, int], loads: list[UOp], vec_rn
                                                [ka] + ([kb] if y is not None else []), u > 1)
     return pick
 
+
 def cache_block(trips: int, threads: int, clamp: bool = False) -> int:
     """TILE's amount for an outer loop of `trips` iterations: its largest divisor up to 32 that leaves every thread at
     least two blocks (1: none). `clamp` (the kernel allows a remainder, see apply_opt): when that divisor is below 8 or
