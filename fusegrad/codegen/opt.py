@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from fusegrad.codegen.dot4 import dot_product_kernel
 from fusegrad.codegen.group import group_opt, group_reduce
+from fusegrad.codegen.linearize import UNROLLED
 from fusegrad.ir.ops import Ops, UOp
 from fusegrad.ir.pattern import graph_rewrite, substitute, substitute_each
 from fusegrad.dtype import dtypes
@@ -45,7 +46,7 @@ def unroll_reduces(ast: UOp, ranges: tuple[UOp, ...], rng: UOp, amount: int, nex
         if red.op is not Ops.REDUCE or red.src[1:] != ranges: continue
         parts = substitute_each(red.src[0], rng, [base + i for i in range(amount)])
         acc = parts[0]
-        for p in parts[1:]: acc = UOp(red.arg, red.dtype, (acc, p))
+        for p in parts[1:]: acc = UOp(red.arg, red.dtype, (acc, p), UNROLLED)   # added one by one (linearize.py)
         mapping[red] = UOp(Ops.REDUCE, red.dtype, (acc,) + new_rngs, red.arg) if new_rngs else \
             close_reduce(red.arg, acc)   # no loop accumulator left
     return substitute(ast, mapping)
@@ -209,6 +210,7 @@ def elementwise_opts(nodes: list[UOp], renderer: Renderer | None) -> list[Opt]:
 
 
 MAX_ACCUMULATORS = 16   # a register tile holds at most this many accumulators (vectors, or scalars without SIMD)
+MIN_ACCUMULATORS = 8    # and window_tile's at least this many: FMA latency (4 cycles) x 2 pipes of independent sums
 
 
 def vector_registers(renderer: Renderer | None) -> int:
@@ -290,6 +292,72 @@ def skinny_tile(picked: list[UOp], sizes: dict[UOp, int], loads: list[UOp], rend
     return rows, cols, [d, b], big
 
 
+
+def _copies(access: UOp, axes: list[tuple[UOp, int, int]]) -> int:
+    """How many different addresses `access` takes over the copies of a register tile and an unroll: `axes` lists
+    (range, amount, step), copy i of a range moving the address by i * step * its stride. Two ranges with the same
+    stride share addresses (a convolution's x + kx: 2 columns x 5 taps read 6 addresses, not 10); a range the
+    address can't be read along (a div, a gate) makes every copy its own."""
+    steps, own = [], []
+    for rng, amount, step in axes:
+        gated = len(access.src) > 2 and rng in access.src[2].toposort()
+        st = None if gated else _stride(access.src[1], rng)
+        if st is None: own.append(amount)
+        elif st: steps.append((st * step, amount))
+    offsets = {0}
+    for st, amount in steps: offsets = {o + st * i for o in offsets for i in range(amount)}
+    return len(offsets) * prod(own)
+
+
+def window_tile(glob: list[UOp], sizes: dict[UOp, int], loads: list[UOp], vec_rng: UOp, width: int,
+                window: UOp | None, registers: int) -> tuple[list[UOp], list[int], bool] | None:
+    """The register tile of a convolution on a target with fewer than 32 vector registers (AVX2's 16): up to two
+    output ranges and amounts (MIN_ACCUMULATORS to MAX_ACCUMULATORS accumulators) and whether to unroll the short
+    reduce `window` (a convolution's kx, which the heuristic otherwise unrolls fully): the fewest loads per FMA among
+    the tiles that fit the registers, then the fewest registers. The rule is `tile_registers`' counted on the copies:
+    the accumulators of the first range's copy i come one after another (codegen/linearize.py), so what stays live
+    is the accumulators, the copies (along the second range and the window's taps) of the loads that don't move
+    along the first range, and one more. Unrolling the window shares the loads of overlapping taps (x + kx along an
+    upcast x: 5 columns x 5 taps read 9 addresses, not 25) but multiplies what stays live: a 4 x 3 tile of an input
+    gradient unrolled by 5 needs 28 registers, and spilled a third of its loads. A range whose loads overlap the
+    window's is never the first (its taps would stay live across all its copies); one that overlaps another reduce
+    range (y + ky) is the first only where nothing else does as well (GCC carried its taps across loop trips and
+    spilled: 5-10% slower). At least MIN_ACCUMULATORS, since each adds an unrolled window's taps one after another
+    (a 2 x 3 tile unrolled by 8 waited on its FMAs: 20% slower than 8 x 1). None (the usual tile) where a load is
+    neither a vector along `vec_rng` nor a broadcast, for kernels that read no input at an output index plus a
+    reduce index (not a convolution: a batched product keeps `register_tile`'s tile), or where the window has more
+    taps than an output range it overlaps (a weight gradient's 8 output columns against 3 taps: it lost 12-25%)."""
+    if any(_stride(a.src[1], vec_rng) not in (0, 1) for a in loads): return None
+    def divisors(n: int) -> list[int]: return [k for k in range(2, min(n, 8) + 1) if n % k == 0]
+    reduces = [r for r in dict.fromkeys(n for a in loads for n in a.src[1].toposort() if n.op is Ops.RANGE)
+               if r.arg[1] == "reduce"]
+    def overlaps(r: UOp, others: list[UOp]) -> bool:   # some load moves along r and one of `others` by one stride
+        return any((st := _stride(a.src[1], r)) and any(st == _stride(a.src[1], o) for o in others) for a in loads)
+    if not any(overlaps(r, reduces) for r in glob): return None   # no input read at x + kx: not a convolution
+    if window is not None and \
+            any(sizes[r] * (width if r is vec_rng else 1) < sizes[window] for r in glob if overlaps(r, [window])):
+        return None
+    best, pick = None, None
+    for x in glob:
+        for y in [None] + [g for g in glob if g is not x]:
+            for ka in divisors(sizes[x]):
+                for kb in (divisors(sizes[y]) if y is not None else [1]):
+                    if not MIN_ACCUMULATORS <= ka * kb <= MAX_ACCUMULATORS: continue
+                    for u in [1] + ([sizes[window]] if window is not None and not overlaps(x, [window]) else []):
+                        steps = {x: width if x is vec_rng else 1, y: width if y is vec_rng else 1, window: 1}
+                        axes = [(r, k, steps[r]) for r, k in ((x, ka), (y, kb), (window, u)) if r is not None]
+                        n = sum(_copies(a, axes) for a in loads)
+                        live = sum(_copies(a, axes[1:]) for a in loads if _stride(a.src[1], x) == 0 and
+                                   not (len(a.src) > 2 and x in a.src[2].toposort()))
+                        regs = ka * kb + live + 1
+                        if regs > registers: continue
+                        key = (n / (ka * kb * u), regs, overlaps(x, reduces), -ka * kb)
+                        if best is None or key < best:
+                            best, pick = key, ([x] + ([y] if y is not None else []),
+                                               [ka] + ([kb] if y is not None else []), u > 1)
+    return pick
+
+
 def cache_block(trips: int, threads: int, clamp: bool = False) -> int:
     """TILE's amount for an outer loop of `trips` iterations: its largest divisor up to 32 that leaves every thread at
     least two blocks (1: none). `clamp` (the kernel allows a remainder, see apply_opt): when that divisor is below 8 or
@@ -368,6 +436,17 @@ def hand_coded_opts(ast: UOp, renderer: Renderer | None = None) -> list[Opt]:
             register_tile([sizes[picked[0]], sizes[vec_rng]], regs, clamp) == tile and \
             all((st := _stride(a.src[1], picked[1])) == 0 or (st is not None and abs(st) >= 64 * width) for a in loads):
         picked[1] = vec_rng
+    # a convolution over a batch (images, channels, rows and columns all > 1) on a small register file (AVX2): the tile,
+    # and whether to unroll its window, by loads per FMA. (With one image, EfficientNet-Lite0's convolutions lost up
+    # to 1.5x with it: their short unrolled windows pay off more than the model counts, so they keep the usual tile)
+    window = next((k[-1] for k in dict.fromkeys(n.src[1:] for n in nodes if n.op is Ops.REDUCE)
+                   if k[-1] is not vec_rng and 1 < sizes.get(k[-1], 0) <= 8), None)
+    unroll_window = True
+    batched = sum(r.arg[1] == "global" and int(r.src[0].arg) > 1 for r in sizes) > 3
+    if regs < 32 and batched and vec_rng is not None and vec_rng.arg[1] == "global" and \
+            sum(n.op is Ops.REDUCE for n in nodes) == 1 and \
+            (wt := window_tile(glob, sizes, loads, vec_rng, width, window, regs)) is not None:
+        picked, tile, unroll_window = wt
     skinny = skinny_tile(picked, sizes, loads, renderer, regs) if len(glob) == 2 else None   # (a plain 2-D product)
     skinny_applied = False
     if skinny is not None:
@@ -401,7 +480,7 @@ def hand_coded_opts(ast: UOp, renderer: Renderer | None = None) -> list[Opt]:
         opts.append(Opt("SWAP", rows.arg[0], cols.arg[0]))
     for key in dict.fromkeys(n.src[1:] for n in nodes if n.op is Ops.REDUCE):
         r = key[-1]
-        if r is vec_rng or r not in sizes or sizes[r] <= 1: continue
+        if r is vec_rng or r not in sizes or sizes[r] <= 1 or (r is window and not unroll_window): continue
         amount = sizes[r] if sizes[r] <= 8 else 4 if sizes[r] % 4 == 0 and vec_rng is None and budget > 4 else 1
         if amount > 1 and not any(o.op == "UNROLL" and o.axis == r.arg[0] for o in opts):
             opts.append(Opt("UNROLL", r.arg[0], amount))

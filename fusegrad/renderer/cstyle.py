@@ -508,6 +508,28 @@ static inline {dst_type} {name}({src_type} x) {{ return ({dst_type}){call}; }}
 #endif"""
 
 
+def bools_name(item: int, w: int) -> str:
+    """The helper narrowing a compare's mask of w lanes of `item` bytes to a bool vector (bools_narrow_c)."""
+    return f"fg_bools{item}_x{w}"
+
+
+def bools_narrow_c(item: int, w: int, bool_type: str) -> str:
+    """w lanes of a 0/1 mask of 4- or 8-byte integers (a negated vector compare) -> w unsigned char lanes: each lane's
+    low byte, one byte shuffle (vpshufb and a permute on AVX2). GCC 12 narrows it lane by lane with
+    __builtin_convertvector where the target has no narrowing move (AVX2: 70 instructions for 8 lanes, the whole cost
+    of a ReLU gradient's reduce); AVX-512 has one (vpmovdb), kept."""
+    elem = "int" if item == 4 else "long long"
+    idx = ", ".join(str(i * item) for i in range(w))
+    return f"""static inline {bool_type} {bools_name(item, w)}({elem} __attribute__((vector_size({item * w}))) m) {{
+#if defined(__AVX512VL__) && defined(__AVX512BW__)
+  return __builtin_convertvector(m, {bool_type});
+#else
+  typedef unsigned char b __attribute__((vector_size({item * w})));
+  return __builtin_shufflevector((b)m, (b)m, {idx});
+#endif
+}}"""
+
+
 class ClangRenderer(CStyleLanguage):
     """C for the CPU device, compiled by the system C compiler (flags: -ffp-contract=off, so only float reduce kernels
     get fused multiply-adds, through GCC's optimize attribute; other compilers ignore it)."""
@@ -555,7 +577,8 @@ class ClangRenderer(CStyleLanguage):
             # giving a -1/0 mask; negated and narrowed it is the bool vector (lane by lane it was N scalar compares)
             if op in (Ops.CMPLT, Ops.CMPNE) and src_dtype.count > 1 and src_dtype.scalar().itemsize in (4, 8) and \
                     src_dtype.scalar() != dtypes.bool:
-                return f"__builtin_convertvector(-({a[0]}{'<' if op is Ops.CMPLT else '!='}{a[1]}), {self.render_dtype(dt)})"
+                return f"{bools_name(src_dtype.scalar().itemsize, dt.count)}" \
+                       f"(-({a[0]}{'<' if op is Ops.CMPLT else '!='}{a[1]}))"
             if op in (Ops.AND, Ops.OR, Ops.XOR): return self._render_alu(op, dt, a, src_dtype)  # 0/1 lanes stay 0/1
         if op in (Ops.SHL, Ops.SHR) and dt.count > 1 and dtypes.is_int(dt) and dt.scalar().itemsize >= 4:
             return self._render_alu(op, dt, a, src_dtype)  # vector shifts (bfloat16's bits <-> float32)
@@ -597,6 +620,8 @@ class ClangRenderer(CStyleLanguage):
         used += [widen_convert_c(d, w, self.render_dtype(d.vec(w)), self.render_dtype(dtypes.int32.vec(w)))
                  for d in (dtypes.uint8, dtypes.int8, dtypes.uint16, dtypes.int16) for w in (2, 4, 8, 16, 32)
                  if f"{widen_name(d, w)}(" in src]
+        used += [bools_narrow_c(i, w, self.render_dtype(dtypes.bool.vec(w))) for i in (4, 8) for w in (2, 4, 8, 16)
+                 if f"{bools_name(i, w)}(" in src]
         return "".join(f + "\n" for f in used) + src + (_thread_trampoline(name, args) if args[-2:] ==
                                                          ["int core_start", "int core_end"] else "")
 

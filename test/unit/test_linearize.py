@@ -90,8 +90,11 @@ def test_reduce_accumulator_wraps_the_reduce_loop(matmul_scaled, opt):
     # updated once per iteration inside the loop: load, add, store
     inner = [i for i in acc_stores if start < i < end]
     assert len(inner) == 1 and loops[inner[0]][-1] is rk
-    update = uops[inner[0]].src[1]
-    assert update.op is Ops.ADD and any(s.op is Ops.LOAD and s.src[0].src[0] is acc for s in update.src)
+    # acc + v (acc + v0 + v1 + v2 + v3 with UNROLL(4): one add per copy, in the loop's own order)
+    update, adds = uops[inner[0]].src[1], 1
+    while update.op is Ops.ADD and not (update.src[0].op is Ops.LOAD and update.src[0].src[0].src[0] is acc):
+        update, adds = update.src[0], adds + 1
+    assert update.op is Ops.ADD and adds == (4 if opt else 1)
     # read after the loop, and that value is what the output gets
     final = [i for i in acc_loads if i > end]
     assert len(final) == 1 and rk not in loops[final[0]]
