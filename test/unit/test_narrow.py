@@ -62,14 +62,14 @@ def test_slice_writes_equal_numpy(data):
     t = Tensor(ref.copy()).contiguous().realize()
     for w in range(data.draw(st.integers(1, 3))):
         idx = []
-        for n in shape:
+        for ax, n in enumerate(shape):
             kind = data.draw(st.sampled_from(["slice", "int", "all", "var"]))
             if kind == "int": idx.append(data.draw(st.integers(0, n - 1)))
             elif kind == "all": idx.append(slice(None))
             elif kind == "var":
                 length = data.draw(st.integers(1, n))
                 start = data.draw(st.integers(0, n - length))
-                idx.append((Variable("s", 0, n - length).bind(start), start, length))
+                idx.append((Variable(f"s{ax}", 0, n - length).bind(start), start, length))
             else:
                 a = data.draw(st.integers(0, n - 1))
                 b = data.draw(st.integers(a + 1, n))
