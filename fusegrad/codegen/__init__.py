@@ -13,7 +13,7 @@ from fusegrad.codegen.decompose import decompose_dtypes
 from fusegrad.codegen.gpudims import add_gpudims
 from fusegrad.codegen.safediv import guard_int_division
 from fusegrad.codegen.linearize import linearize, trip_count
-from fusegrad.codegen.merge import merge_ranges
+from fusegrad.codegen.merge import merge_ranges, split_ranges
 from fusegrad.codegen.opt import apply_opts
 from fusegrad.codegen.widen import widen_narrow_vectors
 from fusegrad.renderer import ProgramSpec, Renderer
@@ -86,7 +86,8 @@ def to_program(ast: UOp, renderer: Renderer, opts: list | None = None) -> Progra
         spec.verify_kernel(ast)
     if DEBUG >= 5: print(colored("kernel AST:", "cyan") + "\n" + print_tree(ast))
     sink = graph_rewrite(ast, pm_symbolic, name="kernel symbolic")
-    if opts is None and not NOOPT and MERGE_RANGES: sink = merge_ranges(sink)  # explicit opts name the AST's own axes
+    if opts is None and not NOOPT and MERGE_RANGES:   # explicit opts name the AST's own axes
+        sink = merge_ranges(split_ranges(sink))
     name = kernel_name(sink)
     sink = decompose_dtypes(sink, renderer.native_dtypes())
     sink = guard_int_division(sink)  # x // 0 must not kill the process (codegen/safediv.py)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence, TYPE_CHECKING
 
+from fusegrad.device import Device
 from fusegrad.dtype import ConstType, DTypeLike, dtypes, least_upper_dtype, sum_acc_dtype, to_dtype
 from fusegrad.helpers import ShapeError, prod
 from fusegrad.ir import build
@@ -85,6 +86,31 @@ TRANSPOSED_WEIGHT_ROWS_NO_GRAD = 16   # ... and from this many when no gradient 
 TRANSPOSED_WEIGHT_MIN_ELEMENTS = 1 << 14   # this many elements (inference: the copy is made once per weight)
 PANEL = 32                     # a large CPU weight is read as (N / PANEL, K, PANEL) column panels (see dot)
 PANEL_MIN_ELEMENTS = 1 << 20   # ... when it has at least this many elements (4 MB of float32: past the L2 cache)
+
+
+def _panel_width(x: "Tensor", w: "Tensor", no_grad_into_w: bool) -> int:
+    """The width of the column panels `dot` reads the 2-D weight w as, (N / width, K, width) contiguous; 0: w as it is.
+    A realized float32 CPU weight with no gradient flowing into it (see `dot`):
+    - PANEL columns with at least TRANSPOSED_WEIGHT_ROWS rows of x and PANEL_MIN_ELEMENTS elements of w (a BLAS's
+      packing: each panel's rows are PANEL floats apart, not N);
+    - one vector of the target (16 float32 lanes on AVX-512, 8 on AVX2) with TRANSPOSED_WEIGHT_ROWS_NO_GRAD up to
+      TRANSPOSED_WEIGHT_ROWS rows of x and a w larger than half the L2 cache: a skinny product streams all of w for
+      every block of rows, and a row-major w's column of vectors is N floats apart on every reduce step, a new 4 KB
+      page each time, which the hardware prefetchers don't follow: MiniLM 2x13's 384 x 1536 FFN weights, read
+      from L3 in the model, ran at a third of the speed they have in cache. One vector per panel row makes the
+      reduce read w as one sequential stream per panel (codegen/opt.py's skinny tile: 13 rows x 1 vector)."""
+    if not (w.ndim == 2 and x.ndim >= 2 and no_grad_into_w and all_static(x.shape) and all_static(w.shape) and
+            w.dtype == x.dtype == dtypes.float32 and isinstance(w.device, str) and w.device.split(":")[0] == "CPU" and
+            w.device == x.device and _is_buffer_view(w.uop)):
+        return 0
+    rows, (k, n) = prod(x.shape[:-1]), w.shape
+    if rows >= TRANSPOSED_WEIGHT_ROWS:
+        return PANEL if n % PANEL == 0 and n >= 8 * PANEL and k * n >= PANEL_MIN_ELEMENTS else 0
+    if rows < TRANSPOSED_WEIGHT_ROWS_NO_GRAD: return 0
+    renderer = Device[w.device].renderer
+    lanes = renderer.simd_bytes // 4
+    return lanes if lanes >= 4 and n % lanes == 0 and n >= 8 * lanes and \
+        k * n * 4 > renderer.cache_bytes // 2 > 0 else 0
 
 
 def _is_transpose(u: UOp) -> bool:
@@ -192,13 +218,9 @@ class ReduceMixin:
         # apart, which at N = 2048 hit the same few L1 sets on every step (2048 matmul 72 -> 35 ms). The panel copy is
         # a relayout (kept while the weight is unwritten); it's made only where no gradient flows into the weight.
         no_grad_into_w = type(w).no_grad or not w.requires_grad
-        if w.ndim == 2 and x.ndim >= 2 and all_static(x.shape) and all_static(w.shape) and no_grad_into_w and \
-                prod(x.shape[:-1]) >= TRANSPOSED_WEIGHT_ROWS and w.shape[1] % PANEL == 0 and \
-                w.shape[1] >= 8 * PANEL and w.shape[0] * w.shape[1] >= PANEL_MIN_ELEMENTS and \
-                w.dtype == x.dtype == dtypes.float32 and isinstance(w.device, str) and \
-                w.device.split(":")[0] == "CPU" and w.device == x.device and _is_buffer_view(w.uop):
+        if (pw := _panel_width(x, w, no_grad_into_w)):
             k, n, lead = w.shape[0], w.shape[1], x.shape[:-1]
-            wp = w.reshape(k, n // PANEL, PANEL).permute(1, 0, 2).contiguous()
+            wp = w.reshape(k, n // pw, pw).permute(1, 0, 2).contiguous()
             out = (x.reshape(*lead, 1, k, 1) * wp).sum(-2, dtype=dtype).reshape(*lead, n)
             return out.cast(least_upper_dtype(x.dtype, w.dtype)) if dtype is None else out
         if _is_transpose(w.uop) and _is_buffer_view(w.uop.src[0]) and not _is_transpose(x.uop) and x.ndim >= 2 and \

@@ -260,3 +260,27 @@ def test_a_quantized_product_with_many_rows_puts_the_columns_outermost_and_stays
     # (26 rows make two blocks of 13 with the skinny tile: the swap cost 15-25% there, so it is left out)
     assert any(o.op == "SWAP" for o in opts) == (m != 26), opts
     np.testing.assert_array_equal(q(Tensor(x)).numpy(), x @ q.dequantize().numpy().T)
+
+
+@pytest.mark.parametrize("march,lanes", [("x86-64-v3", 8), ("x86-64-v4", 16)])
+def test_skinny_products_read_one_vector_panels_with_the_skinny_tile(march, lanes, monkeypatch):
+    """26 rows against a 384 x 1536 weight stored as one-vector panels (Tensor.dot: (1536 / lanes, 384, lanes)) plus
+    a bias: the column loop splits into panels (codegen/merge.py), the panel's lanes are the vector, the rows take
+    the skinny tile (13) and the panel loop goes outermost, so each thread streams its panels once, sequentially;
+    no spills, exact results."""
+    comp, ren = target(march, monkeypatch)
+    x, wp, b = Tensor.empty(26, 384), Tensor.empty(1536 // lanes, 384, lanes), Tensor.empty(1536)
+    ast = ((x.reshape(26, 1, 384, 1) * wp).sum(-2).reshape(26, 1536) + b).schedule()[-1].ast
+    spec = to_program(ast, ren)
+    assert spec.name == f"r_26_{1536 // lanes}_{lanes}_384"
+    from fusegrad.codegen.merge import merge_ranges, split_ranges
+    opts = hand_coded_opts(merge_ranges(split_ranges(ast)), ren)
+    assert Opt("VECTORIZE", 2, lanes) in opts and Opt("UPCAST", 0, 13) in opts and Opt("SWAP", 0, 1) in opts, opts
+    spills = stack_vector_accesses(hot_loop(comp.assembly(spec.src), spec.name))
+    assert spills == [], f"{march}: the reduce loop of {spec.name} spills:\n" + "\n".join(spills)
+    if not runnable(march): pytest.skip(f"this host can't run {march} code (the assembly was checked)")
+    rng = np.random.default_rng(5)
+    xn, wn = rng.integers(-4, 5, (26, 384)).astype(np.float32), rng.integers(-4, 5, (384, 1536)).astype(np.float32)
+    bn = rng.integers(-4, 5, 1536).astype(np.float32)
+    wpn = np.ascontiguousarray(wn.reshape(384, 1536 // lanes, lanes).transpose(1, 0, 2))
+    np.testing.assert_array_equal(run(comp, spec, [xn, wpn, bn], (26, 1536)), xn @ wn + bn)
