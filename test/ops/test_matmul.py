@@ -242,6 +242,14 @@ def test_skinny_product_reads_one_vector_panels():
     got = Tensor(xf).linear(Tensor(wf).realize().T, b).gelu().numpy()
     want = torch.nn.functional.gelu(torch.from_numpy(xf @ wf.T + bn), approximate="tanh").numpy()
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    # a gradient into x (none into w) flows through the panel product: torch's
+    xg = Tensor(xf, requires_grad=True)
+    wt = Tensor(wf).realize()
+    (xg.linear(wt.T, b).gelu() * Tensor(xf @ wf.T)).sum().backward()
+    tx = torch.tensor(xf, requires_grad=True)
+    (torch.nn.functional.gelu(tx @ torch.from_numpy(wf).T + torch.from_numpy(bn), approximate="tanh") *
+     torch.from_numpy(xf @ wf.T)).sum().backward()
+    np.testing.assert_allclose(xg.grad.numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-4)
     # the other side of each bound: few rows, a small weight, a gradient into w read w as before
     few = Tensor(xn.reshape(26, 384)[:TRANSPOSED_WEIGHT_ROWS_NO_GRAD - 1].copy()).realize()
     assert len(few.linear(w.T).schedule()) == 1
