@@ -7,6 +7,7 @@ import functools
 import math
 from typing import Any, Sequence, TYPE_CHECKING
 
+from fusegrad.codegen.opt import skinny_bytes
 from fusegrad.device import Device
 from fusegrad.dtype import ConstType, DTypeLike, dtypes, least_upper_dtype, sum_acc_dtype, to_dtype
 from fusegrad.helpers import ShapeError, prod
@@ -108,11 +109,12 @@ def _panel_width(x: "Tensor", w: "Tensor", no_grad_into_w: bool) -> int:
     - PANEL columns with at least TRANSPOSED_WEIGHT_ROWS rows of x and PANEL_MIN_ELEMENTS elements of w (a BLAS's
       packing: each panel's rows are PANEL floats apart, not N);
     - one vector of the target (16 float32 lanes on AVX-512, 8 on AVX2) with TRANSPOSED_WEIGHT_ROWS_NO_GRAD up to
-      TRANSPOSED_WEIGHT_ROWS rows of x and a w larger than half the L2 cache: a skinny product streams all of w for
-      every block of rows, and a row-major w's column of vectors is N floats apart on every reduce step, a new 4 KB
-      page each time, which the hardware prefetchers don't follow: MiniLM 2x13's 384 x 1536 FFN weights, read
-      from L3 in the model, ran at a third of the speed they have in cache. One vector per panel row makes the
-      reduce read w as one sequential stream per panel (codegen/opt.py's skinny tile: 13 rows x 1 vector)."""
+      TRANSPOSED_WEIGHT_ROWS rows of x and a w larger than a quarter of the L2 (codegen/opt.py `skinny_bytes`): a
+      skinny product streams all of w for every block of rows, and a row-major w's column of vectors is N floats
+      apart on every reduce step, a new 4 KB page each time, which the hardware prefetchers don't follow: MiniLM
+      2x13's 384 x 1536 FFN weights, read from memory in the model, ran at a third of their speed in cache. One
+      vector per panel row makes the reduce read w as one sequential stream per panel (codegen/opt.py's skinny tile:
+      13 rows x 1 vector)."""
     if not (w.ndim == 2 and x.ndim >= 2 and no_grad_into_w and all_static(x.shape) and all_static(w.shape) and
             w.dtype == x.dtype == dtypes.float32 and isinstance(dev := w.device, str) and dev == x.device and
             dev.split(":")[0] == "CPU"):
@@ -122,14 +124,14 @@ def _panel_width(x: "Tensor", w: "Tensor", no_grad_into_w: bool) -> int:
         width = PANEL if n >= 8 * PANEL and k * n >= PANEL_MIN_ELEMENTS else 0
     elif rows >= TRANSPOSED_WEIGHT_ROWS_NO_GRAD:
         lanes, cache = _vector_and_cache(dev)
-        width = lanes if lanes >= 4 and n >= 8 * lanes and k * n * 4 > cache // 2 > 0 else 0
+        width = lanes if lanes >= 4 and n >= 8 * lanes and k * n * 4 > skinny_bytes(cache) > 0 else 0
     else: return 0
     return width if width and n % width == 0 and _is_buffer_view(w.uop) else 0
 
 
 @functools.cache
 def _vector_and_cache(device: str) -> tuple[int, int]:
-    """(float32 lanes of the device's vectors, its per-core cache bytes), from its renderer (the machine description)."""
+    """(float32 lanes of the device's vectors, its per-core cache bytes): its renderer's machine description."""
     renderer = Device[device].renderer
     return renderer.simd_bytes // 4, renderer.cache_bytes
 
