@@ -7,6 +7,8 @@
     python bench/models.py --no-first             # skip the first-call (cold / warm kernel cache) rows
     python bench/models.py --markdown out.md      # also write the table as markdown
     CPU_MARCH=x86-64-v3 python bench/models.py    # fusegrad's kernels built for AVX2 (the first line names the target)
+    python bench/models.py --cpu-time             # one thread each (CPU_THREADS=1, torch 1 thread), CPU time of the
+                                                  # calling thread: comparable on a busy machine, where 2 threads aren't
 
 Models (bench/_models.py): EfficientNet-Lite0 at batch 1 and 8 (224x224; batch 1 also with float16 weights and
 activations in both libraries: eff-b1-half), and a MiniLM-like BERT encoder (6 layers, 384 hidden, 12 heads, 1536 FFN)
@@ -76,9 +78,10 @@ def _setup(case: str):
 
 
 def worker(case: str, lib: str, runs: int) -> list[float]:
-    """Times of `runs` warm calls (or of the first call, lib 'first')."""
+    """Times of `runs` warm calls (or of the first call, lib 'first'). BENCH_CPU_TIME=1 (`--cpu-time`): one thread
+    (fusegrad's CPU_THREADS is set to 1 by the parent), each call's CPU time of the calling thread."""
     import torch
-    torch.set_num_threads(2)
+    torch.set_num_threads(1 if os.environ.get("BENCH_CPU_TIME") == "1" else 2)
     if lib == "first":
         _, fm, _, fcall = _setup(case)
         t0 = time.perf_counter()
@@ -106,11 +109,12 @@ def worker(case: str, lib: str, runs: int) -> list[float]:
 
 
 def _time(fn, runs: int) -> list[float]:
+    clock = time.thread_time if os.environ.get("BENCH_CPU_TIME") == "1" else time.perf_counter
     ts = []
     for _ in range(runs):
-        t0 = time.perf_counter()
+        t0 = clock()
         fn()
-        ts.append(time.perf_counter() - t0)
+        ts.append(clock() - t0)
     return ts
 
 
@@ -125,14 +129,16 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--no-first", action="store_true")
     ap.add_argument("--markdown", default=None)
+    ap.add_argument("--cpu-time", action="store_true", help="one thread each, CPU time of the calling thread")
     ap.add_argument("--worker", nargs=3, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
         print(json.dumps(worker(a.worker[0], a.worker[1], int(a.worker[2]))))
         return
     cases = [c for c in CASES if not a.only or any(c.startswith(o) for o in a.only)]
+    env = {"BENCH_CPU_TIME": "1", "CPU_THREADS": "1"} if a.cpu_time else None
     times, failed = _procs.run_blocks({case: LIBS for case in cases}, a.blocks,
-                                      lambda b, case, lib: spawn(case, lib, a.runs))
+                                      lambda b, case, lib: spawn(case, lib, a.runs, env))
     if failed: raise RuntimeError("\n".join(failed.values()))
     first: dict[tuple[str, str], float] = {}
     if not a.no_first:
@@ -140,7 +146,8 @@ def main() -> None:
             with tempfile.TemporaryDirectory() as d:
                 first[case, "cold"] = spawn(case, "first", 1, {"XDG_CACHE_HOME": d})[0]
                 first[case, "warm"] = spawn(case, "first", 1, {"XDG_CACHE_HOME": d})[0]
-    print(_procs.machine_line())
+    line = _procs.machine_line() + ("; one thread each, CPU time (--cpu-time)" if a.cpu_time else "")
+    print(line)
     rows = [["case", "library", "median ms", "/ torch"]]
     for case in cases:
         ref = statistics.median(times[case, "torch"])
@@ -154,7 +161,7 @@ def main() -> None:
     for r in rows: print("  ".join(c.ljust(w[i]) for i, c in enumerate(r)))
     if a.markdown:
         with open(a.markdown, "w") as f:
-            f.write(_procs.machine_line() + "\n\n| " + " | ".join(rows[0]) + " |\n|" + "---|" * 4 + "\n")
+            f.write(line + "\n\n| " + " | ".join(rows[0]) + " |\n|" + "---|" * 4 + "\n")
             for r in rows[1:]: f.write("| " + " | ".join(r) + " |\n")
 
 

@@ -14,7 +14,7 @@ from fusegrad.codegen.dot4 import contract_dot4
 from fusegrad.codegen.gpudims import add_gpudims
 from fusegrad.codegen.safediv import guard_int_division
 from fusegrad.codegen.linearize import linearize, trip_count
-from fusegrad.codegen.merge import merge_ranges
+from fusegrad.codegen.merge import merge_ranges, split_ranges
 from fusegrad.codegen.narrow import narrow_inplace_ranges
 from fusegrad.codegen.opt import apply_opts
 from fusegrad.codegen.widen import widen_narrow_vectors
@@ -90,7 +90,7 @@ def to_program(ast: UOp, renderer: Renderer, opts: list | None = None) -> Progra
     sink = graph_rewrite(ast, pm_symbolic, name="kernel symbolic")
     if opts is None and not NOOPT:   # (explicit opts name the AST's own axes and sizes)
         sink = narrow_inplace_ranges(sink)   # an in-place write through a slice visits the slice only (narrow.py)
-        if MERGE_RANGES: sink = merge_ranges(sink)
+        if MERGE_RANGES: sink = merge_ranges(split_ranges(sink))
     name = kernel_name(sink)
     sink = decompose_dtypes(sink, renderer.native_dtypes())
     sink = guard_int_division(sink)  # x // 0 must not kill the process (codegen/safediv.py)

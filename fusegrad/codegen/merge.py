@@ -1,4 +1,5 @@
-"""Merge adjacent loops that every access walks contiguously: (r_a, r_b) of sizes (A, B) -> one loop of A*B.
+"""Merge adjacent loops that every access walks contiguously: (r_a, r_b) of sizes (A, B) -> one loop of A*B; and
+the converse, split a loop that an access reads as `r // B` and `r % B` into two.
 
 A kernel's loops come from its tensor shape, so a BatchNorm statistic over (512, 20, 20) runs a 20-iteration inner
 loop inside a 20-iteration loop: short loops, and a VECTORIZE limited to the widths that divide 20. When every index
@@ -7,7 +8,13 @@ pair of neighbouring loops of the same kind (output or reduce) with constant siz
 r_b = r % B for a new range r, lets the symbolic rules simplify, and keeps the result only when no division or
 modulo of r is left (the rules fold `(r // B) * B*s + (r % B) * s` back into `r * s`).
 
-Runs before the optimizations (`to_program`, heuristic path only: an explicit action list, BEAM's or a test's, names
+The converse (`split_ranges`): a kernel that reads a tensor stored in another layout than the one it loops over
+indexes it with a division and a modulo of one loop. A weight read as column panels, (N/32, K, 32) (mixin/reduce.py
+`dot`), whose product is added to a bias of N: the kernel loops over the N columns of the sum, so the weight's
+address is `(j // 32) * 32*K + k*32 + j % 32`, which no VECTORIZE or UPCAST can use (the heuristic left that product
+scalar, 5x slower). Splitting j into (j_o, j_i) of sizes (N/32, 32) makes every address a sum of loops again.
+
+Both run before the optimizations (`to_program`, heuristic path only: an explicit action list, BEAM's or a test's, names
 the AST's own axes).
 """
 from __future__ import annotations
@@ -15,7 +22,7 @@ from __future__ import annotations
 import itertools
 
 from fusegrad.ir.ops import Ops, UOp
-from fusegrad.ir.pattern import graph_rewrite
+from fusegrad.ir.pattern import graph_rewrite, substitute
 from fusegrad.ir.symbolic import pm_symbolic
 
 
@@ -51,6 +58,36 @@ def merge_ranges(sink: UOp) -> UOp:
             n = UOp(Ops.RANGE, a.dtype, (UOp.const(a.dtype, a.src[0].arg * b.src[0].arg),), a.arg)
             cand = graph_rewrite(_substitute_pair(sink, a, b, n), pm_symbolic, name="merge ranges")
             if _uses_div_mod_of(cand, n): continue
+            sink = cand
+            break
+        else: return sink
+
+
+def _div_mod_splits(sink: UOp) -> list[tuple[UOp, int]]:
+    """(range, B) for each output range that some index reads both as range // B and as range % B, B a constant that
+    divides its constant size, in loop order."""
+    seen: dict[tuple[UOp, int], set] = {}
+    for x in sink.toposort():
+        if x.op in (Ops.IDIV, Ops.MOD) and x.src[0].op is Ops.RANGE and x.src[1].op is Ops.CONST:
+            seen.setdefault((x.src[0], x.src[1].arg), set()).add(x.op)
+    return sorted(((r, b) for (r, b), ops in seen.items() if len(ops) == 2 and r.arg[1] == "global" and
+                   r.src[0].op is Ops.CONST and 1 < b < r.src[0].arg and r.src[0].arg % b == 0),
+                  key=lambda rb: (rb[0].arg[0], rb[1]))
+
+
+def split_ranges(sink: UOp) -> UOp:
+    """Split every output loop r of size N that an index reads as r // B and r % B into r_o (N/B) * B + r_i (B), r_i
+    nested right inside r_o (the later loops move one id on), when no division or modulo of the two is left after
+    simplifying. Kernels without a reduce are left alone (their single loop is the C compiler's to vectorize)."""
+    if not any(u.op is Ops.REDUCE for u in sink.toposort()): return sink
+    while True:
+        for r, b in _div_mod_splits(sink):
+            rid, kind, n = r.arg[0], r.arg[1], r.src[0].arg
+            later = {u: UOp.range(u.src[0], u.arg[0] + 1, u.arg[1]) for u in sink.toposort()
+                     if u.op is Ops.RANGE and u.arg[0] > rid}
+            outer, inner = UOp.range(n // b, rid, kind), UOp.range(b, rid + 1, kind)
+            cand = graph_rewrite(substitute(sink, {**later, r: outer * b + inner}), pm_symbolic, name="split ranges")
+            if _uses_div_mod_of(cand, outer) or _uses_div_mod_of(cand, inner): continue
             sink = cand
             break
         else: return sink

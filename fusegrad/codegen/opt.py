@@ -258,12 +258,20 @@ def register_tile(sizes: list[int], registers: int, clamp_threads: int = 0) -> l
 
 
 SKINNY_ROWS = 2 * MAX_ACCUMULATORS   # a product with at most this many rows (of x in x @ w) is "skinny"
+SKINNY_CACHE_SHARE = 4               # ... and takes the skinny tile when w is larger than this share of the cache
 SWAP_ROW_BLOCKS = 64                 # the column loop goes outermost when the rows make at most this many blocks
 
 
 def _param_bytes(access: UOp) -> int:
     """The bytes of the buffer an INDEX reads (its PARAM: dtype.size elements)."""
     return access.src[0].dtype.size * access.src[0].dtype.itemsize
+
+
+def skinny_bytes(cache_bytes: int) -> int:
+    """A skinny product's w takes the skinny tile (and Tensor.dot's one-vector panels) when it is larger than this: a
+    quarter of the cache (MiniLM's 590 KB 384 x 384 weights on a 2 MB L2; 26 rows, one core, read from memory: AVX2
+    240 -> 110 us, AVX-512 101-127 -> 61-79 us with the panels; half the cache left them out)."""
+    return cache_bytes // SKINNY_CACHE_SHARE
 
 
 def skinny_tile(picked: list[UOp], sizes: dict[UOp, int], loads: list[UOp], renderer: Renderer | None,
@@ -286,7 +294,8 @@ def skinny_tile(picked: list[UOp], sizes: dict[UOp, int], loads: list[UOp], rend
     n = sizes[rows]
     d = next((d for d in range(min(n, MAX_ACCUMULATORS), 1, -1) if n % d == 0 and tile_registers([d, 1]) <= registers),
              None)
-    if n > SKINNY_ROWS or d is None or not big: return rows, cols, None, big
+    if n > SKINNY_ROWS or d is None or sum(still.values()) <= skinny_bytes(renderer.cache_bytes):
+        return rows, cols, None, big
     b = next(b for b in range(MAX_ACCUMULATORS // d, 0, -1)
              if sizes[cols] % b == 0 and tile_registers([d, b]) <= registers)
     return rows, cols, [d, b], big
@@ -472,9 +481,11 @@ def hand_coded_opts(ast: UOp, renderer: Renderer | None = None) -> list[Opt]:
     # (more than half the cache) and the rows make at most SWAP_ROW_BLOCKS blocks, or at any number of rows where the
     # kernel is a dot product along the reduce (vectorized there: a quantized weight's blocks, x @ w.T read as it
     # is), which pays most for re-reading w (2-3x from 32 to 1024 rows of a quantized weight). Not for a dot product
-    # whose rows already make a few big blocks (the skinny tile): there the swap cost 15-25% on both ISAs
+    # whose rows already make a few big blocks (the skinny tile): there the swap cost 15-25% on both ISAs. A float
+    # product that took the skinny tile (a w over a quarter of the cache) swaps too: its panels split over the threads
     dot = vec_rng is not None and vec_rng.arg[1] == "reduce"
-    if skinny is not None and not (dot and skinny_applied) and (dot or big_w) and 1 < sizes[rows] and \
+    if skinny is not None and not (dot and skinny_applied) and (dot or big_w or skinny_applied) and \
+            1 < sizes[rows] and \
             (dot or sizes[rows] <= SWAP_ROW_BLOCKS) and \
             sizes[cols] >= 2 * max(renderer.threads if renderer is not None else 1, 1):
         opts.append(Opt("SWAP", rows.arg[0], cols.arg[0]))

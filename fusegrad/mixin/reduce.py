@@ -3,9 +3,12 @@ scans (cumsum etc., as reductions over sliding windows) and sorting (by rank cou
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Sequence, TYPE_CHECKING
 
+from fusegrad.codegen.opt import skinny_bytes
+from fusegrad.device import Device
 from fusegrad.dtype import ConstType, DTypeLike, dtypes, least_upper_dtype, sum_acc_dtype, to_dtype
 from fusegrad.helpers import ShapeError, prod
 from fusegrad.ir import build
@@ -56,6 +59,19 @@ def _merges_permuted(u: UOp) -> bool:
     return len(merged) > 1 and order != list(range(order[0], order[0] + len(order)))
 
 
+def _panel_dot_nodes(x: "Tensor", wp: "Tensor") -> "Tensor":
+    """x (..., K) times float32 column panels wp (N / width, K, width) -> (..., N): `dot`'s panel product built on
+    graph nodes (the same nodes as (x.reshape(..., 1, K, 1) * wp).sum(-2).reshape(..., N), at half the Python cost;
+    nothing to detach: no gradient flows into wp, and x needs none under no_grad)."""
+    lead, (p, k, width) = x.shape[:-1], wp.shape
+    full = lead + (p, k, width)
+    ones = (1,) * len(lead)
+    mul = build.alu(Ops.MUL, build.expand(build.reshape(x.uop, lead + (1, k, 1)), full),
+                    build.expand(build.reshape(wp.uop, ones + (p, k, width)), full))
+    red = build.reduce_axis(mul, Ops.ADD, (len(lead) + 1,))
+    return type(x)._wrap(red, x, wp)._view_apply(lambda u: build.reshape(u, lead + (p * width,)))
+
+
 def _dot_nodes(x: "Tensor", w: "Tensor") -> "Tensor":
     """The general branch of `dot` (w with 2+ dims, no dtype=) built on graph nodes: the same nodes, with a Tensor for
     the reduce and one for its reshaped view rather than one per step (a third of an eager MiniLM call's graph
@@ -85,6 +101,39 @@ TRANSPOSED_WEIGHT_ROWS_NO_GRAD = 16   # ... and from this many when no gradient 
 TRANSPOSED_WEIGHT_MIN_ELEMENTS = 1 << 14   # this many elements (inference: the copy is made once per weight)
 PANEL = 32                     # a large CPU weight is read as (N / PANEL, K, PANEL) column panels (see dot)
 PANEL_MIN_ELEMENTS = 1 << 20   # ... when it has at least this many elements (4 MB of float32: past the L2 cache)
+
+
+def _panel_width(x: "Tensor", w: "Tensor", no_grad_into_w: bool) -> int:
+    """The width of the column panels `dot` reads the 2-D weight w as, (N / width, K, width) contiguous; 0: w as it is.
+    A realized float32 CPU weight with no gradient flowing into it (see `dot`):
+    - PANEL columns with at least TRANSPOSED_WEIGHT_ROWS rows of x and PANEL_MIN_ELEMENTS elements of w (a BLAS's
+      packing: each panel's rows are PANEL floats apart, not N);
+    - one vector of the target (16 float32 lanes on AVX-512, 8 on AVX2) with TRANSPOSED_WEIGHT_ROWS_NO_GRAD up to
+      TRANSPOSED_WEIGHT_ROWS rows of x and a w larger than a quarter of the L2 (codegen/opt.py `skinny_bytes`): a
+      skinny product streams all of w for every block of rows, and a row-major w's column of vectors is N floats
+      apart on every reduce step, a new 4 KB page each time, which the hardware prefetchers don't follow: MiniLM
+      2x13's 384 x 1536 FFN weights, read from memory in the model, ran at a third of their speed in cache. One
+      vector per panel row makes the reduce read w as one sequential stream per panel (codegen/opt.py's skinny tile:
+      13 rows x 1 vector)."""
+    if not (w.ndim == 2 and x.ndim >= 2 and no_grad_into_w and all_static(x.shape) and all_static(w.shape) and
+            w.dtype == x.dtype == dtypes.float32 and isinstance(dev := w.device, str) and dev == x.device and
+            dev.split(":")[0] == "CPU"):
+        return 0
+    rows, (k, n) = prod(x.shape[:-1]), w.shape
+    if rows >= TRANSPOSED_WEIGHT_ROWS:
+        width = PANEL if n >= 8 * PANEL and k * n >= PANEL_MIN_ELEMENTS else 0
+    elif rows >= TRANSPOSED_WEIGHT_ROWS_NO_GRAD:
+        lanes, cache = _vector_and_cache(dev)
+        width = lanes if lanes >= 4 and n >= 8 * lanes and k * n * 4 > skinny_bytes(cache) > 0 else 0
+    else: return 0
+    return width if width and n % width == 0 and _is_buffer_view(w.uop) else 0
+
+
+@functools.cache
+def _vector_and_cache(device: str) -> tuple[int, int]:
+    """(float32 lanes of the device's vectors, its per-core cache bytes): its renderer's machine description."""
+    renderer = Device[device].renderer
+    return renderer.simd_bytes // 4, renderer.cache_bytes
 
 
 def _is_transpose(u: UOp) -> bool:
@@ -192,13 +241,10 @@ class ReduceMixin:
         # apart, which at N = 2048 hit the same few L1 sets on every step (2048 matmul 72 -> 35 ms). The panel copy is
         # a relayout (kept while the weight is unwritten); it's made only where no gradient flows into the weight.
         no_grad_into_w = type(w).no_grad or not w.requires_grad
-        if w.ndim == 2 and x.ndim >= 2 and all_static(x.shape) and all_static(w.shape) and no_grad_into_w and \
-                prod(x.shape[:-1]) >= TRANSPOSED_WEIGHT_ROWS and w.shape[1] % PANEL == 0 and \
-                w.shape[1] >= 8 * PANEL and w.shape[0] * w.shape[1] >= PANEL_MIN_ELEMENTS and \
-                w.dtype == x.dtype == dtypes.float32 and isinstance(w.device, str) and \
-                w.device.split(":")[0] == "CPU" and w.device == x.device and _is_buffer_view(w.uop):
+        if (pw := _panel_width(x, w, no_grad_into_w)):
             k, n, lead = w.shape[0], w.shape[1], x.shape[:-1]
-            wp = w.reshape(k, n // PANEL, PANEL).permute(1, 0, 2).contiguous()
+            wp = w.reshape(k, n // pw, pw).permute(1, 0, 2).contiguous()
+            if dtype is None and not (type(x).no_grad and x.requires_grad): return _panel_dot_nodes(x, wp)
             out = (x.reshape(*lead, 1, k, 1) * wp).sum(-2, dtype=dtype).reshape(*lead, n)
             return out.cast(least_upper_dtype(x.dtype, w.dtype)) if dtype is None else out
         if _is_transpose(w.uop) and _is_buffer_view(w.uop.src[0]) and not _is_transpose(x.uop) and x.ndim >= 2 and \

@@ -201,11 +201,79 @@ def test_matmul_large_weight_reads_column_panels():
     assert len((x @ Tensor(bn).realize().T).schedule()) == 2
     wg = Tensor(wn, requires_grad=True).realize()
     assert len((x @ wg).schedule()) == 1
-    few_rows = Tensor(xn[..., :k].reshape(-1, k)[:TRANSPOSED_WEIGHT_ROWS - 1].copy()).realize()
-    assert len((few_rows @ fresh).schedule()) == 1
+    from fusegrad.mixin.reduce import TRANSPOSED_WEIGHT_ROWS_NO_GRAD
+    few_rows = Tensor(xn[..., :k].reshape(-1, k)[:TRANSPOSED_WEIGHT_ROWS_NO_GRAD - 1].copy()).realize()
+    assert len((few_rows @ fresh).schedule()) == 1   # (16-63 rows: one-vector panels, see the skinny test below)
     assert len((Tensor(np.ones((TRANSPOSED_WEIGHT_ROWS, k), np.int32)).realize() @
                 Tensor(np.ones((k, n), np.int32)).realize()).schedule()) == 1
     Tensor.no_grad = True
     try: assert len((x @ Tensor(wn, requires_grad=True).realize()).schedule()) == 2   # no gradient flows: panels
     finally: Tensor.no_grad = False
     assert n % PANEL == 0
+
+
+def test_skinny_product_reads_one_vector_panels():
+    # 16-63 rows of x (MiniLM's 2 x 13 tokens) against a float32 weight over a quarter of the L2, no gradient into it:
+    # the weight is read as (N / lanes, K, lanes) panels, one vector of the target wide (a relayout made once), and a
+    # bias added to the product splits the kernel's column loop back into panels (codegen/merge.py split_ranges);
+    # values equal NumPy's (integer-valued: exact) and torch's GELU
+    import torch
+    from fusegrad import GlobalCounters
+    from fusegrad.codegen import to_program
+    from fusegrad.device import Device
+    from fusegrad.mixin.reduce import TRANSPOSED_WEIGHT_ROWS_NO_GRAD
+    ren = Device["CPU"].renderer
+    lanes = ren.simd_bytes // 4
+    if lanes < 4 or 384 * 1536 * 4 <= ren.cache_bytes // 4: pytest.skip("no vectors, or a large L2")
+    rng = np.random.default_rng(3)
+    wn = rng.integers(-4, 5, (1536, 384)).astype(np.float32)
+    bn = rng.integers(-4, 5, 1536).astype(np.float32)
+    w, b = Tensor(wn).realize(), Tensor(bn).realize()
+    xn = rng.integers(-4, 5, (2, 13, 384)).astype(np.float32)
+    x = Tensor(xn).realize()
+    items = x.linear(w.T, b).schedule()
+    assert len(items) == 2 and to_program(items[-1].ast, ren).name == f"r_26_{1536 // lanes}_{lanes}_384"
+    np.testing.assert_array_equal(x.linear(w.T, b).numpy(), xn @ wn.T + bn)
+    GlobalCounters.reset()
+    np.testing.assert_array_equal(x.linear(w.T, b).numpy(), xn @ wn.T + bn)
+    assert GlobalCounters.kernel_count == 1   # the panel copy is reused
+    xf = rng.standard_normal((26, 384), dtype=np.float32)
+    wf = (rng.standard_normal((1536, 384), dtype=np.float32) * 0.05)
+    got = Tensor(xf).linear(Tensor(wf).realize().T, b).gelu().numpy()
+    want = torch.nn.functional.gelu(torch.from_numpy(xf @ wf.T + bn), approximate="tanh").numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    # a gradient into x (none into w) flows through the panel product: torch's
+    xg = Tensor(xf, requires_grad=True)
+    wt = Tensor(wf).realize()
+    (xg.linear(wt.T, b).gelu() * Tensor(xf @ wf.T)).sum().backward()
+    tx = torch.tensor(xf, requires_grad=True)
+    (torch.nn.functional.gelu(tx @ torch.from_numpy(wf).T + torch.from_numpy(bn), approximate="tanh") *
+     torch.from_numpy(xf @ wf.T)).sum().backward()
+    np.testing.assert_allclose(xg.grad.numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-4)
+    # the other side of each bound: few rows, a small weight, a gradient into w read w as before
+    few = Tensor(xn.reshape(26, 384)[:TRANSPOSED_WEIGHT_ROWS_NO_GRAD - 1].copy()).realize()
+    assert len(few.linear(w.T).schedule()) == 1
+    small = Tensor(wn[:256, :256].copy()).realize()   # 256 KB: not over a quarter of a 2 MB L2
+    if 256 * 256 * 4 <= ren.cache_bytes // 4:
+        assert to_program(Tensor(xn[..., :256].copy()).linear(small.T).schedule()[-1].ast, ren).name == "r_26_256_256"
+    wg = Tensor(wn, requires_grad=True).realize()
+    assert to_program(x.linear(wg.T).schedule()[-1].ast, ren).name == "r_26_1536_384"
+
+
+def test_large_linear_with_a_bias_vectorizes_its_panels():
+    # x @ w.T + b with a column-panel weight (>= TRANSPOSED_WEIGHT_ROWS rows, >= PANEL_MIN_ELEMENTS elements): the
+    # bias made the kernel loop over the N columns of the sum and read the panels with j // 32 and j % 32, which the
+    # heuristic left scalar (128 x 1024 @ 1024 x 1024: 14 ms, one core); the loop splits into panels and vectorizes
+    # (2 ms). Values equal NumPy's (integer-valued: exact)
+    from fusegrad.codegen import to_program
+    from fusegrad.device import Device
+    from fusegrad.mixin.reduce import PANEL, PANEL_MIN_ELEMENTS, TRANSPOSED_WEIGHT_ROWS
+    rng = np.random.default_rng(4)
+    k = n = int(PANEL_MIN_ELEMENTS ** 0.5)
+    wn, bn = rng.integers(-4, 5, (n, k)).astype(np.float32), rng.integers(-4, 5, n).astype(np.float32)
+    xn = rng.integers(-4, 5, (TRANSPOSED_WEIGHT_ROWS, k)).astype(np.float32)
+    w, b, x = Tensor(wn).realize(), Tensor(bn).realize(), Tensor(xn).realize()
+    spec = to_program(x.linear(w.T, b).schedule()[-1].ast, Device["CPU"].renderer)
+    assert spec.name == f"r_{TRANSPOSED_WEIGHT_ROWS}_{n // PANEL}_{PANEL}_{k}"
+    if Device["CPU"].renderer.simd_bytes: assert "float_x" in spec.src   # vectorized
+    np.testing.assert_array_equal(x.linear(w.T, b).numpy(), xn @ wn.T + bn)

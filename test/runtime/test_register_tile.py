@@ -226,9 +226,11 @@ def test_skinny_products_tile_many_rows_and_put_the_columns_outermost(march, reg
 
 def test_a_small_w_or_many_rows_keep_the_usual_tile(monkeypatch):
     """Only a product whose rows read a large w changes: up to 16 row blocks swap the column loop outermost with the
-    usual tile (64 and 128 rows: 1.3-2x); a 590 KB w and 1024 rows are left as they were."""
+    usual tile (64 and 128 rows: 1.3-2x); a w of at most a quarter of the L2 (256 KB of a 2 MB L2) and 1024 rows are
+    left as they were. (26 rows against MiniLM's 590 KB 384 x 384 weights take the skinny tile and the swap, below.)"""
     _, ren = target("x86-64-v4", monkeypatch)
-    for m, k, n, swap in ((26, 384, 384, False), (64, 384, 1536, True), (128, 384, 1536, True),
+    small = int((ren.cache_bytes // 4 // 4) ** 0.5) // 16 * 16   # a square w of at most a quarter of the cache
+    for m, k, n, swap in ((26, small, small, False), (64, 384, 1536, True), (128, 384, 1536, True),
                           (1024, 384, 1536, False)):
         opts = hand_coded_opts(matmul_ast(m, k, n), ren)
         assert any(o.op == "SWAP" for o in opts) == swap, (m, k, n, opts)
@@ -260,3 +262,42 @@ def test_a_quantized_product_with_many_rows_puts_the_columns_outermost_and_stays
     # (26 rows make two blocks of 13 with the skinny tile: the swap cost 15-25% there, so it is left out)
     assert any(o.op == "SWAP" for o in opts) == (m != 26), opts
     np.testing.assert_array_equal(q(Tensor(x)).numpy(), x @ q.dequantize().numpy().T)
+
+
+@pytest.mark.parametrize("march", ["x86-64-v3", "x86-64-v4"])
+def test_a_quarter_of_the_cache_takes_the_skinny_tile(march, monkeypatch):
+    """26 rows against a w of more than a quarter of the L2 (MiniLM's 384 x 384 projections, 590 KB: on one core,
+    read from memory, AVX2 240 -> 110 us and AVX-512 101-127 -> 61-79 us as panels with this tile) take the skinny tile
+    and the column loop outermost; exactly a quarter keeps the usual tile."""
+    from fusegrad.codegen.opt import skinny_bytes
+    _, ren = target(march, monkeypatch)
+    n = int((skinny_bytes(ren.cache_bytes) // 4) ** 0.5)   # n x n float32 of exactly a quarter of the cache
+    opts = hand_coded_opts(matmul_ast(26, 384, 384), ren)
+    assert Opt("UPCAST", 0, 13) in opts and Opt("SWAP", 0, 1) in opts, opts
+    if n * n * 4 == skinny_bytes(ren.cache_bytes):
+        opts = hand_coded_opts(matmul_ast(26, n, n), ren)
+        assert Opt("UPCAST", 0, 13) not in opts and not any(o.op == "SWAP" for o in opts), opts
+
+
+@pytest.mark.parametrize("march,lanes", [("x86-64-v3", 8), ("x86-64-v4", 16)])
+def test_skinny_products_read_one_vector_panels_with_the_skinny_tile(march, lanes, monkeypatch):
+    """26 rows against a 384 x 1536 weight stored as one-vector panels (Tensor.dot: (1536 / lanes, 384, lanes)) plus
+    a bias: the column loop splits into panels (codegen/merge.py), the panel's lanes are the vector, the rows take
+    the skinny tile (13) and the panel loop goes outermost, so each thread streams its panels once, sequentially;
+    no spills, exact results."""
+    comp, ren = target(march, monkeypatch)
+    x, wp, b = Tensor.empty(26, 384), Tensor.empty(1536 // lanes, 384, lanes), Tensor.empty(1536)
+    ast = ((x.reshape(26, 1, 384, 1) * wp).sum(-2).reshape(26, 1536) + b).schedule()[-1].ast
+    spec = to_program(ast, ren)
+    assert spec.name == f"r_26_{1536 // lanes}_{lanes}_384"
+    from fusegrad.codegen.merge import merge_ranges, split_ranges
+    opts = hand_coded_opts(merge_ranges(split_ranges(ast)), ren)
+    assert Opt("VECTORIZE", 2, lanes) in opts and Opt("UPCAST", 0, 13) in opts and Opt("SWAP", 0, 1) in opts, opts
+    spills = stack_vector_accesses(hot_loop(comp.assembly(spec.src), spec.name))
+    assert spills == [], f"{march}: the reduce loop of {spec.name} spills:\n" + "\n".join(spills)
+    if not runnable(march): pytest.skip(f"this host can't run {march} code (the assembly was checked)")
+    rng = np.random.default_rng(5)
+    xn, wn = rng.integers(-4, 5, (26, 384)).astype(np.float32), rng.integers(-4, 5, (384, 1536)).astype(np.float32)
+    bn = rng.integers(-4, 5, 1536).astype(np.float32)
+    wpn = np.ascontiguousarray(wn.reshape(384, 1536 // lanes, lanes).transpose(1, 0, 2))
+    np.testing.assert_array_equal(run(comp, spec, [xn, wpn, bn], (26, 1536)), xn @ wn + bn)
