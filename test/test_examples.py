@@ -299,7 +299,9 @@ def test_llama_example_runs_other_architectures(tmp_path_factory, kind, jit):
     path = _tiny_gguf(tmp_path_factory, kind)
     tok = GGUFTokenizer.from_gguf(path)
     prompt = "the quick brown fox jumps over the lazy dog"
-    r = run_llama(str(path), prompt, "--max-new", "10", "--show-ids", jit=jit)
+    # float activations: the 8-bit path (on by default with VNNI/AVX2) rounds them as llama.cpp does, and a random tiny
+    # model's near-ties then pick other tokens than transformers' float32 (test/models/test_q8.py covers that path)
+    r = run_llama(str(path), prompt, "--max-new", "10", "--show-ids", jit=jit, Q8_ACTIVATIONS="0")
     ours = shown_ids(r)
     assert len(tok.encode(prompt)) > 6   # longer than Gemma's window: its mask is used
     assert_same_greedy(ours, transformers_greedy(path, tok.encode(prompt), 10), {tok.eos_id})
