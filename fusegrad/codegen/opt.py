@@ -492,9 +492,9 @@ def hand_coded_opts(ast: UOp, renderer: Renderer | None = None) -> list[Opt]:
     for key in dict.fromkeys(n.src[1:] for n in nodes if n.op is Ops.REDUCE):
         r = key[-1]
         if r is vec_rng or r not in sizes or sizes[r] <= 1 or (r is window and not unroll_window): continue
-        amount = sizes[r] if sizes[r] <= 8 else 4 if sizes[r] % 4 == 0 and vec_rng is None and budget > 4 else 1
-        if amount > 1 and not any(o.op == "UNROLL" and o.axis == r.arg[0] for o in opts):
-            opts.append(Opt("UNROLL", r.arg[0], amount))
+        unroll = sizes[r] if sizes[r] <= 8 else 4 if sizes[r] % 4 == 0 and vec_rng is None and budget > 4 else 1
+        if unroll > 1 and not any(o.op == "UNROLL" and o.axis == r.arg[0] for o in opts):
+            opts.append(Opt("UNROLL", r.arg[0], unroll))
     return opts
 
 

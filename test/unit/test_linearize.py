@@ -5,7 +5,7 @@ import pytest
 from fusegrad import Tensor
 from fusegrad.codegen import to_program
 from fusegrad.codegen.linearize import linearize
-from fusegrad.codegen.opt import Opt, hand_coded_opts
+from fusegrad.codegen.opt import Opt
 from fusegrad.device import Device
 from fusegrad.ir.ops import GroupOp, Ops, UOp
 from fusegrad.ir.pattern import graph_rewrite
