@@ -8,10 +8,12 @@ lo <= r < hi (from the slice's pad: `-1 < r - p` and `r - p < T`), the loop runs
 for r' < hi - lo) and the positions outside it, which stored their own value, are not visited.
 
 Only for an elementwise kernel (no reduce) with a single STORE whose value is WHERE(valid, new, LOAD of the very
-INDEX it stores to), an interval of a constant length inside the loop's range for every value of the variables
-(vmin/vmax), and bounds of the form `r + e` with e free of loops (one of them may be missing: the loop's start or
-end, which the simplifier folds away). Runs before the optimizations on the heuristic
-path (`to_program`), as merge_ranges does: an explicit action list names the AST's own loops and sizes.
+INDEX it stores to), an interval of a constant length shorter than the loop, and bounds of the form `r + e` with e
+free of loops (one of them may be missing: the loop's start or end, which the simplifier folds away). Where a
+variable's range (vmin/vmax) lets the interval reach outside the loop, as a decode step's start_pos bounded by the
+model's context does over a KV cache that holds fewer positions, the visited positions are clamped into the loop.
+Runs before the optimizations on the heuristic path (`to_program`), as merge_ranges does: an explicit action list
+names the AST's own loops and sizes.
 """
 from __future__ import annotations
 
@@ -70,11 +72,16 @@ def _narrow_one(sink: UOp) -> UOp:
         hi = found["hi"][0] if found["hi"] else r.src[0]
         size = graph_rewrite(UOp(Ops.ADD, lo.dtype, (hi, UOp(Ops.MUL, lo.dtype, (lo, UOp.const(lo.dtype, -1))))),
                              pm_symbolic, name="narrow size")
-        if size.op is not Ops.CONST or not 0 < size.arg < r.src[0].arg: continue
-        if lo.vmin < 0 or hi.vmax > r.src[0].arg: continue   # the interval inside the loop for every variable value
+        n = r.src[0].arg
+        if size.op is not Ops.CONST or not 0 < size.arg < n: continue
         inner = UOp.range(size.arg, r.arg[0], r.arg[1])
-        return graph_rewrite(substitute(sink, {r: UOp(Ops.ADD, r.dtype, (inner, lo))}), pm_symbolic,
-                             name="narrow in-place write")
+        pos = UOp(Ops.ADD, r.dtype, (inner, lo))
+        # where a variable's range lets the interval leave the loop (a KV cache shorter than the model's context,
+        # start_pos bounded by the context), the visited positions are clamped into it: a clamped position lies
+        # outside the interval, so it stores its own value (or, clamped onto the interval's edge, the new one again)
+        if lo.vmin < 0: pos = pos.maximum(UOp.const(r.dtype, 0))
+        if hi.vmax > n: pos = UOp(Ops.CMPLT, dtypes.bool, (pos, UOp.const(r.dtype, n - 1))).where(pos, n - 1)
+        return graph_rewrite(substitute(sink, {r: pos}), pm_symbolic, name="narrow in-place write")
     return sink
 
 

@@ -26,8 +26,9 @@ class Decoder(Protocol):
 
 
 class KVCache:
-    """Keys and values of one attention layer for every position so far: two (B, L, H, D) buffers, written at
-    [start_pos, start_pos + T) and read as [0, start_pos + T). The capacity L grows with the context, in steps of
+    """Keys and values of one attention layer for every position so far: two (B, H, L, D) buffers (each head's
+    positions contiguous: a decode step reads them as one stream per head, which the prefetchers follow, where
+    (B, L, H, D) strided through the cache), written at [start_pos, start_pos + T) and read as [0, start_pos + T). The capacity L grows with the context, in steps of
     `STEP` positions and at least doubling, up to `max_len`: a short generation with a long-context model holds only
     what it uses. L stays constant between growths, so a symbolic start_pos keeps the buffers' shapes constant and
     TinyJit replays one capture for every step; a growth counts in `allocations`, which tells Generator to capture
@@ -36,7 +37,7 @@ class KVCache:
     >>> cache = KVCache(max_len=8)
     >>> keys, values = cache.update(Tensor.ones(1, 3, 2, 4), Tensor.ones(1, 3, 2, 4), start_pos=0)
     >>> keys.shape, cache.k.shape
-    ((1, 3, 2, 4), (1, 8, 2, 4))
+    ((1, 3, 2, 4), (1, 2, 8, 4))
     """
     __slots__ = ("k", "max_len", "v", "_want")
     STEP = 256
@@ -51,7 +52,7 @@ class KVCache:
     @property
     def capacity(self) -> int:
         """Positions the buffers hold now (0 before the first update)."""
-        return 0 if self.k is None else self.k.shape[1]
+        return 0 if self.k is None else self.k.shape[2]
 
     def _steps(self, n: int) -> int:
         """Positions to allocate for n: a whole number of STEPs, at most max_len."""
@@ -68,12 +69,12 @@ class KVCache:
         if capturing:   # a replay would copy the old buffers over the new ones on every step
             raise JitError(f"the KV cache must grow to {n} positions inside a TinyJit capture; reserve them before the "
                            "jitted step (KVCache.reserve, Generator.reserve)")
-        B, L, H, D = self.k.shape
+        B, H, L, D = self.k.shape
         size = max(self._steps(n), min(self.max_len, 2 * self.capacity))   # (at least doubling)
-        k, v = Tensor.zeros(B, size, H, D, dtype=self.k.dtype).contiguous(), \
-            Tensor.zeros(B, size, H, D, dtype=self.v.dtype).contiguous()
-        k[:, :L] = self.k
-        v[:, :L] = self.v
+        k, v = Tensor.zeros(B, H, size, D, dtype=self.k.dtype).contiguous(), \
+            Tensor.zeros(B, H, size, D, dtype=self.v.dtype).contiguous()
+        k[:, :, :L] = self.k
+        v[:, :, :L] = self.v
         self.k, self.v = k.realize(), v.realize()
         KVCache.allocations += 1
         return True
@@ -82,16 +83,16 @@ class KVCache:
         """Store k, v (B, T, H, D) at start_pos; returns all keys and values so far, (B, start_pos + T, H, D)."""
         B, T, H, D = k.shape
         end = (start_pos if isinstance(start_pos, int) else start_pos.unbind()[1]) + T
-        if self.k is None or self.k.shape[0] != B or self.k.shape[2:] != (H, D):
+        if self.k is None or self.k.shape[0] != B or (self.k.shape[1], self.k.shape[3]) != (H, D):
             size = self._steps(max(end, self._want, 1))
-            self.k = Tensor.zeros(B, size, H, D, dtype=k.dtype).contiguous().realize()
-            self.v = Tensor.zeros(B, size, H, D, dtype=v.dtype).contiguous().realize()
+            self.k = Tensor.zeros(B, H, size, D, dtype=k.dtype).contiguous().realize()
+            self.v = Tensor.zeros(B, H, size, D, dtype=v.dtype).contiguous().realize()
             KVCache.allocations += 1
         elif end > self.capacity: self.reserve(end)
         assert self.k is not None and self.v is not None
-        self.k[:, start_pos:start_pos + T] = k
-        self.v[:, start_pos:start_pos + T] = v
-        return self.k[:, :start_pos + T], self.v[:, :start_pos + T]
+        self.k[:, :, start_pos:start_pos + T] = k.permute(0, 2, 1, 3)
+        self.v[:, :, start_pos:start_pos + T] = v.permute(0, 2, 1, 3)
+        return self.k[:, :, :start_pos + T].permute(0, 2, 1, 3), self.v[:, :, :start_pos + T].permute(0, 2, 1, 3)
 
 
 def causal_mask(T: int, start_pos: int) -> Tensor | None:

@@ -3,12 +3,16 @@ codegen.mark_thread_loop) is started from C instead of through Python's ThreadPo
 
 Handing a chunk to a Python pool and waiting for it costs 30-45 us per kernel (a future, a queue, a condition variable
 and a GIL round trip each way); MiniLM at batch 2 x 13 runs 80 kernels of 20-400 us each, so that was a large share
-of a TinyJit replay. Here a launch is: the caller stores the job, bumps a generation counter, runs chunk 0 itself and
-spins until the workers have counted down. A worker spins on the counter for up to SPIN_NS after its last chunk
-(kernels launched back to back find it awake: about a microsecond), then sleeps on a condition variable, so an idle
-process uses no CPU. (Yielding the core while spinning, tried too, made launches slower on a loaded machine.) Each kernel's C source has a trampoline `<name>_mt` (renderer/cstyle.py) that packs its
-arguments into a struct on its stack and calls `fg_pool_run(task, &args, n, bounds)`; the pool runs the task on
-chunk i = [bounds[i], bounds[i+1]).
+of a TinyJit replay. Here a launch is: the caller stores the job, publishes its chunks and bumps a generation
+counter; then the caller and the workers claim chunks one at a time (a compare-and-swap) until none is left, and the
+caller spins until all are done. A worker spins on the counter for up to SPIN_NS after its last chunk (kernels
+launched back to back find it awake: about a microsecond), then sleeps on a condition variable, so an idle process
+uses no CPU. (Yielding the core while spinning, tried too, made launches slower on a loaded machine.) Waking a
+sleeping worker takes 30-40 us on the project's VMs, more than many decode kernels take: a launch that waited for it
+(chunk i belonged to worker i) made SmolLM2's attention kernels, which follow a few single-threaded ones, take 35-45 us
+instead of 3-6. With claiming, the caller runs the chunks a late worker hasn't taken. Each kernel's C source has a
+trampoline `<name>_mt` (renderer/cstyle.py) that packs its arguments into a struct on its stack and calls
+`fg_pool_run(task, &args, n, bounds)`; the pool runs the task on chunk i = [bounds[i], bounds[i+1]).
 
 One launch at a time: a second thread (or a child process after fork, whose workers don't exist) that finds the pool
 busy runs its chunks itself, one after another, so the pool can't deadlock. If the library doesn't compile, kernels
@@ -41,10 +45,13 @@ static pthread_mutex_t sleep_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t sleep_cv = PTHREAD_COND_INITIALIZER;
 static int sleepers;                                           /* under sleep_mu */
 static _Atomic long gen;                                       /* bumped once per launch */
-static _Atomic int pending;                                    /* workers still on this launch */
+/* the chunk claims of the current launch: generation (low 32 bits) << 32 | chunks << 16 | next unclaimed chunk.
+   A claim is a compare-and-swap on all three, so a worker that wakes late, after its launch ended, claims nothing of
+   the next one; a successful claim means the launch is still running, so its job fields below are stable. */
+static _Atomic long ticket;
+static _Atomic int finished;                                   /* chunks of the current launch done */
 static fg_task job_fn;
 static void *job_ctx;
-static int job_n;
 static int job_bounds[FG_MAXW + 2];
 static int nworkers;
 static pid_t owner;                                            /* the process the workers belong to */
@@ -59,6 +66,22 @@ static inline void relax(void) {
 }
 
 static long now_ns(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec * 1000000000L + t.tv_nsec; }
+
+/* claim and run chunks of launch g until none is left; returns how many this thread ran */
+static int run_chunks(long g) {
+  int ran = 0;
+  long t = atomic_load_explicit(&ticket, memory_order_acquire);
+  for (;;) {
+    int i = (int)(t & 0xffff), n = (int)((t >> 16) & 0xffff);
+    if ((uint32_t)(t >> 32) != (uint32_t)g || i >= n) return ran;
+    if (!atomic_compare_exchange_weak_explicit(&ticket, &t, t + 1, memory_order_acq_rel, memory_order_acquire))
+      continue;                                      /* t now holds the current ticket */
+    job_fn(job_ctx, job_bounds[i], job_bounds[i + 1]);
+    atomic_fetch_add_explicit(&finished, 1, memory_order_release);
+    ran++;
+    t = atomic_load_explicit(&ticket, memory_order_acquire);
+  }
+}
 
 static void *worker(void *arg) {
   int id = (int)(intptr_t)arg;
@@ -80,13 +103,14 @@ static void *worker(void *arg) {
       }
     }
     seen = g;
-    if (id < job_n) job_fn(job_ctx, job_bounds[id], job_bounds[id + 1]);
-    atomic_fetch_sub_explicit(&pending, 1, memory_order_acq_rel);
+    run_chunks(g);
   }
   return 0;
 }
 
-/* run fn over chunks [bounds[i], bounds[i+1]) for i < n, chunk 0 on the calling thread; returns when all are done */
+/* run fn over chunks [bounds[i], bounds[i+1]) for i < n; returns when all are done. The caller and the workers claim
+   chunks as they come free, so a launch never waits for a worker to wake: a sleeping worker (idle past SPIN_NS) takes
+   tens of microseconds to be scheduled, longer than many decode kernels; the caller runs what it hasn't claimed. */
 int fg_pool_run(fg_task fn, void *ctx, int n, const int *bounds) {
   if (n <= 1 || n > FG_MAXW + 1 || pthread_mutex_trylock(&run_mu) != 0) {
     fn(ctx, bounds[0], bounds[n]);                   /* busy (another thread launches), or nothing to split */
@@ -103,17 +127,17 @@ int fg_pool_run(fg_task fn, void *ctx, int n, const int *bounds) {
     pthread_attr_destroy(&attr);
     nworkers++;
   }
-  int m = nworkers + 1 < n ? nworkers + 1 : n;      /* chunks the workers take; the rest run here */
-  job_fn = fn; job_ctx = ctx; job_n = m;
-  for (int i = 0; i <= m; i++) job_bounds[i] = bounds[i];
-  atomic_store_explicit(&pending, nworkers, memory_order_relaxed);
-  atomic_fetch_add_explicit(&gen, 1, memory_order_release);
+  long g = atomic_load_explicit(&gen, memory_order_relaxed) + 1;
+  job_fn = fn; job_ctx = ctx;
+  for (int i = 0; i <= n; i++) job_bounds[i] = bounds[i];
+  atomic_store_explicit(&finished, 0, memory_order_relaxed);
+  atomic_store_explicit(&ticket, (long)((uint64_t)(uint32_t)g << 32 | (uint64_t)n << 16), memory_order_release);
+  atomic_store_explicit(&gen, g, memory_order_release);
   pthread_mutex_lock(&sleep_mu);
   if (sleepers) pthread_cond_broadcast(&sleep_cv);
   pthread_mutex_unlock(&sleep_mu);
-  fn(ctx, bounds[0], bounds[1]);
-  if (m < n) fn(ctx, bounds[m], bounds[n]);
-  for (int i = 0; atomic_load_explicit(&pending, memory_order_acquire) > 0; i++) {
+  run_chunks(g);
+  for (int i = 0; atomic_load_explicit(&finished, memory_order_acquire) < n; i++) {
     if (i < 1024) relax();
     else sched_yield();
   }

@@ -29,7 +29,8 @@ def test_cache_grows_keeping_its_contents_and_caps_at_max_len(monkeypatch):
     np.testing.assert_array_equal(keys.numpy(), np.concatenate([kv, more], 1))
     np.testing.assert_array_equal(values.numpy(), -np.concatenate([kv, more], 1))
     assert c.reserve(33) and c.capacity == 40                           # capped at max_len
-    np.testing.assert_array_equal(c.k[:, :11].numpy(), np.concatenate([kv, more], 1))
+    # stored head-major, (B, H, L, D): each head's positions contiguous
+    np.testing.assert_array_equal(c.k[:, :, :11].numpy(), np.concatenate([kv, more], 1).transpose(0, 2, 1, 3))
     with pytest.raises(ValueError, match="don't fit"): c.reserve(41)
 
 

@@ -106,3 +106,35 @@ def test_split_kernels_compiled_in_one_batch_use_the_pool():
     for s, lib in zip(specs, libs):
         assert lib.startswith(b"FUSEGRAD-BATCH-REF:")
         assert CPUProgram(s, lib).mt is not None
+
+
+CLAIM_C = r"""
+#include <sys/syscall.h>
+#include <unistd.h>
+long who[8];
+void task(void *ctx, int start, int end) { for (int i = start; i < end; i++) who[i] = syscall(SYS_gettid); }
+long me(void) { return syscall(SYS_gettid); }
+"""
+
+
+def test_a_launch_does_not_wait_for_a_sleeping_worker():
+    """Workers asleep (idle past the spin time) take tens of microseconds to wake; the caller claims the chunks they
+    haven't, so a small launch finishes on the caller's thread instead of waiting. When chunk i was worker i's, the
+    worker ran chunk 1 of every launch (0 of 20 here)."""
+    import ctypes
+    from fusegrad.runtime.ops_cpu import cpu_compiler, load_shared_object
+    lib = load_shared_object(cpu_compiler().compile_cached(CLAIM_C))
+    run = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p)(
+        cpu_pool.pool_run())
+    task, who = ctypes.cast(lib.task, ctypes.c_void_p), (ctypes.c_long * 8).in_dll(lib, "who")
+    lib.me.restype = ctypes.c_long
+    bounds = (ctypes.c_int * 3)(0, 1, 2)
+    assert run(task, None, 2, bounds) == 1   # the pool ran it (and started its worker)
+    mine = 0
+    for _ in range(20):
+        time.sleep(0.02)                      # past the spin time: the worker sleeps
+        who[0] = who[1] = 0
+        assert run(task, None, 2, bounds) == 1
+        assert who[0] and who[1]              # both chunks ran
+        mine += who[0] == who[1] == lib.me()
+    assert mine >= 10, f"the caller ran both chunks in {mine} of 20 launches"

@@ -35,6 +35,23 @@ def test_kv_cache_update_writes_one_position():
     np.testing.assert_array_equal(cache.numpy(), ref)
 
 
+@pytest.mark.parametrize("pos", [0, 117, 199])
+def test_a_variable_bounded_past_the_cache_still_narrows(pos):
+    """A decode step's start_pos is bounded by the model's context (here 0..4095), not by the cache (200 positions):
+    the write still visits one position (clamped into the cache), with NumPy's values at the first, a middle and the
+    last position."""
+    ref = np.random.default_rng(0).standard_normal((1, 200, 3, 64)).astype(np.float32)
+    cache = Tensor(ref.copy()).contiguous().realize()
+    k = np.random.default_rng(1).standard_normal((1, 1, 3, 64)).astype(np.float32)
+    p = Variable("p", 0, 4095).bind(pos)
+    cache[:, p:p + 1] = Tensor(k).realize()
+    name, trips = _write_kernel_work(cache)
+    assert trips == 3 * 64, (name, trips)
+    cache.realize()
+    ref[:, pos:pos + 1] = k
+    np.testing.assert_array_equal(cache.numpy(), ref)
+
+
 def test_an_int_index_and_a_slice_narrow_both_loops():
     c = Tensor(np.zeros((5, 6, 7), np.float32)).contiguous().realize()
     c[1:3, 5] = Tensor.full((2, 7), -3.0).contiguous().realize()
@@ -54,8 +71,8 @@ def test_a_strided_slice_keeps_the_whole_loop_and_the_values():
 @settings(max_examples=60, deadline=None)
 @given(st.data())
 def test_slice_writes_equal_numpy(data):
-    """Random shapes, slices (start/stop/step, ints) and a bound variable start on one axis: every write, narrowed or
-    not, leaves the buffer equal to NumPy's after the same writes in the same order."""
+    """Random shapes, slices (start/stop/step, ints) and a bound variable start on one axis (its bounds the axis's or
+    past them): every write, narrowed or not, leaves the buffer equal to NumPy's after the same writes in the same order."""
     nd = data.draw(st.integers(1, 3))
     shape = tuple(data.draw(st.integers(1, 6)) for _ in range(nd))
     ref = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
@@ -69,7 +86,8 @@ def test_slice_writes_equal_numpy(data):
             elif kind == "var":
                 length = data.draw(st.integers(1, n))
                 start = data.draw(st.integers(0, n - length))
-                idx.append((Variable(f"s{ax}", 0, n - length).bind(start), start, length))
+                past = data.draw(st.sampled_from([0, 0, 3]))   # bounds past the axis, as a decode's start_pos
+                idx.append((Variable(f"s{ax}", 0, n - length + past).bind(start), start, length))
             else:
                 a = data.draw(st.integers(0, n - 1))
                 b = data.draw(st.integers(a + 1, n))
