@@ -111,6 +111,11 @@ def to_program(ast: UOp, renderer: Renderer, opts: list | None = None) -> Progra
         uops = params + [u for u in uops if u.op is not Ops.PARAM]
     # variables (symbolic sizes) are int arguments after the buffers, in name order: runtimes pass spec.vars' values
     variables = sorted((u for u in uops if u.op is Ops.DEFINE_VAR), key=lambda u: u.arg[0])
+    for a, b in zip(variables, variables[1:]):   # one name is one kernel argument
+        if a.arg[0] == b.arg[0]:
+            kinds = f"{a.arg[1]}..{a.arg[2]} {a.dtype} and {b.arg[1]}..{b.arg[2]} {b.dtype}"
+            raise ValueError(f"kernel {name}: two different variables named {a.arg[0]!r} ({kinds}); "
+                             "give them different names")
     if variables:
         n_params = sum(1 for u in uops if u.op is Ops.PARAM)
         rest = [u for u in uops if u.op is not Ops.DEFINE_VAR]

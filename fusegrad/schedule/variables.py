@@ -6,7 +6,7 @@ are then the same for every value of a variable, so one compiled kernel serves t
 ScheduleItems and are passed to the program at launch (`prg(*bufs, vals=...)`). A variable bound to several values in
 one realize keeps its first value; each further value gets an alias, a variable of its own with the same range (named
 `alias_name(name, k)`), so `x[:v.bind(2)]` and `x[:v.bind(3)]` become different nodes read by different kernel
-arguments. The aliases are made in walk order, so the same graph structure gives the same aliases (the schedule cache
+arguments; so does a second variable of the same name with another range (a kernel argument per name). The aliases are made in walk order, so the same graph structure gives the same aliases (the schedule cache
 key holds them).
 
 A symbolic slice bound may hold only for some values of its variables (`t[:, :v]` with v's maximum past the axis, as
@@ -49,6 +49,7 @@ class Unbinder:
     def __init__(self) -> None:
         self.var_vals: dict[UOp, int] = {}
         self.aliases: dict[tuple[UOp, int], UOp] = {}   # (variable, a second value) -> the variable standing for it
+        self.names: dict[str, UOp] = {}   # variable name -> the variable that has it in this realize
         self.memo: dict[UOp, UOp] = {}
         self.used: set[UOp] = set()   # every DEFINE_VAR a shape mentions (each must be bound somewhere)
         self.checks: dict[tuple, None] = {}   # (axis, begin, end, size), unbound: shrink bounds true for some values
@@ -73,15 +74,18 @@ class Unbinder:
     def variable(self, var: UOp, val: int) -> UOp:
         """The variable that stands for `var` bound to `val` in this realize: `var` itself for its first value, an
         alias (a variable of its own, named `alias_name(name, k)`, with var's range) for each further value, so the
-        kernels reading `x[:v.bind(2)]` and `x[:v.bind(3)]` take their own argument."""
-        if self.var_vals.setdefault(var, val) == val: return var
+        kernels reading `x[:v.bind(2)]` and `x[:v.bind(3)]` take their own argument. A second variable of the same
+        name (another range or dtype) is aliased too: one name is one kernel argument."""
+        owner = self.names.setdefault(var.arg[0], var)
+        if owner is var and self.var_vals.setdefault(var, val) == val: return var
         if (alias := self.aliases.get((var, val))) is not None: return alias
-        k = sum(1 for v, _ in self.aliases if v is var)
-        while True:   # (a user variable of the alias's name and range would be the same node: skip its name)
+        k = sum(1 for v, _ in self.aliases if v.arg[0] == var.arg[0])
+        while True:   # (a user variable of the alias's name would be another argument of that name: skip its name)
             k += 1
             alias = UOp(var.op, var.dtype, var.src, (alias_name(var.arg[0], k), *var.arg[1:]))
-            if alias not in self.var_vals and alias not in self.used: break
+            if alias.arg[0] not in self.names and not any(u.arg[0] == alias.arg[0] for u in self.used): break
         self.aliases[(var, val)] = alias
+        self.names[alias.arg[0]] = alias
         self.var_vals[alias] = val
         return alias
 
@@ -93,7 +97,8 @@ class Unbinder:
     def check_bound(self) -> None:
         """Raise for a variable some shape uses that no shape binds, and for slice bounds out of range for the values
         bound (BoundsError)."""
-        unbound = sorted(v.arg[0] for v in self.used if v not in self.var_vals)
+        aliased = {v for v, _ in self.aliases}
+        unbound = sorted(v.arg[0] for v in self.used if v not in self.var_vals and v not in aliased)
         if unbound:
             raise ValueError(f"variable {unbound[0]!r} is used in a shape or as a value but not bound to a value; "
                              f"use {unbound[0]}.bind(value)")
