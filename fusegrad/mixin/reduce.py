@@ -99,15 +99,26 @@ def _dot_nodes(x: "Tensor", w: "Tensor") -> "Tensor":
 TRANSPOSED_WEIGHT_ROWS = 64   # x @ b.T copies b.T row-major from this many rows of x (see dot)
 TRANSPOSED_WEIGHT_ROWS_NO_GRAD = 16   # ... and from this many when no gradient flows into a b of at least
 TRANSPOSED_WEIGHT_MIN_ELEMENTS = 1 << 14   # this many elements (inference: the copy is made once per weight)
-PANEL = 32                     # a large CPU weight is read as (N / PANEL, K, PANEL) column panels (see dot)
+PANEL = 32                     # a large CPU weight is read as (N / width, K, width) column panels (see dot): width
+PANEL_VECTORS = 2              # ... is PANEL_VECTORS of the target's vectors (32 floats with AVX-512, 16 with AVX2),
+                               # or PANEL without vectors (see panel_columns)
 PANEL_MIN_ELEMENTS = 1 << 20   # ... when it has at least this many elements (4 MB of float32: past the L2 cache)
+
+
+def panel_columns(device: str) -> int:
+    """The columns of a large weight's panels on this device: PANEL_VECTORS vectors, the register tile's columns
+    (codegen/opt.py `register_tile`: 6 x 2 or 4 x 2 vectors on AVX2, 8 x 2 on AVX-512), so that a tile's reduce reads
+    its panel as one sequential stream. (Panels of 32 floats on AVX2 had the 16-float tile read every other 64-byte
+    line, rows 128 bytes apart: one core, 2048 matmul, 6% slower.) PANEL where the device has no vectors."""
+    lanes = _vector_and_cache(device)[0]
+    return PANEL_VECTORS * lanes if lanes >= 4 else PANEL
 
 
 def _panel_width(x: "Tensor", w: "Tensor", no_grad_into_w: bool) -> int:
     """The width of the column panels `dot` reads the 2-D weight w as, (N / width, K, width) contiguous; 0: w as it is.
     A realized float32 CPU weight with no gradient flowing into it (see `dot`):
-    - PANEL columns with at least TRANSPOSED_WEIGHT_ROWS rows of x and PANEL_MIN_ELEMENTS elements of w (a BLAS's
-      packing: each panel's rows are PANEL floats apart, not N);
+    - `panel_columns` with at least TRANSPOSED_WEIGHT_ROWS rows of x and PANEL_MIN_ELEMENTS elements of w (a BLAS's
+      packing: each panel's rows are that many floats apart, not N);
     - one vector of the target (16 float32 lanes on AVX-512, 8 on AVX2) with TRANSPOSED_WEIGHT_ROWS_NO_GRAD up to
       TRANSPOSED_WEIGHT_ROWS rows of x and a w larger than a quarter of the L2 (codegen/opt.py `skinny_bytes`): a
       skinny product streams all of w for every block of rows, and a row-major w's column of vectors is N floats
@@ -121,7 +132,8 @@ def _panel_width(x: "Tensor", w: "Tensor", no_grad_into_w: bool) -> int:
         return 0
     rows, (k, n) = prod(x.shape[:-1]), w.shape
     if rows >= TRANSPOSED_WEIGHT_ROWS:
-        width = PANEL if n >= 8 * PANEL and k * n >= PANEL_MIN_ELEMENTS else 0
+        cols = panel_columns(dev)
+        width = cols if n >= 8 * cols and k * n >= PANEL_MIN_ELEMENTS else 0
     elif rows >= TRANSPOSED_WEIGHT_ROWS_NO_GRAD:
         lanes, cache = _vector_and_cache(dev)
         width = lanes if lanes >= 4 and n >= 8 * lanes and k * n * 4 > skinny_bytes(cache) > 0 else 0
@@ -236,8 +248,8 @@ class ReduceMixin:
         # With enough rows to amortize it, a realized b is copied to row-major first: a relayout that storage.py keeps
         # until b is written, so eager calls make it once per weight version (a computed b is left alone: its copy
         # would be a kernel of its own on every call, as in X @ X.T).
-        # A large realized float32 weight on the CPU is read as column panels, (N / PANEL, K, PANEL) contiguous, as a
-        # BLAS packs it: the reduce then streams one panel (rows PANEL floats apart) instead of rows N (>= 8 panels)
+        # A large realized float32 weight on the CPU is read as column panels, (N / P, K, P) contiguous (P: two vectors,
+        # panel_columns), as a BLAS packs it: the reduce then streams one panel (rows P floats apart) instead of rows N
         # apart, which at N = 2048 hit the same few L1 sets on every step (2048 matmul 72 -> 35 ms). The panel copy is
         # a relayout (kept while the weight is unwritten); it's made only where no gradient flows into the weight.
         no_grad_into_w = type(w).no_grad or not w.requires_grad

@@ -660,9 +660,38 @@ typedef char fg_v16qi __attribute__((vector_size(16)));
 typedef short fg_v8hi __attribute__((vector_size(16)));"""
 
 
+# a register tile's reduce loop (at least this many vector accumulators updated in an innermost loop) is unrolled by
+# TILE_LOOP_UNROLL trips by the C compiler: GCC -O2 unrolls no loop, and the tile's loop spent a tenth of its time on
+# the index and the branch of every trip (see `_cpu_range`)
+TILE_LOOP_ACCUMULATORS, TILE_LOOP_UNROLL = 8, 4
+
+
+def tile_loop(uops: list[UOp], i: int) -> bool:
+    """Whether uops[i], a RANGE, is the innermost loop of a register tile: a reduce loop with no loop inside that
+    updates at least TILE_LOOP_ACCUMULATORS vector accumulators, over at least 2 x TILE_LOOP_UNROLL trips."""
+    u = uops[i]
+    if u.arg[1] != "reduce" or u.src[0].op is not Ops.CONST or int(u.src[0].arg) < 2 * TILE_LOOP_UNROLL: return False
+    accs = 0
+    for v in uops[i + 1:]:
+        if v.op is Ops.RANGE: return False
+        if v.op is Ops.END: return accs >= TILE_LOOP_ACCUMULATORS
+        if v.op is Ops.STORE and v.src[0].src[0].op is Ops.DEFINE_REG and v.src[1].dtype.count > 1: accs += 1
+    return False
+
+
+def _cpu_range(c: CStyleLanguage, k: TextKernel, u: UOp) -> str:
+    """A loop; a register tile's reduce loop asks the C compiler to unroll it (`#pragma GCC unroll`, which Clang reads
+    too). GCC keeps each trip's loads next to their FMAs, so the registers a trip needs don't grow (the spill tests
+    still hold), and the copies address with constant offsets: AVX2 6 x 2 tile, 1024 and 2048 matmul, one core,
+    +5-10%."""
+    if tile_loop(k.uops, k.i): k.line(f"#pragma GCC unroll {TILE_LOOP_UNROLL}")
+    return _range(c, k, u)
+
+
 # one C table for every dialect: only the CPU's C renderer makes these differ (DOT4 exists only where
 # `dot4_lanes()` names lanes; narrow shifts by one count only with `scalar_shift_counts`)
 CStyleLanguage.rules.update({Ops.DOT4: _dot4, Ops.SHL: _narrow_shift, Ops.SHR: _narrow_shift})
+ClangRenderer.rules = {**CStyleLanguage.rules, Ops.RANGE: _cpu_range}
 
 
 def _thread_trampoline(name: str, args: list[str]) -> str:

@@ -178,9 +178,10 @@ def test_matmul_transposed_weight_reads_a_row_major_copy():
 
 def test_matmul_large_weight_reads_column_panels():
     # a large realized float32 weight (>= PANEL_MIN_ELEMENTS) on the CPU, no gradient into it: the matmul reads a
-    # (N / PANEL, K, PANEL) copy (a relayout, made once while the weight is unwritten); values equal NumPy's
+    # (N / P, K, P) copy (P = panel_columns: two vectors; a relayout, made once while the weight is unwritten); values
+    # equal NumPy's
     from fusegrad import GlobalCounters
-    from fusegrad.mixin.reduce import PANEL, PANEL_MIN_ELEMENTS, TRANSPOSED_WEIGHT_ROWS
+    from fusegrad.mixin.reduce import PANEL_MIN_ELEMENTS, TRANSPOSED_WEIGHT_ROWS, panel_columns
     rng = np.random.default_rng(2)
     k, n = 1024, PANEL_MIN_ELEMENTS // 1024
     wn = rng.standard_normal((k, n), dtype=np.float32)
@@ -209,7 +210,34 @@ def test_matmul_large_weight_reads_column_panels():
     Tensor.no_grad = True
     try: assert len((x @ Tensor(wn, requires_grad=True).realize()).schedule()) == 2   # no gradient flows: panels
     finally: Tensor.no_grad = False
-    assert n % PANEL == 0
+    assert n % panel_columns("CPU") == 0
+
+
+def test_column_panels_are_two_vectors_wide():
+    # the panels are the register tile's width, two of the machine's vectors (16 floats on AVX2, 32 on AVX-512), so
+    # the tile reads one sequential stream; odd row counts (the tile's clamped last trip) and a K no unroll divides
+    # stay exact (integer-valued inputs)
+    from fusegrad import GlobalCounters
+    from fusegrad.codegen import to_program
+    from fusegrad.device import Device
+    from fusegrad.mixin.reduce import PANEL, panel_columns
+    lanes = Device["CPU"].renderer.simd_bytes // 4
+    p = panel_columns("CPU")
+    assert p == (2 * lanes if lanes >= 4 else PANEL)
+    rng = np.random.default_rng(5)
+    k, n = 1027, 1056   # 1056 = 33 x 32 = 66 x 16
+    wn = rng.integers(-4, 5, (k, n)).astype(np.float32)
+    w = Tensor(wn).realize()
+    for m in (64, 77, 1001):
+        xn = rng.integers(-4, 5, (m, k)).astype(np.float32)
+        x = Tensor(xn).realize()
+        sched = (x @ w).schedule()
+        assert len(sched) == (2 if m == 64 else 1)   # the panel copy (made once), the product reading (n/p, k, p) panels
+        assert to_program(sched[-1].ast, Device["CPU"].renderer).name == f"r_{m}_{n // p}_{p}_{k}"
+        np.testing.assert_array_equal((x @ w).numpy(), xn @ wn)
+        GlobalCounters.reset()
+        np.testing.assert_array_equal((x @ w).numpy(), xn @ wn)
+        assert GlobalCounters.kernel_count == 1   # the panel copy is kept
 
 
 def test_skinny_product_reads_one_vector_panels():
@@ -267,13 +295,14 @@ def test_large_linear_with_a_bias_vectorizes_its_panels():
     # (2 ms). Values equal NumPy's (integer-valued: exact)
     from fusegrad.codegen import to_program
     from fusegrad.device import Device
-    from fusegrad.mixin.reduce import PANEL, PANEL_MIN_ELEMENTS, TRANSPOSED_WEIGHT_ROWS
+    from fusegrad.mixin.reduce import PANEL_MIN_ELEMENTS, TRANSPOSED_WEIGHT_ROWS, panel_columns
     rng = np.random.default_rng(4)
     k = n = int(PANEL_MIN_ELEMENTS ** 0.5)
     wn, bn = rng.integers(-4, 5, (n, k)).astype(np.float32), rng.integers(-4, 5, n).astype(np.float32)
     xn = rng.integers(-4, 5, (TRANSPOSED_WEIGHT_ROWS, k)).astype(np.float32)
     w, b, x = Tensor(wn).realize(), Tensor(bn).realize(), Tensor(xn).realize()
     spec = to_program(x.linear(w.T, b).schedule()[-1].ast, Device["CPU"].renderer)
-    assert spec.name == f"r_{TRANSPOSED_WEIGHT_ROWS}_{n // PANEL}_{PANEL}_{k}"
+    p = panel_columns("CPU")
+    assert spec.name == f"r_{TRANSPOSED_WEIGHT_ROWS}_{n // p}_{p}_{k}"
     if Device["CPU"].renderer.simd_bytes: assert "float_x" in spec.src   # vectorized
     np.testing.assert_array_equal(x.linear(w.T, b).numpy(), xn @ wn.T + bn)

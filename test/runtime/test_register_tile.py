@@ -17,7 +17,8 @@ from fusegrad.codegen.opt import Opt, apply_opt, apply_opts, clamped_upcast_ok, 
 from fusegrad.codegen.search import fits_registers
 from fusegrad.device import Buffer
 from fusegrad.dtype import dtypes
-from fusegrad.renderer.cstyle import ClangRenderer
+from fusegrad.ir.ops import Ops, UOp
+from fusegrad.renderer.cstyle import TILE_LOOP_ACCUMULATORS, TILE_LOOP_UNROLL, ClangRenderer, tile_loop
 from fusegrad.runtime import machine as machine_mod
 from fusegrad.runtime.ops_cpu import CPUCompiler, CPUProgram, find_compiler
 
@@ -301,3 +302,37 @@ def test_skinny_products_read_one_vector_panels_with_the_skinny_tile(march, lane
     bn = rng.integers(-4, 5, 1536).astype(np.float32)
     wpn = np.ascontiguousarray(wn.reshape(384, 1536 // lanes, lanes).transpose(1, 0, 2))
     np.testing.assert_array_equal(run(comp, spec, [xn, wpn, bn], (26, 1536)), xn @ wn + bn)
+
+
+@pytest.mark.parametrize("march", ["x86-64-v3", "x86-64-v4"])
+def test_tile_loop_is_unrolled_without_spills(march, monkeypatch):
+    """The register tile's reduce loop carries `#pragma GCC unroll` (renderer/cstyle.py `tile_loop`): GCC's innermost
+    FMA loop then holds TILE_LOOP_UNROLL trips of the tile's FMAs, still without a stack access, and the result is
+    exact. A reduce with one accumulator (a row sum) gets no pragma."""
+    comp, ren = target(march, monkeypatch)
+    spec = to_program(matmul_ast(96, 256, 256), ren)
+    accs = spec.src.count("[0] = acc")   # the accumulator updates in the loop body
+    assert f"#pragma GCC unroll {TILE_LOOP_UNROLL}\n" in spec.src and accs >= TILE_LOOP_ACCUMULATORS
+    loop = hot_loop(comp.assembly(spec.src), spec.name)
+    assert sum("vfmadd" in ln for ln in loop) == TILE_LOOP_UNROLL * accs
+    assert stack_vector_accesses(loop) == []
+    (si,) = Tensor.empty(64, 256).realize().sum(axis=1).schedule()
+    assert "#pragma" not in to_program(si.ast, ren).src
+    rng = np.random.default_rng(7)
+    a, b = (rng.integers(-4, 5, s).astype(np.float32) for s in ((96, 256), (256, 256)))
+    if not runnable(march): pytest.skip(f"this host can't run {march} code (the assembly was checked)")
+    np.testing.assert_array_equal(run(comp, spec, [a, b], (96, 256)), a @ b)
+
+
+@pytest.mark.parametrize("trips,accs,nested,want", [(256, 12, False, True), (7, 12, False, False),
+                                                     (256, 4, False, False), (256, 12, True, False)])
+def test_tile_loop_rule(trips, accs, nested, want):
+    """tile_loop on hand-built programs: enough trips, enough vector accumulators, and no loop inside."""
+    f8 = dtypes.float32.vec(8)
+    r = UOp.range(trips, 1, "reduce")
+    body = [r] + ([UOp.range(4, 2, "reduce")] if nested else [])
+    for i in range(accs):
+        slot = UOp(Ops.INDEX, f8, (UOp(Ops.DEFINE_REG, f8.ptr(1, "reg"), (), i), UOp.const(dtypes.int32, 0)))
+        body.append(UOp(Ops.STORE, dtypes.void, (slot, UOp.const(f8, 1.0))))
+    body.append(UOp(Ops.END, dtypes.void, (r,)))
+    assert tile_loop(body, 0) == want

@@ -1,0 +1,46 @@
+"""The CPU allocator's huge pages (runtime/ops_cpu.py): `huge_page_bytes` reads Linux's transparent-huge-page
+settings, and a buffer of at least two huge pages is aligned to one (so madvise can back it with them) and holds what
+is written to it; smaller buffers keep the usual alignment."""
+import ctypes
+
+import pytest
+
+from fusegrad.runtime.ops_cpu import CPUAllocator, huge_page_bytes
+
+MB2 = 2 << 20
+
+
+@pytest.mark.parametrize("mode,size,want", [("always [madvise] never\n", "2097152\n", MB2),
+                                            ("[always] madvise never\n", "2097152\n", MB2),
+                                            ("always madvise [never]\n", "2097152\n", 0),
+                                            ("always [madvise] never\n", "garbage\n", 0),
+                                            ("always [madvise] never\n", "3000000\n", 0),   # not a power of two
+                                            (None, None, 0)])   # no THP in this kernel (or not Linux)
+def test_huge_page_bytes_reads_sysfs(tmp_path, mode, size, want):
+    if mode is not None: (tmp_path / "enabled").write_text(mode)
+    if size is not None: (tmp_path / "hpage_pmd_size").write_text(size)
+    assert huge_page_bytes(str(tmp_path)) == want
+
+
+@pytest.mark.parametrize("nbytes,aligned", [(2 * MB2, True), (5 * MB2 + 12, True), (MB2, False), (4096, False)])
+def test_big_buffers_are_aligned_to_a_huge_page(nbytes, aligned):
+    alloc = CPUAllocator(huge_page=MB2)
+    if alloc.madvise is None: pytest.skip("no madvise in this C library")
+    ptr = alloc.alloc(nbytes)
+    try:
+        assert ptr % 64 == 0
+        if aligned: assert ptr % MB2 == 0
+        data = bytes(range(256)) * (nbytes // 256) + bytes(nbytes % 256)
+        alloc._copyin(ptr, memoryview(data))
+        out = bytearray(nbytes)
+        alloc._copyout(memoryview(out), ptr)
+        assert out == data and ctypes.c_ubyte.from_address(ptr + nbytes - 1).value == data[-1]
+    finally: alloc.free(ptr, nbytes)
+
+
+def test_without_huge_pages_nothing_changes():
+    alloc = CPUAllocator(huge_page=0)
+    assert alloc.madvise is None
+    ptr = alloc.alloc(4 * MB2)
+    assert ptr % 64 == 0
+    alloc.free(ptr, 4 * MB2)
