@@ -113,6 +113,7 @@ BEAM_BUDGET = ContextVar("BEAM_BUDGET", 20.0)  # seconds of search per kernel
 BEAM_ROUNDS = ContextVar("BEAM_ROUNDS", 4)
 JIT = ContextVar("JIT", 1)
 JIT_VERIFY = ContextVar("JIT_VERIFY", 0)  # N: each of a TinyJit's first N replays also runs eagerly, and must agree
+JIT_GRAPH = ContextVar("JIT_GRAPH", 1)  # 1: a replay runs each run of CPU kernels with one call into C
 DEV = ContextVar("DEV", "")
 SPEC = ContextVar("SPEC", 0)
 CACHELEVEL = ContextVar("CACHELEVEL", 2)

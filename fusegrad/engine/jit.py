@@ -31,10 +31,11 @@ from fusegrad import storage
 from fusegrad.device import Buffer
 from fusegrad.engine.capture import JitError, capturing, not_capturing, note_assign, note_relayout  # noqa: F401
 from fusegrad.engine.realize import get_runner
-from fusegrad.helpers import DEBUG, JIT, JIT_VERIFY, BoundsError, PROFILE, REFERENCE, VIZ, GlobalCounters
+from fusegrad.helpers import DEBUG, JIT, JIT_GRAPH, JIT_VERIFY, BoundsError, PROFILE, REFERENCE, VIZ, GlobalCounters
 from fusegrad.ir.ops import Ops, UOp
 from fusegrad.ir.pattern import substitute
 from fusegrad.ir.shape import all_static, shrink_bounds_error
+from fusegrad.runtime import cpu_graph
 from fusegrad.schedule import ScheduleItem
 from fusegrad.storage import buffer_uop, buffer_view, buffers
 from fusegrad.storage import is_contiguous_buffer, is_realized
@@ -134,6 +135,37 @@ class _Launch:
     bump: Buffer | None = None   # a fixed buffer this launch computes afresh: its version moves on every run
     follow: dict[UOp, UOp] = field(default_factory=dict)   # kernel variable -> the argument variable giving its value
 
+    def skipped(self) -> bool:
+        """A relayout whose source and copy are unwritten since it last ran: this run passes it over."""
+        return self.relayout is not None and self.done is not None and storage.still_valid(self.done)
+
+    def ran(self, per_call: list[Buffer]) -> None:
+        """What follows a kernel launch (one not skipped): the memory it wrote in place moves to a new version, as
+        does a named fixed buffer it computed afresh, and a relayout records what it copied."""
+        if self.item.inplace: storage.written(per_call[self.slots[0][1]] if self.slots and self.slots[0][0] == 0
+                                              else self.item.bufs[0])   # cached results read the old contents
+        if self.bump is not None: storage.written(self.bump)
+        if self.relayout is not None: self.done = storage.read_versions(self.relayout)
+
+    def values(self, var_vals: dict[Any, int] | None) -> tuple[int, ...]:
+        """This call's values of the kernel's variables (one that follows no argument keeps its captured value)."""
+        new = _values(self.follow, var_vals)
+        return tuple(new.get(v, self.item.var_vals.get(v, 0)) for v in self.prg.spec.vars)
+
+
+@dataclass
+class _Batch:
+    """Consecutive kernel launches run by one call into C (runtime/cpu_graph.py, JIT_GRAPH). Before the call, the
+    bookkeeping of the launches is done in their order (relayout skips, versions: nothing reads them in between);
+    then the per-call words are patched in and the kernels run."""
+    calls: cpu_graph.Calls
+    launches: list[_Launch]
+    bufs: list[tuple[int, int]]        # (word, index into the per-call buffers)
+    vars: list[tuple[int, UOp, int]]   # (word, argument variable whose value goes there, value when it has none)
+    book: list[tuple[int, _Launch]]    # (skip word, launch) of the launches with bookkeeping
+    ops: int
+    mem: int
+
 
 class CapturedJit:
     """The kernels of one captured call, ready to replay with new input (and fresh output) buffers."""
@@ -187,6 +219,26 @@ class CapturedJit:
         self._written_inputs = sorted({per_call[id(it.bufs[0])] for it in items if id(it.bufs[0]) in per_call
                                        and per_call[id(it.bufs[0])] < len(inputs)})
         self._written_fixed = {storage.memory_of(it.bufs[0]) for it in items if id(it.bufs[0]) not in per_call}
+        self._plan: list[_Launch | _Batch] | None = None   # the launches with runs of CPU kernels batched (JIT_GRAPH)
+
+    def plan(self) -> list[_Launch | _Batch]:
+        """The launches, each run of consecutive kernels that C can launch (cpu_graph.c_entry) made one _Batch;
+        copies between devices and other kernels stay single launches between them."""
+        if self._plan is not None: return self._plan
+        out: list[_Launch | _Batch] = []
+        run: list[tuple[_Launch, int, tuple[int, ...]]] = []
+        usable = cpu_graph.runner() is not None
+        for ln in self.launches:
+            entry = cpu_graph.c_entry(ln.prg) if usable and ln.prg is not None else None
+            if entry is not None and len(ln.args) + len(ln.prg.spec.vars) + len(entry[1]) <= cpu_graph.MAX_ARGS:
+                run.append((ln, *entry))
+                continue
+            if run: out.append(_batch(run))
+            run = []
+            out.append(ln)
+        if run: out.append(_batch(run))
+        self._plan = out
+        return out
 
     def written_memory(self, in_bufs: list[Buffer]) -> set[int]:
         """The memory (storage.memory_of) a replay with these input buffers writes, fresh outputs aside."""
@@ -199,7 +251,10 @@ class CapturedJit:
         outs = [Buffer(b.device, b.size, b.dtype) for b in self.outputs]
         per_call = in_bufs + outs
         traced = bool(VIZ.value or PROFILE.value)  # fusegrad/viz: time each replayed launch for the timeline
-        for ln in self.launches:
+        for ln in self.plan() if JIT_GRAPH.value and not traced else self.launches:
+            if type(ln) is _Batch:
+                _run_batch(ln, per_call, var_vals)
+                continue
             if ln.prg is None:  # copy between devices
                 bufs = list(ln.args)
                 for k, i in ln.slots: bufs[k] = per_call[i]
@@ -209,26 +264,58 @@ class CapturedJit:
                 GlobalCounters.copy_bytes += bufs[1].nbytes
                 if ln.bump is not None: storage.written(ln.bump)
                 continue
-            if ln.relayout is not None:
-                if ln.done is not None and storage.still_valid(ln.done): continue
+            if ln.skipped(): continue
             args = list(ln.args)
             for k, i in ln.slots: args[k] = per_call[i].opaque
             if ln.prg.spec.vars:  # symbolic sizes: this call's values (variables not in the inputs keep theirs)
-                new = _values(ln.follow, var_vals)
-                vals = tuple(new.get(v, ln.item.var_vals.get(v, 0)) for v in ln.prg.spec.vars)
-                et = ln.prg(*args, vals=vals, wait=traced)
+                et = ln.prg(*args, vals=ln.values(var_vals), wait=traced)
             else: et = ln.prg(*args, wait=traced)
             if traced:
                 from fusegrad.viz.recorder import record_item
                 record_item(ln.item, et or 0.0, ln.prg.spec.display_name, ln.prg.spec.ops, ln.prg.spec.mem)
-            if ln.item.inplace: storage.written(per_call[ln.slots[0][1]] if ln.slots and ln.slots[0][0] == 0
-                                                else ln.item.bufs[0])   # cached results read the old contents
-            if ln.bump is not None: storage.written(ln.bump)
-            if ln.relayout is not None: ln.done = storage.read_versions(ln.relayout)
+            ln.ran(per_call)
             GlobalCounters.kernel_count += 1
             GlobalCounters.global_ops += ln.prg.spec.ops
             GlobalCounters.global_mem += ln.prg.spec.mem
         return outs
+
+
+def _batch(run: list[tuple[_Launch, int, tuple[int, ...]]]) -> _Batch:
+    """A _Batch of launches with their C entries (address, trailing arguments)."""
+    calls = cpu_graph.CallList()
+    bufs: list[tuple[int, int]] = []
+    var_words: list[tuple[int, UOp, int]] = []
+    book: list[tuple[int, _Launch]] = []
+    for ln, fn, trailing in run:
+        # a variable that follows no argument keeps its captured value (_Launch.values): in the template
+        fixed = ln.values(None)
+        at = calls.add(fn, [a or 0 for a in ln.args] + list(fixed) + list(trailing))
+        first = at + cpu_graph.HEADER
+        bufs += [(first + k, i) for k, i in ln.slots]
+        var_words += [(first + len(ln.args) + j, ln.follow[v], fixed[j]) for j, v in enumerate(ln.prg.spec.vars)
+                      if v in ln.follow]
+        if ln.relayout is not None or ln.item.inplace or ln.bump is not None: book.append((at, ln))
+    lns = [r[0] for r in run]
+    return _Batch(calls.build(), lns, bufs, var_words, book, sum(ln.prg.spec.ops for ln in lns),
+                  sum(ln.prg.spec.mem for ln in lns))
+
+
+def _run_batch(b: _Batch, per_call: list[Buffer], var_vals: dict[Any, int] | None) -> None:
+    """One replay of a _Batch: the launches' bookkeeping in their order, the per-call words, one call into C."""
+    words = b.calls.fresh()
+    n, ops, mem = len(b.launches), b.ops, b.mem
+    for at, ln in b.book:
+        if ln.skipped():
+            words[at] = 1
+            n, ops, mem = n - 1, ops - ln.prg.spec.ops, mem - ln.prg.spec.mem
+        else: ln.ran(per_call)
+    for w, i in b.bufs: words[w] = per_call[i].opaque
+    if b.vars and var_vals:
+        for w, a, d in b.vars: words[w] = var_vals.get(a, d)
+    b.calls.run(words)
+    GlobalCounters.kernel_count += n
+    GlobalCounters.global_ops += ops
+    GlobalCounters.global_mem += mem
 
 
 def _follow(items: list[ScheduleItem], arg_vals: dict[Any, int]) -> dict[UOp, UOp]:

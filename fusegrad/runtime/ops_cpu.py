@@ -293,6 +293,14 @@ class CPUProgram:
                 self.mt, self.run = mt, run
                 self.bounds = (ctypes.c_int * (t + 1))(*[c[0] for c in self.chunks], self.chunks[-1][1])
 
+    def c_entry(self) -> tuple[int, tuple[int, ...]] | None:
+        """How C code launches this kernel as __call__ does: call the address with (*bufs, *vals, *trailing); returns
+        (address, trailing), or None when __call__ hands the chunks to the Python pool (runtime/cpu_graph.py)."""
+        if not self.chunks: return _address(self.fxn), ()
+        if len(self.chunks) == 1: return _address(self.fxn), self.chunks[0]
+        if self.mt is not None: return _address(self.mt), (self.run, len(self.chunks), ctypes.addressof(self.bounds))
+        return None
+
     @staticmethod
     def _load(lib: bytes, name: str) -> tuple[ctypes.CDLL, Any]:
         sym = name
@@ -316,6 +324,11 @@ class CPUProgram:
             for _ in self.chunks[1:]:
                 if (e := done.get()) is not None: raise e
         return time.perf_counter() - st if wait else None
+
+
+def _address(fn: Any) -> int:
+    """The address of a ctypes function (a symbol of a loaded library or a CFUNCTYPE object)."""
+    return ctypes.cast(fn, ctypes.c_void_p).value or 0
 
 
 @functools.cache
