@@ -240,6 +240,10 @@ class CapturedJit:
         self._plan = out
         return out
 
+    def batched(self) -> int:
+        """How many of the launches a replay under JIT_GRAPH runs inside batches (one call into C for each batch)."""
+        return sum(len(p.launches) for p in self.plan() if type(p) is _Batch)
+
     def written_memory(self, in_bufs: list[Buffer]) -> set[int]:
         """The memory (storage.memory_of) a replay with these input buffers writes, fresh outputs aside."""
         return self._written_fixed | {storage.memory_of(in_bufs[i]) for i in self._written_inputs}
