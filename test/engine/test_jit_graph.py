@@ -278,3 +278,15 @@ def test_random_programs_match_eager_and_torch(ops, seed):
     for (x, y), got in zip(inputs, outs):
         z, s = program(ops, torch.tensor(x), torch.tensor(y), s, torch.where, lambda t, v: v)
         np.testing.assert_allclose(got[0], z.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_llvm_device_kernels_are_batched_too(batches):
+    pytest.importorskip("llvmlite")
+    def make():
+        s = Tensor.zeros(16, device="LLVM").contiguous().realize()
+        def f(x):
+            x = x.to("LLVM")   # (a copy between devices, then the LLVM kernels)
+            return s.assign(s * 0.5 + (x @ x.T).sum(0)).realize()
+        return f, lambda: [s.numpy()]
+    jb, _ = modes(make, [(rnd(16, 16, seed=i),) for i in range(5)], batches)
+    assert jb.captured.batched() >= 2 and any(ln.prg is None for ln in jb.captured.launches)
