@@ -102,7 +102,8 @@ class CallList:
         self.n = 0
 
     def add(self, fn: int, args: Sequence[int]) -> int:
-        if len(args) > MAX_ARGS: raise ValueError(f"a call list call takes at most {MAX_ARGS} arguments, not {len(args)}")
+        if len(args) > MAX_ARGS: raise ValueError(f"a call in a call list takes at most {MAX_ARGS} arguments, not "
+                                                  f"{len(args)}")
         at = len(self.words)
         self.words += [0, fn, len(args), *args]
         self.n += 1
