@@ -139,13 +139,14 @@ class _Launch:
         """A relayout whose source and copy are unwritten since it last ran: this run passes it over."""
         return self.relayout is not None and self.done is not None and storage.still_valid(self.done)
 
-    def ran(self, per_call: list[Buffer]) -> None:
+    def ran(self, per_call: list[Buffer]) -> storage.Reads | None:
         """What follows a kernel launch (one not skipped): the memory it wrote in place moves to a new version, as
-        does a named fixed buffer it computed afresh, and a relayout records what it copied."""
+        does a named fixed buffer it computed afresh. A relayout gets the versions it copied, for its `done` once the
+        copy has run."""
         if self.item.inplace: storage.written(per_call[self.slots[0][1]] if self.slots and self.slots[0][0] == 0
                                               else self.item.bufs[0])   # cached results read the old contents
         if self.bump is not None: storage.written(self.bump)
-        if self.relayout is not None: self.done = storage.read_versions(self.relayout)
+        return storage.read_versions(self.relayout) if self.relayout is not None else None
 
     def values(self, var_vals: dict[Any, int] | None) -> tuple[int, ...]:
         """This call's values of the kernel's variables (one that follows no argument keeps its captured value)."""
@@ -277,7 +278,7 @@ class CapturedJit:
             if traced:
                 from fusegrad.viz.recorder import record_item
                 record_item(ln.item, et or 0.0, ln.prg.spec.display_name, ln.prg.spec.ops, ln.prg.spec.mem)
-            ln.ran(per_call)
+            if (done := ln.ran(per_call)) is not None: ln.done = done
             GlobalCounters.kernel_count += 1
             GlobalCounters.global_ops += ln.prg.spec.ops
             GlobalCounters.global_mem += ln.prg.spec.mem
@@ -305,18 +306,21 @@ def _batch(run: list[tuple[_Launch, int, tuple[int, ...]]]) -> _Batch:
 
 
 def _run_batch(b: _Batch, per_call: list[Buffer], var_vals: dict[Any, int] | None) -> None:
-    """One replay of a _Batch: the launches' bookkeeping in their order, the per-call words, one call into C."""
+    """One replay of a _Batch: the per-call words (the fresh outputs are allocated first: nothing raises after the
+    bookkeeping), the launches' bookkeeping in their order, one call into C; a relayout counts as done after it."""
     words = b.calls.fresh()
+    for w, i in b.bufs: words[w] = per_call[i].opaque
+    if b.vars and var_vals:
+        for w, a, d in b.vars: words[w] = var_vals.get(a, d)
     n, ops, mem = len(b.launches), b.ops, b.mem
+    copied: list[tuple[_Launch, storage.Reads]] = []
     for at, ln in b.book:
         if ln.skipped():
             words[at] = 1
             n, ops, mem = n - 1, ops - ln.prg.spec.ops, mem - ln.prg.spec.mem
-        else: ln.ran(per_call)
-    for w, i in b.bufs: words[w] = per_call[i].opaque
-    if b.vars and var_vals:
-        for w, a, d in b.vars: words[w] = var_vals.get(a, d)
+        elif (done := ln.ran(per_call)) is not None: copied.append((ln, done))
     b.calls.run(words)
+    for ln, done in copied: ln.done = done
     GlobalCounters.kernel_count += n
     GlobalCounters.global_ops += ops
     GlobalCounters.global_mem += mem
