@@ -290,3 +290,19 @@ def test_llvm_device_kernels_are_batched_too(batches):
         return f, lambda: [s.numpy()]
     jb, _ = modes(make, [(rnd(16, 16, seed=i),) for i in range(5)], batches)
     assert jb.captured.batched() >= 2 and any(ln.prg is None for ln in jb.captured.launches)
+
+
+def test_a_kernel_with_more_arguments_than_the_walker_takes_runs_alone(batches):
+    # 70 inputs summed in one kernel (71 buffers, past cpu_graph.MAX_ARGS): launched by itself between batches
+    def make():
+        s = Tensor.zeros(8).contiguous().realize()
+        def f(*xs):
+            y = (xs[0] * 2).realize()
+            total = y
+            for x in xs[1:]: total = total + x
+            s.assign(s + total).realize()
+            return (s * 3).realize()
+        return f, lambda: [s.numpy()]
+    jb, _ = modes(make, [tuple(rnd(8, seed=100 * c + i) for i in range(70)) for c in range(4)], batches)
+    single = [p for p in jb.captured.plan() if type(p).__name__ == "_Launch"]
+    assert single and all(ln.prg is not None and len(ln.args) > cpu_graph.MAX_ARGS for ln in single)
