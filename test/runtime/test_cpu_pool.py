@@ -108,33 +108,41 @@ def test_split_kernels_compiled_in_one_batch_use_the_pool():
         assert CPUProgram(s, lib).mt is not None
 
 
-CLAIM_C = r"""
-#include <sys/syscall.h>
-#include <unistd.h>
-long who[8];
-void task(void *ctx, int start, int end) { for (int i = start; i < end; i++) who[i] = syscall(SYS_gettid); }
-long me(void) { return syscall(SYS_gettid); }
-"""
-
-
-def test_a_launch_does_not_wait_for_a_sleeping_worker():
-    """Workers asleep (idle past the spin time) take tens of microseconds to wake; the caller claims the chunks they
-    haven't, so a small launch finishes on the caller's thread instead of waiting. When chunk i was worker i's, the
-    worker ran chunk 1 of every launch (0 of 20 here)."""
-    import ctypes
+CLAIM_CHILD = textwrap.dedent(r"""
+    import ctypes, os, threading, time
+    from fusegrad.runtime import cpu_pool
     from fusegrad.runtime.ops_cpu import cpu_compiler, load_shared_object
-    lib = load_shared_object(cpu_compiler().compile_cached(CLAIM_C))
+    src = (
+        "#include <sys/syscall.h>\n#include <unistd.h>\nlong who[8];\n"
+        "void task(void *ctx, int start, int end) { for (int i = start; i < end; i++) who[i] = syscall(SYS_gettid); }\n")
+    lib = load_shared_object(cpu_compiler().compile_cached(src))
     run = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p)(
         cpu_pool.pool_run())
     task, who = ctypes.cast(lib.task, ctypes.c_void_p), (ctypes.c_long * 8).in_dll(lib, "who")
-    lib.me.restype = ctypes.c_long
     bounds = (ctypes.c_int * 3)(0, 1, 2)
-    assert run(task, None, 2, bounds) == 1   # the pool ran it (and started its worker)
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})   # this thread, and the worker it starts, on one core
+    before = set(os.listdir("/proc/self/task"))
+    assert run(task, None, 2, bounds) == 1                     # starts the worker
+    workers = set(os.listdir("/proc/self/task")) - before
+    assert len(workers) == 1, workers
+    # the worker runs only when this thread doesn't: it can wake only after the launch, however fast the OS wakes it
+    os.sched_setscheduler(int(workers.pop()), os.SCHED_IDLE, os.sched_param(0))
     mine = 0
     for _ in range(20):
-        time.sleep(0.02)                      # past the spin time: the worker sleeps
+        time.sleep(0.02)                                       # past the spin time: the worker sleeps
         who[0] = who[1] = 0
         assert run(task, None, 2, bounds) == 1
-        assert who[0] and who[1]              # both chunks ran
-        mine += who[0] == who[1] == lib.me()
-    assert mine >= 10, f"the caller ran both chunks in {mine} of 20 launches"
+        assert who[0] and who[1]                               # both chunks ran
+        mine += who[0] == who[1] == threading.get_native_id()
+    print("mine", mine, "last chunks run by", who[0], who[1], "caller", threading.get_native_id())
+""")
+
+
+def test_a_launch_does_not_wait_for_a_sleeping_worker():
+    """A sleeping worker (idle past the spin time) takes tens of microseconds to wake on a busy machine; the caller
+    claims the chunks it hasn't, so a launch never waits for the wake. Made deterministic: the worker shares the
+    caller's core at the idle scheduling class, so it can't run before the launch ends, and every launch must finish
+    on the caller's thread. When chunk i was worker i's, the caller waited for it, and it ran chunk 1 of each."""
+    p = subprocess.run([sys.executable, "-c", CLAIM_CHILD], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and "mine " in p.stdout, (p.stdout[-2000:], p.stderr[-2000:])
+    assert int(p.stdout.split("mine ")[1].split()[0]) >= 15, p.stdout[-2000:]   # (20 in every run seen)
