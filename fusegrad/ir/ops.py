@@ -321,9 +321,8 @@ def zero_signs(arg: Any) -> Any:
 
 
 def _sweep(_remove: Any = _remove_dead_weakref) -> None:
-    """Drop the entries of dead nodes from the hash-consing table; the next sweep comes when it has doubled. A key
-    hashes through DType.__hash__, a Python call, so the dead ones are found by iterating the items, which hashes
-    nothing. Other threads may make nodes meanwhile (codegen in the compile pool): an iteration that sees the table
+    """Drop the entries of dead nodes from the hash-consing table; the next sweep comes when it has doubled. The dead
+    ones are found by iterating the items, which hashes nothing. Other threads may make nodes meanwhile (codegen in the compile pool): an iteration that sees the table
     change starts over on a snapshot of the keys, and `_remove_dead_weakref` deletes an entry only while it is still a
     dead reference (not a newer node's)."""
     global _ucache_limit

@@ -64,6 +64,9 @@ class Normalized:
     aliases: dict[UOp, UOp]        # a variable standing for a further value of another -> that one (variables.py)
     checks: tuple[tuple, ...]      # slice bounds that hold for some values only (variables.py), unbound
     assigns: list[UOp]             # the real ASSIGN nodes the graph still has to run
+    # the walk read the graph as it is: no node replaced by a value computed before, no custom backward stripped, no
+    # ASSIGN. Then the real BUFFER nodes below the SINK are exactly `leaves` (what storage.reads_split walks for)
+    as_is: bool = True
 
     def graph(self) -> list[UOp]:
         """The normalized graph's nodes in key order, the SINK last (built on a miss only; see `normalize` for why
@@ -97,6 +100,8 @@ def _always(_: Any) -> bool: return True
 
 
 _ALL_OPS = frozenset(Ops)
+# ops whose arg the key takes as it is (normalize's last branch): none of the kinds the walk looks at more closely
+_ARG_AS_IS = _ALL_OPS - GroupOp.Movement - _SPECIAL_ARGS - {Ops.BUFFER, Ops.DETACH}
 
 
 def normalize(sink: UOp, cached: Callable[[UOp], UOp | None], executed: Any,
@@ -119,9 +124,10 @@ def normalize(sink: UOp, cached: Callable[[UOp], UOp | None], executed: Any,
     leaves: list[UOp] = []
     assigns: list[UOp] = []
     uniq = 0
+    as_is = True
 
     def one(x: UOp) -> None:   # x's sources have positions already
-        nonlocal uniq
+        nonlocal uniq, as_is
         if x.op is Ops.BUFFER:
             pos[x] = len(enc)
             enc.append((BUFFER, x.dtype, (-1 - len(leaves), x.arg[1], x.src[0].arg), ()))
@@ -129,6 +135,7 @@ def normalize(sink: UOp, cached: Callable[[UOp], UOp | None], executed: Any,
             return
         if x.op is Ops.DETACH and x.arg is not None:   # a custom backward: only its value is computed
             pos[x] = pos[x.src[0]]
+            as_is = False
             return
         arg = x.arg
         if x.op is Ops.ASSIGN or (x.op is Ops.CONTIGUOUS and type(arg) is int):
@@ -148,14 +155,15 @@ def normalize(sink: UOp, cached: Callable[[UOp], UOp | None], executed: Any,
     plain_get = plain.get
     rget, cached_ops, cached_src_ops, wref = \
         (maybe_cached if maybe_cached is not None else (_always, _ALL_OPS, _ALL_OPS)) + (weakref.ref,)
-    contiguous_op, const_op, plain_consts = Ops.CONTIGUOUS, Ops.CONST, _PLAIN_CONSTS
+    contiguous_op, const_op, plain_consts, as_they_are = Ops.CONTIGUOUS, Ops.CONST, _PLAIN_CONSTS, _ARG_AS_IS
     push, pop, append = (stack := [(sink, False)]).append, stack.pop, enc.append
     while stack:
         n, expanded = pop()
         if n in pos: continue
         if expanded:
             op, src = n.op, n.src
-            if op in movement:
+            if op in as_they_are: arg = n.arg   # (the most common kinds: ALU ops, reduces, casts, ... one set lookup)
+            elif op in movement:
                 if (arg := plain_get(n.arg)) is None:   # (a hash of ints, in C; has_uop is a Python call per node)
                     if has_uop(arg := n.arg):
                         one(n)
@@ -177,6 +185,7 @@ def normalize(sink: UOp, cached: Callable[[UOp], UOp | None], executed: Any,
         # computed before: read its buffer. (`cached` is called only where `maybe_cached` can't rule a node out)
         if n is not sink and (rget(wref(n)) is not None or (n.op in cached_ops and n.src[0].op in cached_src_ops)) \
                 and (r := cached(n)) is not None:
+            as_is = False
             for x in r.toposort(gate=gate):
                 if x not in pos: one(x)
             pos[n] = pos[r]
@@ -191,12 +200,13 @@ def normalize(sink: UOp, cached: Callable[[UOp], UOp | None], executed: Any,
                                    "in-place write has changed since: its old value is gone. Realize (or .clone()) a "
                                    "value before writing to the memory it depends on")
             assigns.append(n)
+            as_is = False
         push((n, True))
         for s in reversed(n.src[:1] if op is detach_op and n.arg is not None else n.src):
             if s not in pos: push((s, False))
     ub.check_bound()
     return Normalized(tuple(enc), leaves, pos, ub.var_vals, {a: v for (v, _), a in ub.aliases.items()},
-                      tuple(ub.checks), assigns)
+                      tuple(ub.checks), assigns, as_is)
 
 
 def leaf_index(placeholder: UOp) -> int:

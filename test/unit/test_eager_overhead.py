@@ -331,3 +331,65 @@ def test_shapes_stored_by_builders_are_the_inferred_ones(shape, dtype):
             assert stored[0] == "unset" or stored[0] == want[0], (n.op, stored, want)
             assert stored[1] == "unset" or stored[1] == want[1], (n.op, stored, want)
     np.testing.assert_equal((x * y + 1).numpy(), np.full(shape, 4, dtype=np.float32).astype(x.numpy().dtype))
+
+
+def test_equal_dtypes_are_one_object_however_made():
+    """DTypes are interned (equality is identity, hashing is C-level): every way of making a dtype gives the one
+    object, so identity-based equality never calls two equal dtypes different."""
+    import copy
+    import pickle
+    import threading
+    from fusegrad.dtype import DType, PtrDType
+    v = dtypes.float32.vec(4)
+    assert dtypes.float32.vec(4) is v and v == dtypes.float32.vec(4) and hash(v) == hash(dtypes.float32.vec(4))
+    assert DType(13, 4, "float", "f") is dtypes.float32
+    assert pickle.loads(pickle.dumps(v)) is v and copy.deepcopy(v) is v and copy.copy(dtypes.half) is dtypes.half
+    p = dtypes.int8.ptr(123, "local")
+    assert dtypes.int8.ptr(123, "local") is p and pickle.loads(pickle.dumps(p)) is p
+    assert isinstance(p, PtrDType) and p != dtypes.int8.ptr(123) and p != dtypes.int8.ptr(124, "local")
+    assert dtypes.float32 != dtypes.int32 and dtypes.float32.vec(4) != dtypes.float32.vec(8)
+    assert dtypes.float32 != np.float32 and dtypes.float32 != "float"   # no other type is asked
+    made: list = []
+    ts = [threading.Thread(target=lambda: made.extend(dtypes.uint16.vec(k) for k in range(2, 40))) for _ in range(4)]
+    for t in ts: t.start()
+    for t in ts: t.join()
+    assert all(d is dtypes.uint16.vec(d.count) for d in made)
+
+
+_held: list = []
+
+
+def _realized_below(a: Tensor, b: Tensor) -> Tensor:
+    x = a * 3
+    y = (x + b).sum()   # holds x's node, which the result cache serves once x is realized
+    x.realize()
+    _held.append(x)   # (the cache keeps a result while a tensor holds it)
+    return y
+
+
+def _reads_cases() -> list:
+    a, b = Tensor([1.0, 2.0, 3.0, 4.0]).realize(), Tensor([5.0, 6.0, 7.0, 8.0]).realize()
+    c = (a * 2).realize()
+    w = Tensor([1.0, 1.0, 1.0, 1.0]).contiguous().realize()
+    return [("two buffers", lambda: (a + b) * a), ("one buffer read twice", lambda: a * a + a.reshape(2, 2).sum()),
+            ("a constant", lambda: Tensor.ones(4).contiguous() + 1),
+            ("a cached value below", lambda: _realized_below(a, b)),   # not a plain walk
+            ("a pending write below", lambda: w.assign(w + a) * 3), ("custom backward", lambda: c.relu() + b),
+            ("copied", lambda: c.to("PYTHON").to(c.device) + b)]
+
+
+@pytest.mark.parametrize("i", range(7))
+def test_reads_from_the_key_walk_are_the_reads_walk(i):
+    """The buffers the schedule's key walk hands the realize (ScheduleResults.reads: one target, nothing cached, no
+    write or custom backward in the graph) are those `storage.reads_split` finds; elsewhere none are handed over."""
+    from fusegrad import schedule, storage
+    name, make = _reads_cases()[i]
+    t = make()
+    _, results = schedule.create_schedule([t.uop])
+    want = storage.reads_split(t.uop)
+    if (got := results.reads.get(t.uop)) is None:
+        assert name in ("a cached value below", "a pending write below"), name
+        return
+    assert name not in ("a cached value below", "a pending write below"), name
+    assert {id(b) for b in got[0]} == {id(b) for b in want[0]} and len(got[0]) == len(want[0])
+    assert {id(b) for b in got[1]} == {id(b) for b in want[1]} and len(got[1]) == len(want[1])
