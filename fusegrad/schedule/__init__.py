@@ -35,7 +35,7 @@ from fusegrad.storage import CACHED_VALUE_FILTER, buffer_uop, buffer_view, buffe
 _COPY = Ops.COPY   # (bound once: `Ops.X` is a Python-level call in Python 3.11; asked per item of every schedule)
 
 
-@dataclass
+@dataclass(slots=True)   # (slots: one made per kernel of every realize, and its fields read per launch)
 class ScheduleItem:
     """One kernel (ast is a SINK) or copy (ast is a COPY node); bufs[0] is written, the rest are read."""
     ast: UOp

@@ -100,6 +100,7 @@ def _always(_: Any) -> bool: return True
 
 
 _ALL_OPS = frozenset(Ops)
+_EXPANDED = object()   # normalize's stack marker: the node below it has had its sources pushed
 # ops whose arg the key takes as it is (normalize's last branch): none of the kinds the walk looks at more closely
 _ARG_AS_IS = _ALL_OPS - GroupOp.Movement - _SPECIAL_ARGS - {Ops.BUFFER, Ops.DETACH}
 
@@ -156,11 +157,14 @@ def normalize(sink: UOp, cached: Callable[[UOp], UOp | None], executed: Any,
     rget, cached_ops, cached_src_ops, wref = \
         (maybe_cached if maybe_cached is not None else (_always, _ALL_OPS, _ALL_OPS)) + (weakref.ref,)
     contiguous_op, const_op, plain_consts, as_they_are = Ops.CONTIGUOUS, Ops.CONST, _PLAIN_CONSTS, _ARG_AS_IS
-    push, pop, append = (stack := [(sink, False)]).append, stack.pop, enc.append
+    # the stack holds nodes to visit; a node whose sources were pushed sits below the marker `_EXPANDED`, so when the
+    # marker comes back up its sources have positions and the node is encoded. (No (node, flag) tuple per push: each
+    # would be one more object for the garbage collector to count, which runs a collection every 700)
+    expanded_mark = _EXPANDED
+    push, pop, append = (stack := [sink]).append, stack.pop, enc.append
     while stack:
-        n, expanded = pop()
-        if n in pos: continue
-        if expanded:
+        if (n := pop()) is expanded_mark:   # (a DAG: a node is expanded once, and nothing below it gives it a position)
+            n = pop()
             op, src = n.op, n.src
             if op in as_they_are: arg = n.arg   # (the most common kinds: ALU ops, reduces, casts, ... one set lookup)
             elif op in movement:
@@ -182,6 +186,7 @@ def normalize(sink: UOp, cached: Callable[[UOp], UOp | None], executed: Any,
             append((op._value_, n.dtype, arg, (pos[src[0]],) if (ns := len(src)) == 1 else
                     (pos[src[0]], pos[src[1]]) if ns == 2 else tuple([pos[s] for s in src])))
             continue
+        if n in pos: continue
         # computed before: read its buffer. (`cached` is called only where `maybe_cached` can't rule a node out)
         if n is not sink and (rget(wref(n)) is not None or (n.op in cached_ops and n.src[0].op in cached_src_ops)) \
                 and (r := cached(n)) is not None:
@@ -201,9 +206,10 @@ def normalize(sink: UOp, cached: Callable[[UOp], UOp | None], executed: Any,
                                    "value before writing to the memory it depends on")
             assigns.append(n)
             as_is = False
-        push((n, True))
+        push(n)
+        push(expanded_mark)
         for s in reversed(n.src[:1] if op is detach_op and n.arg is not None else n.src):
-            if s not in pos: push((s, False))
+            if s not in pos: push(s)
     ub.check_bound()
     return Normalized(tuple(enc), leaves, pos, ub.var_vals, {a: v for (v, _), a in ub.aliases.items()},
                       tuple(ub.checks), assigns, as_is)
