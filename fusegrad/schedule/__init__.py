@@ -129,7 +129,8 @@ def _schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], ScheduleResults]:
         tpl = _plan(nz.graph())
         if use_cache: schedule_cache.put(key, tpl)
     bufs = fill_slots(tpl.slots, leaves)
-    items = [ScheduleItem(ast, [bufs[i] for i in slots], list(ops), inplace, var_vals, nz.checks, nz.aliases)
+    pick = bufs.__getitem__   # (`map` of it: no list comprehension's frame per item)
+    items = [ScheduleItem(ast, list(map(pick, slots)), list(ops), inplace, var_vals, nz.checks, nz.aliases)
              for ast, slots, ops, inplace in tpl.items]
     if DEBUG >= 1 and items:
         print(f"scheduled {len(items)} items in {(time.perf_counter() - st) * 1e3:.2f} ms "
