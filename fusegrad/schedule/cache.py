@@ -158,8 +158,8 @@ def normalize(sink: UOp, cached: Callable[[UOp], UOp | None], executed: Any,
         (maybe_cached if maybe_cached is not None else (_always, _ALL_OPS, _ALL_OPS)) + (weakref.ref,)
     contiguous_op, const_op, plain_consts, as_they_are = Ops.CONTIGUOUS, Ops.CONST, _PLAIN_CONSTS, _ARG_AS_IS
     # the stack holds nodes to visit; a node whose sources were pushed sits below the marker `_EXPANDED`, so when the
-    # marker comes back up its sources have positions and the node is encoded. (No (node, flag) tuple per push: each
-    # would be one more object for the garbage collector to count, which runs a collection every 700)
+    # marker comes back up its sources have positions and the node is encoded (no (node, flag) tuple made and unpacked
+    # per push)
     expanded_mark = _EXPANDED
     push, pop, append = (stack := [sink]).append, stack.pop, enc.append
     while stack:

@@ -18,7 +18,7 @@ def test_hash_consing_returns_one_node_and_forgets_dead_ones():
     gc.collect()
     a = UOp(Ops.DEVICE, arg="test-eager-overhead")
     assert UOp(Ops.DEVICE, arg="test-eager-overhead") is a
-    key = (Ops.DEVICE, dtypes.void, (), "test-eager-overhead")
+    key = (Ops.DEVICE, dtypes.void, "test-eager-overhead")   # (op, dtype, arg, ids of the sources...)
     assert ir_ops._ucache[key]() is a
     ida = id(a)
     del a
