@@ -7,7 +7,6 @@ import contextvars
 import functools
 import hashlib
 import json
-import operator
 import os
 import time
 from collections.abc import Callable
@@ -168,10 +167,6 @@ def var_values(spec: ProgramSpec, var_vals: dict[UOp, int]) -> tuple[int, ...]:
 item_hooks: list[Callable[[ScheduleItem], None]] = []
 
 
-_opaque = operator.attrgetter("_opaque")
-_is_none = functools.partial(operator.is_, None)   # (by identity: `None in args` would compare device handles with ==)
-
-
 def run_schedule(items: list[ScheduleItem]) -> None:
     if capturing: capturing[-1].extend(items)
     st = time.perf_counter()
@@ -202,10 +197,10 @@ def run_schedule(items: list[ScheduleItem]) -> None:
             else:
                 if (prg := _programs.get((si.ast, dev))) is None: prg = get_runner(si.ast, dev)
                 spec = prg.spec
-                # the allocated buffers' addresses without the `opaque` property's two calls (and, by `map`, without
-                # a list comprehension's frame); a buffer not allocated yet is allocated by `opaque`
-                if any(map(_is_none, args := list(map(_opaque, bufs)))): args = [b.opaque for b in bufs]
-                et = prg(*args, vals=var_values(spec, si.var_vals) if spec.vars else (), wait=True) or 0.0
+                # an allocated buffer's address without the `opaque` property's two calls (most items have a buffer
+                # allocated here, on first use: their output)
+                et = prg(*[b._opaque if b._opaque is not None else b.opaque for b in bufs],
+                         vals=var_values(spec, si.var_vals) if spec.vars else (), wait=True) or 0.0
                 name, ops, mem = spec.display_name, spec.ops, spec.mem
                 kernels += 1
             if traced:
