@@ -7,6 +7,7 @@ import gc
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from fusegrad import Tensor, dtypes
 from fusegrad.dtype import least_upper_dtype
@@ -393,3 +394,40 @@ def test_reads_from_the_key_walk_are_the_reads_walk(i):
     assert name not in ("a cached value below", "a pending write below"), name
     assert {id(b) for b in got[0]} == {id(b) for b in want[0]} and len(got[0]) == len(want[0])
     assert {id(b) for b in got[1]} == {id(b) for b in want[1]} and len(got[1]) == len(want[1])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["add", "mul", "relu", "sum", "flip", "realize", "cached", "assign"]),
+                          st.integers(0, 3)), min_size=1, max_size=8))
+def test_reads_from_the_key_walk_match_the_reads_walk_and_torch(steps):
+    """Random programs over a few realized buffers (some steps realize an intermediate and keep it, so later graphs
+    are served it from the result cache; some write a buffer in place): whenever the key walk hands the realize the
+    buffers a graph reads, they are the ones `storage.reads_split` finds, and every value equals torch's."""
+    import torch
+    from fusegrad import schedule, storage
+    init = [np.arange(4, dtype=np.float32) + 4 * k for k in range(4)]
+    bufs = [Tensor(v).contiguous().realize() for v in init]
+    ref = [torch.tensor(v) for v in init]
+    cur, tcur, held = bufs[0] * 1, ref[0] * 1, []
+    for op, k in steps:
+        if op == "add": cur, tcur = cur + bufs[k], tcur + ref[k]
+        elif op == "mul": cur, tcur = cur * bufs[k], tcur * ref[k]
+        elif op == "relu": cur, tcur = cur.relu(), tcur.relu()
+        elif op == "sum": cur, tcur = cur.sum().reshape(1).expand(4) + bufs[k], tcur.sum().reshape(1).expand(4) + ref[k]
+        elif op == "flip": cur, tcur = cur.flip(0), tcur.flip(0)
+        elif op == "realize": cur.realize()
+        elif op == "cached":   # an intermediate realized on its own and kept: later graphs read its buffer
+            part = cur * 2
+            cur, tcur = part + 1, tcur * 2 + 1
+            part.realize()
+            held.append(part)
+        else:   # a pending write of a buffer that later graphs read
+            bufs[k].assign(bufs[k] + 1)
+            ref[k] = ref[k] + 1
+        _, results = schedule.create_schedule([cur.uop])
+        if (got := results.reads.get(cur.uop)) is not None:
+            want = storage.reads_split(cur.uop)
+            assert sorted(map(id, got[0])) == sorted(map(id, want[0]))
+            assert sorted(map(id, got[1])) == sorted(map(id, want[1]))
+        np.testing.assert_allclose(cur.numpy(), tcur.numpy(), rtol=1e-6)
+    for b, r in zip(bufs, ref): np.testing.assert_allclose(b.numpy(), r.numpy(), rtol=1e-6)
