@@ -187,15 +187,15 @@ def normalize(sink: UOp, cached: Callable[[UOp], UOp | None], executed: Any,
                     (pos[src[0]], pos[src[1]]) if ns == 2 else tuple([pos[s] for s in src])))
             continue
         if n in pos: continue
+        op, src = n.op, n.src
         # computed before: read its buffer. (`cached` is called only where `maybe_cached` can't rule a node out)
-        if n is not sink and (rget(wref(n)) is not None or (n.op in cached_ops and n.src[0].op in cached_src_ops)) \
+        if n is not sink and (rget(wref(n)) is not None or (op in cached_ops and src[0].op in cached_src_ops)) \
                 and (r := cached(n)) is not None:
             as_is = False
             for x in r.toposort(gate=gate):
                 if x not in pos: one(x)
             pos[n] = pos[r]
             continue
-        op = n.op
         if op is buffer_op:   # a leaf: nothing below it to walk
             one(n)
             continue
@@ -208,8 +208,15 @@ def normalize(sink: UOp, cached: Callable[[UOp], UOp | None], executed: Any,
             as_is = False
         push(n)
         push(expanded_mark)
-        for s in reversed(n.src[:1] if op is detach_op and n.arg is not None else n.src):
-            if s not in pos: push(s)
+        # (one and two sources spelled out: no iterator made for them)
+        if (ns := len(src)) == 1:
+            if (s := src[0]) not in pos: push(s)
+        elif ns == 2 and op is not detach_op:   # (a custom backward's DETACH walks its first source only)
+            if (s := src[1]) not in pos: push(s)
+            if (s := src[0]) not in pos: push(s)
+        else:
+            for s in reversed(src[:1] if op is detach_op and n.arg is not None else src):
+                if s not in pos: push(s)
     ub.check_bound()
     return Normalized(tuple(enc), leaves, pos, ub.var_vals, {a: v for (v, _), a in ub.aliases.items()},
                       tuple(ub.checks), assigns, as_is)

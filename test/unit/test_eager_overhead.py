@@ -431,3 +431,20 @@ def test_reads_from_the_key_walk_match_the_reads_walk_and_torch(steps):
             assert sorted(map(id, got[1])) == sorted(map(id, want[1]))
         np.testing.assert_allclose(cur.numpy(), tcur.numpy(), rtol=1e-6)
     for b, r in zip(bufs, ref): np.testing.assert_allclose(b.numpy(), r.numpy(), rtol=1e-6)
+
+
+@pytest.mark.parametrize("n_inputs", [1, 2])
+def test_key_walk_does_not_walk_a_custom_backwards_inputs(n_inputs):
+    """A custom backward (DETACH with a GradFn) is its forward value: the key walk reads its first source only, also
+    when it has exactly two (the walk spells out one and two sources), so buffers only its backward's inputs read are
+    no placeholders of the key."""
+    from fusegrad.autograd import custom_grad
+    from fusegrad.schedule.cache import normalize
+    from fusegrad.storage import CACHED_VALUE_FILTER, cached_value, executed
+    a = Tensor([1.0, 2.0]).realize()
+    others = [Tensor([3.0, 4.0]).realize() * (k + 2) for k in range(n_inputs)]
+    y = custom_grad(a * 5, others, lambda g, *xs: [g for _ in xs], "test") + 1
+    assert len(y.uop.src[0].src) == 1 + n_inputs
+    nz = normalize(UOp(Ops.SINK, src=(y.uop,)), cached_value, executed, CACHED_VALUE_FILTER)
+    assert nz.leaves == [a.uop.base] and not nz.as_is
+    assert y.tolist() == [6.0, 11.0]
