@@ -336,3 +336,17 @@ def test_tile_loop_rule(trips, accs, nested, want):
         body.append(UOp(Ops.STORE, dtypes.void, (slot, UOp.const(f8, 1.0))))
     body.append(UOp(Ops.END, dtypes.void, (r,)))
     assert tile_loop(body, 0) == want
+
+
+@pytest.mark.parametrize("outer,want", [("global", True), ("reduce", False)])
+def test_tile_loop_rule_inside_another_reduce(outer, want):
+    """A tile loop inside another reduce loop (a conv weight gradient's 20-trip loop inside its 5 x 5 window's) is not
+    unrolled: unrolled, that kernel ran 1.7x slower on AVX2. Inside an output loop it is."""
+    f8 = dtypes.float32.vec(8)
+    o, r = UOp.range(5, 3, outer), UOp.range(256, 1, "reduce")
+    body = [o, r]
+    for i in range(12):
+        slot = UOp(Ops.INDEX, f8, (UOp(Ops.DEFINE_REG, f8.ptr(1, "reg"), (), i), UOp.const(dtypes.int32, 0)))
+        body.append(UOp(Ops.STORE, dtypes.void, (slot, UOp.const(f8, 1.0))))
+    body += [UOp(Ops.END, dtypes.void, (r,)), UOp(Ops.END, dtypes.void, (o,))]
+    assert tile_loop(body, 1) == want
