@@ -33,7 +33,7 @@ from fusegrad.runtime.machine import Machine, cpu_march, host_machine, machine
 
 CPU_POOL = int(os.getenv("CPU_POOL", "1"))   # 0: split kernels run their chunks through the Python thread pool
 CPU_HUGE_PAGES = int(os.getenv("CPU_HUGE_PAGES", "1"))   # 0: no transparent huge pages for big buffers
-MADV_HUGEPAGE = 14   # <sys/mman.h> on Linux
+MADV_HUGEPAGE, PROT_READ_WRITE, MAP_PRIVATE_ANONYMOUS = 14, 3, 0x22   # <sys/mman.h> on Linux
 
 _CANDIDATES = ("cc", "gcc", "clang")
 
@@ -367,9 +367,12 @@ def huge_page_bytes(root: str = "/sys/kernel/mm/transparent_hugepage") -> int:
 
 class CPUAllocator(Allocator):
     """Host memory from the C library (64-byte aligned); buffers are raw addresses. A buffer of at least two huge
-    pages (`huge_page_bytes`, 2 MiB on x86-64 Linux) is aligned to one and asks for them (madvise MADV_HUGEPAGE, as
-    NumPy does from 4 MiB): a 2048 x 2048 matmul's loop touches more 4 KiB pages (a panel of b 8 KiB per row, six
-    rows of a) than the first-level TLB holds, and with 4 KiB pages it ran 10-15% slower."""
+    pages (`huge_page_bytes`, 2 MiB on x86-64 Linux) is a mapping of its own, aligned to a huge page, that asks for
+    them (madvise MADV_HUGEPAGE, as NumPy does from 4 MiB): a 2048 x 2048 matmul's loop touches more 4 KiB pages (a
+    panel of b 8 KiB per row, six rows of a) than the first-level TLB holds, and with 4 KiB pages it ran 10-15%
+    slower. A mapping of its own, unmapped when freed: advice on the C library's heap outlived the buffer, and the
+    kernel's khugepaged later filled those heap ranges into whole huge pages (an eager training loop's RSS crept
+    10 MB in 300 steps)."""
 
     def __init__(self, huge_page: int | None = None) -> None:
         super().__init__()
@@ -378,8 +381,16 @@ class CPUAllocator(Allocator):
         self.libc.free.argtypes = [ctypes.c_void_p]
         self.trim = getattr(self.libc, "malloc_trim", None)   # glibc only
         self.huge_page = huge_page_bytes() if huge_page is None else huge_page
-        self.madvise = getattr(self.libc, "madvise", None) if self.huge_page else None
-        if self.madvise is not None: self.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        fns = [getattr(self.libc, f, None) for f in ("mmap", "munmap", "madvise")] if self.huge_page else []
+        self.madvise = fns[2] if fns and all(f is not None for f in fns) else None
+        if self.madvise is not None:
+            self.mmap, self.munmap = fns[0], fns[1]
+            self.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                  ctypes.c_long]
+            self.mmap.restype = ctypes.c_void_p
+            self.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+            self.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        self.mapped: dict[int, int] = {}   # a huge-page buffer's address -> its mapping's length
 
     def free_cache(self) -> None:
         """Free the cached buffers, then ask glibc to hand its free heap pages back to the system: it keeps them
@@ -388,16 +399,29 @@ class CPUAllocator(Allocator):
         if self.trim is not None: self.trim(0)
 
     def _alloc(self, nbytes: int) -> int:
+        if self.madvise is not None and nbytes >= 2 * self.huge_page: return self._alloc_huge(nbytes)
         ptr = ctypes.c_void_p()
-        huge = self.madvise is not None and nbytes >= 2 * self.huge_page
-        if self.libc.posix_memalign(ctypes.byref(ptr), self.huge_page if huge else 64, nbytes) != 0 or not ptr.value:
+        if self.libc.posix_memalign(ctypes.byref(ptr), 64, nbytes) != 0 or not ptr.value:
             raise MemoryError(f"CPU allocation of {nbytes} bytes failed")
-        # (advice only: where the OS refuses, the buffer keeps its small pages)
-        if huge: self.madvise(ptr.value, nbytes // self.huge_page * self.huge_page, MADV_HUGEPAGE)
         return ptr.value
 
+    def _alloc_huge(self, nbytes: int) -> int:
+        """An anonymous mapping of nbytes (rounded up to whole huge pages) at a huge-page boundary: one huge page more
+        is mapped, and the parts before the boundary and after the end are unmapped again."""
+        hp = self.huge_page
+        length = -(-nbytes // hp) * hp
+        raw = self.mmap(None, length + hp, PROT_READ_WRITE, MAP_PRIVATE_ANONYMOUS, -1, 0)
+        if raw is None or raw == ctypes.c_void_p(-1).value: raise MemoryError(f"CPU allocation of {nbytes} bytes failed")
+        start = -(-raw // hp) * hp
+        if start > raw: self.munmap(raw, start - raw)
+        if raw + hp > start: self.munmap(start + length, raw + hp - start)
+        self.madvise(start, length, MADV_HUGEPAGE)   # (advice only: where the OS refuses, small pages stay)
+        self.mapped[start] = length
+        return start
+
     def _free(self, opaque: int, nbytes: int) -> None:
-        self.libc.free(opaque)
+        if (length := self.mapped.pop(opaque, None)) is not None: self.munmap(opaque, length)
+        else: self.libc.free(opaque)
 
     def _copyin(self, dest: int, src: memoryview) -> None:
         # (ctypes passes a bytes object's own memory; only a read-only view of part of one is copied first)

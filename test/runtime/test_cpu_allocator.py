@@ -44,3 +44,23 @@ def test_without_huge_pages_nothing_changes():
     ptr = alloc.alloc(4 * MB2)
     assert ptr % 64 == 0
     alloc.free(ptr, 4 * MB2)
+
+
+def test_a_freed_huge_page_buffer_is_unmapped():
+    """A huge-page buffer is a mapping of its own: freed, it leaves the process (no heap range keeps its advice, for
+    khugepaged to fill into huge pages later)."""
+    alloc = CPUAllocator(huge_page=MB2)
+    if alloc.madvise is None: pytest.skip("no mmap/madvise in this C library")
+
+    def mapped(ptr: int) -> bool:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+                if lo <= ptr < hi: return True
+        return False
+    for _ in range(3):   # (glibc serves a size it once unmapped from its heap after that: its mmap threshold grows)
+        ptr = alloc._alloc(3 * MB2 + 100)
+        assert ptr % MB2 == 0 and mapped(ptr) and mapped(ptr + 3 * MB2 + 99)
+        ctypes.memset(ptr, 7, 3 * MB2 + 100)
+        alloc._free(ptr, 3 * MB2 + 100)
+        assert not mapped(ptr) and not mapped(ptr + 3 * MB2)
