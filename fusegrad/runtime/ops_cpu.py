@@ -32,7 +32,9 @@ from fusegrad.runtime import cpu_pool
 from fusegrad.runtime.machine import Machine, cpu_march, host_machine, machine
 
 CPU_POOL = int(os.getenv("CPU_POOL", "1"))   # 0: split kernels run their chunks through the Python thread pool
-CPU_HUGE_PAGES = int(os.getenv("CPU_HUGE_PAGES", "1"))   # 0: no transparent huge pages for big buffers
+# 1: transparent huge pages for big buffers (off by default: with khugepaged's default max_ptes_none, partly used
+# advised ranges are filled in, and a training loop's RSS crept 10-30 MB inside the test suite; docs/performance.md)
+CPU_HUGE_PAGES = int(os.getenv("CPU_HUGE_PAGES", "0"))
 MADV_HUGEPAGE, PROT_READ_WRITE, MAP_PRIVATE_ANONYMOUS = 14, 3, 0x22   # <sys/mman.h> on Linux
 
 _CANDIDATES = ("cc", "gcc", "clang")
@@ -356,8 +358,7 @@ def load_shared_object(lib: bytes) -> ctypes.CDLL:
 @functools.cache
 def huge_page_bytes(root: str = "/sys/kernel/mm/transparent_hugepage") -> int:
     """The size of a transparent huge page where the OS hands them out on request (Linux THP `madvise` or `always`),
-    else 0 (THP `never`, another OS, CPU_HUGE_PAGES=0)."""
-    if not CPU_HUGE_PAGES: return 0
+    else 0 (THP `never`, another OS). The allocator uses them only with CPU_HUGE_PAGES=1."""
     try:
         with open(os.path.join(root, "enabled")) as f: mode = f.read()
         with open(os.path.join(root, "hpage_pmd_size")) as f: size = int(f.read())
@@ -380,7 +381,7 @@ class CPUAllocator(Allocator):
         self.libc.posix_memalign.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t, ctypes.c_size_t]
         self.libc.free.argtypes = [ctypes.c_void_p]
         self.trim = getattr(self.libc, "malloc_trim", None)   # glibc only
-        self.huge_page = huge_page_bytes() if huge_page is None else huge_page
+        self.huge_page = (huge_page_bytes() if CPU_HUGE_PAGES else 0) if huge_page is None else huge_page
         fns = [getattr(self.libc, f, None) for f in ("mmap", "munmap", "madvise")] if self.huge_page else []
         self.madvise = fns[2] if fns and all(f is not None for f in fns) else None
         if self.madvise is not None:
@@ -406,16 +407,18 @@ class CPUAllocator(Allocator):
         return ptr.value
 
     def _alloc_huge(self, nbytes: int) -> int:
-        """An anonymous mapping of nbytes (rounded up to whole huge pages) at a huge-page boundary: one huge page more
-        is mapped, and the parts before the boundary and after the end are unmapped again."""
+        """An anonymous mapping of nbytes (whole 4 KiB pages) at a huge-page boundary: one huge page more is mapped,
+        and the parts before the boundary and after the end are unmapped again. Only the huge pages the buffer fills
+        whole get the advice: with khugepaged's default `max_ptes_none` (511) a partly used one would be filled in
+        (a 4 MiB + 100 B buffer's last 100 B grew into 2 MiB of RSS)."""
         hp = self.huge_page
-        length = -(-nbytes // hp) * hp
+        length = -(-nbytes // 4096) * 4096
         raw = self.mmap(None, length + hp, PROT_READ_WRITE, MAP_PRIVATE_ANONYMOUS, -1, 0)
         if raw is None or raw == ctypes.c_void_p(-1).value: raise MemoryError(f"CPU allocation of {nbytes} bytes failed")
         start = -(-raw // hp) * hp
         if start > raw: self.munmap(raw, start - raw)
-        if raw + hp > start: self.munmap(start + length, raw + hp - start)
-        self.madvise(start, length, MADV_HUGEPAGE)   # (advice only: where the OS refuses, small pages stay)
+        if raw + length + hp > start + length: self.munmap(start + length, raw + hp - start)
+        self.madvise(start, nbytes // hp * hp, MADV_HUGEPAGE)   # (advice only: where the OS refuses, small pages stay)
         self.mapped[start] = length
         return start
 

@@ -64,3 +64,18 @@ def test_a_freed_huge_page_buffer_is_unmapped():
         ctypes.memset(ptr, 7, 3 * MB2 + 100)
         alloc._free(ptr, 3 * MB2 + 100)
         assert not mapped(ptr) and not mapped(ptr + 3 * MB2)
+
+
+def test_huge_pages_are_opt_in():
+    """The device's allocator gives no huge pages unless CPU_HUGE_PAGES=1: with them, khugepaged grew partly used
+    buffers into whole huge pages while later work ran (test/engine/test_memory.py's RSS check failed in the suite)."""
+    import os
+    import subprocess
+    import sys
+    code = "from fusegrad.runtime.ops_cpu import CPUAllocator; print(CPUAllocator().huge_page)"
+    env = {k: v for k, v in os.environ.items() if k != "CPU_HUGE_PAGES"}
+    off = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert off.returncode == 0 and off.stdout.strip() == "0", off.stderr[-2000:]
+    on = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                        env={**env, "CPU_HUGE_PAGES": "1"})
+    assert on.returncode == 0 and on.stdout.strip() == str(huge_page_bytes()), on.stderr[-2000:]
