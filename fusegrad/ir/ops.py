@@ -267,7 +267,7 @@ class OpMixin:
 
 # ---------------------------------------------------------------------------------------------------------------------
 
-# (op, dtype, arg, ids of src...) -> a weak reference to the node (the key: UOpMetaClass.__call__). A plain dict of plain
+# (op, dtype, ids of src, arg) -> a weak reference to the node (the key: UOpMetaClass.__call__). A plain dict of plain
 # references, without callbacks: weakref.WeakValueDictionary costs a quarter of building a node (Python-level get, set
 # and keyed references), and a callback per reference that drops its entry costs a Python call per node that dies
 # (every node of every eager graph, after its realize) and a partial per node made. An entry whose node died stays
@@ -281,7 +281,6 @@ _ucache_limit = _UCACHE_MIN
 _CONST, _DETACH, _ASSIGN, _DEVICE, _COPY, _MULTI = Ops.CONST, Ops.DETACH, Ops.ASSIGN, Ops.DEVICE, Ops.COPY, Ops.MULTI
 _RESHAPE, _EXPAND = Ops.RESHAPE, Ops.EXPAND
 _new, _ref = object.__new__, weakref.ref
-_CUSTOM = object()   # in a custom backward's key (a DETACH with a GradFn) where a plain DETACH has its arg, None
 # every live ASSIGN node: a realize with none pending anywhere skips looking for writes in its graph (views.py)
 live_assigns: "weakref.WeakSet[UOp]" = weakref.WeakSet()
 
@@ -295,15 +294,12 @@ class UOpMetaClass(type):
         # them would keep them alive from this global, and through them anything they reach: a custom backward's
         # closure holds tensors (a BatchNorm module, its weight), whose graphs (an optimizer step's pending write)
         # hold the nodes above it, and so on, so a whole finished training program stayed in memory.
-        # The sources' ids are the key's last items (their count is the key's length less 3: less 4 for a CONST, which
-        # has the signs of its zeros, and for a custom backward, its id), not a tuple of their own: one object fewer
-        # per node made, for the allocator and for the garbage collector, which counts every tuple until a
-        # collection finds it holds no container. (Spelled out for the usual one or two sources.)
-        if op is _CONST: key = (op, dtype, arg, zero_signs(arg), *map(id, src))
-        elif op is _DETACH and arg is not None: key = (op, dtype, _CUSTOM, id(arg), *map(id, src))
-        elif (ns := len(src)) == 1: key = (op, dtype, arg, id(src[0]))
-        elif ns == 2: key = (op, dtype, arg, id(src[0]), id(src[1]))
-        else: key = (op, dtype, arg, *map(id, src))
+        # (Sources' ids spelled out for the usual one or two: `tuple(map(id, src))` costs three times as much.)
+        ids = (id(src[0]),) if (ns := len(src)) == 1 else (id(src[0]), id(src[1])) if ns == 2 else \
+            tuple(map(id, src)) if ns else ()
+        if op is _CONST: key = (op, dtype, ids, arg, zero_signs(arg))
+        elif op is _DETACH and arg is not None: key = (op, dtype, ids, None, id(arg))
+        else: key = (op, dtype, ids, arg)
         if (ref := _ucache.get(key)) is not None and (ret := ref()) is not None: return ret
         # (UOp.__init__'s work without its Python frame: one per node built)
         ret = _new(cls)
@@ -325,10 +321,11 @@ def zero_signs(arg: Any) -> Any:
 
 
 def _sweep(_remove: Any = _remove_dead_weakref) -> None:
-    """Drop the entries of dead nodes from the hash-consing table; the next sweep comes when it has doubled. The dead
-    ones are found by iterating the items, which hashes nothing. Other threads may make nodes meanwhile (codegen in
-    the compile pool): an iteration that sees the table change starts over on a snapshot of the keys, and
-    `_remove_dead_weakref` deletes an entry only while it is still a dead reference (not a newer node's)."""
+    """Drop the entries of dead nodes from the hash-consing table; the next sweep comes when it has doubled. A key
+    hashes through DType.__hash__, a Python call, so the dead ones are found by iterating the items, which hashes
+    nothing. Other threads may make nodes meanwhile (codegen in the compile pool): an iteration that sees the table
+    change starts over on a snapshot of the keys, and `_remove_dead_weakref` deletes an entry only while it is still a
+    dead reference (not a newer node's)."""
     global _ucache_limit
     try: dead = [k for k, r in _ucache.items() if r() is None]
     except RuntimeError:   # (the table changed size during the iteration)
