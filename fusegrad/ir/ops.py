@@ -18,6 +18,7 @@ import hashlib
 import math
 import operator
 import weakref
+from itertools import islice
 from _weakref import _remove_dead_weakref  # type: ignore[attr-defined]
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
@@ -271,12 +272,13 @@ class OpMixin:
 # references, without callbacks: weakref.WeakValueDictionary costs a quarter of building a node (Python-level get, set
 # and keyed references), and a callback per reference that drops its entry costs a Python call per node that dies
 # (every node of every eager graph, after its realize) and a partial per node made. An entry whose node died stays
-# until the table has doubled since the last sweep (`_sweep`: amortized O(1) per node made), and a lookup that finds
-# it dead makes the node anew. A dead entry is harmless: its key holds no node (see the metaclass), and the ids in it
-# are of nodes that died too, so an id reused by a new node gives a new node.
+# until a sweep (`_sweep`), and a lookup that finds it dead makes the node anew. A dead entry is harmless: its key
+# holds no node (see the metaclass), and the ids in it are of nodes that died too, so an id reused by a new node gives
+# a new node.
 _ucache: dict[tuple, "weakref.ref[UOp]"] = {}
-_UCACHE_MIN = 1 << 14   # entries before the first sweep (and the least a sweep leaves room for)
+_UCACHE_MIN = 1 << 14   # new entries between two sweeps (and the size of the middle generation, see `_sweep`)
 _ucache_limit = _UCACHE_MIN
+_gen = {"swept": 0, "middle": 0, "old_added": 0, "old_live": 0}   # `_sweep`'s generation sizes
 # (ops the per-node paths test, bound once: `Ops.X` is a Python-level call in Python 3.11, EnumType's __getattr__ hook)
 _CONST, _DETACH, _ASSIGN, _DEVICE, _COPY, _MULTI = Ops.CONST, Ops.DETACH, Ops.ASSIGN, Ops.DEVICE, Ops.COPY, Ops.MULTI
 _RESHAPE, _EXPAND = Ops.RESHAPE, Ops.EXPAND
@@ -320,18 +322,40 @@ def zero_signs(arg: Any) -> Any:
     return None
 
 
-def _sweep(_remove: Any = _remove_dead_weakref) -> None:
-    """Drop the entries of dead nodes from the hash-consing table; the next sweep comes when it has doubled. A key
-    hashes through DType.__hash__, a Python call, so the dead ones are found by iterating the items, which hashes
+def _sweep(whole: bool = False, _remove: Any = _remove_dead_weakref) -> None:
+    """Drop the entries of dead nodes from the hash-consing table, by generation, so that the dead entries it holds
+    are bounded by a constant and not by the number of live nodes (a table that was swept when it had doubled held as
+    many dead entries as live ones: in a process holding a million nodes in caches, an eager training loop grew RSS by
+    10 MB before the next sweep).
+
+    The dict keeps insertion order and nothing else deletes, so the newest entries are its tail: the entries made since
+    the last sweep (the young generation, `_UCACHE_MIN` of them) come last, before them the middle generation (entries
+    that outlived one sweep), before that the old ones. Each sweep checks the young tail; survivors join the middle
+    generation, which is checked once it holds `_UCACHE_MIN` entries (most nodes of an eager step are dead by then);
+    its survivors join the old generation, checked whole once as many entries joined it as were alive at its last
+    check (amortized O(1) per node made, and rare: few nodes outlive two sweeps). A dead entry overwritten in place by
+    its key's new node stays where it was, in whichever generation that is: swept with it.
+
+    A key hashes through DType.__hash__, a Python call, so the dead ones are found by iterating the items, which hashes
     nothing. Other threads may make nodes meanwhile (codegen in the compile pool): an iteration that sees the table
-    change starts over on a snapshot of the keys, and `_remove_dead_weakref` deletes an entry only while it is still a
-    dead reference (not a newer node's)."""
+    change starts over on a snapshot, and `_remove_dead_weakref` deletes an entry only while it is still a dead
+    reference (not a newer node's). `whole=True` checks every entry now."""
     global _ucache_limit
-    try: dead = [k for k, r in _ucache.items() if r() is None]
+    young = len(_ucache) - _gen["swept"]
+    tail = young + _gen["middle"] if _gen["middle"] + young > _UCACHE_MIN else young
+    whole = whole or _gen["old_added"] > max(_gen["old_live"], _UCACHE_MIN)
+    try: items = list(_ucache.items() if whole else islice(reversed(_ucache.items()), tail))
     except RuntimeError:   # (the table changed size during the iteration)
-        dead = [k for k in list(_ucache) if (r := _ucache.get(k)) is not None and r() is None]
+        items = list(_ucache.items())
+        if not whole: items = items[-tail:]
+    dead = [k for k, r in items if r() is None]
     for k in dead: _remove(_ucache, k)
-    _ucache_limit = max(2 * len(_ucache), _UCACHE_MIN)
+    survivors = len(items) - len(dead)
+    if whole: _gen.update(middle=0, old_added=0, old_live=len(_ucache))
+    elif tail > young: _gen.update(middle=0, old_added=_gen["old_added"] + survivors)
+    else: _gen["middle"] += survivors
+    _gen["swept"] = len(_ucache)
+    _ucache_limit = len(_ucache) + _UCACHE_MIN
 
 
 class BindError(ValueError, AssertionError):

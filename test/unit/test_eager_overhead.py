@@ -23,7 +23,7 @@ def test_hash_consing_returns_one_node_and_forgets_dead_ones():
     ida = id(a)
     del a
     gc.collect()
-    ir_ops._sweep()   # (a sweep comes when the table has doubled: dead entries go then)
+    ir_ops._sweep(whole=True)   # (sweeps come every _UCACHE_MIN new entries: dead entries go then)
     assert key not in ir_ops._ucache
     b = UOp(Ops.DEVICE, arg="test-eager-overhead")   # made anew, and cached again
     assert UOp(Ops.DEVICE, arg="test-eager-overhead") is b and ir_ops._ucache[key]() is b
@@ -32,15 +32,52 @@ def test_hash_consing_returns_one_node_and_forgets_dead_ones():
 
 def test_hash_consing_table_stays_bounded_and_a_dead_entry_gives_a_new_node():
     gc.collect()
-    ir_ops._sweep()
+    ir_ops._sweep(whole=True)
     live = len(ir_ops._ucache)
     x = UOp(Ops.DEVICE, arg="test-bounded")
     for i in range(3 * ir_ops._UCACHE_MIN): UOp(Ops.CONST, dtypes.int32, (x,), i)   # each dies at once
-    assert len(ir_ops._ucache) <= max(2 * (live + 1), ir_ops._UCACHE_MIN) + 1
+    assert len(ir_ops._ucache) <= live + 1 + 2 * ir_ops._UCACHE_MIN   # (a young and a middle generation at most)
     # a dead entry (not swept yet) is never handed out: the same structure is a new, live node with its own fields
     c = UOp(Ops.CONST, dtypes.int32, (x,), 3 * ir_ops._UCACHE_MIN - 1)
     assert c.op is Ops.CONST and c.src == (x,) and c.arg == 3 * ir_ops._UCACHE_MIN - 1
     assert UOp(Ops.CONST, dtypes.int32, (x,), 3 * ir_ops._UCACHE_MIN - 1) is c
+
+
+def test_dead_entries_stay_bounded_while_many_nodes_are_live():
+    """The dead entries the table holds are bounded by a constant, not by the live nodes: with 4 * _UCACHE_MIN nodes
+    alive (as caches hold them in a long process), a loop of nodes that die at once left up to as many dead entries as
+    live ones (the table was swept when it had doubled), and an eager training loop's RSS grew by 10 MB."""
+    gc.collect()
+    ir_ops._sweep(whole=True)
+    x = UOp(Ops.DEVICE, arg="test-many-live")
+    held = [UOp(Ops.CONST, dtypes.int32, (x,), -1 - i) for i in range(4 * ir_ops._UCACHE_MIN)]
+    live = len(ir_ops._ucache)
+    most = 0
+    for i in range(6 * ir_ops._UCACHE_MIN):
+        UOp(Ops.CONST, dtypes.int32, (x,), i)   # each dies at once
+        if i % 512 == 0: most = max(most, len(ir_ops._ucache))
+    assert most <= live + 2 * ir_ops._UCACHE_MIN + 1, (most, live)
+    # nodes that outlived many sweeps (now in the old generation) are still the ones handed out
+    assert all(UOp(Ops.CONST, dtypes.int32, (x,), -1 - i) is held[i] for i in range(0, len(held), 97))
+    del held
+    gc.collect()
+    ir_ops._sweep(whole=True)
+    assert len(ir_ops._ucache) < live - 3 * ir_ops._UCACHE_MIN   # and dropped once they died
+
+
+def test_a_survivor_of_the_young_sweep_dying_later_is_swept_with_the_middle_generation():
+    gc.collect()
+    ir_ops._sweep(whole=True)
+    x = UOp(Ops.DEVICE, arg="test-middle")
+    kept = [UOp(Ops.CONST, dtypes.int32, (x,), -1 - i) for i in range(1000)]
+    key = (Ops.CONST, dtypes.int32, (id(x),), -1, None)
+    assert ir_ops._ucache[key]() is kept[0]
+    for i in range(ir_ops._UCACHE_MIN + 10): UOp(Ops.CONST, dtypes.int32, (x,), i)   # a young sweep: kept survives
+    assert key in ir_ops._ucache
+    del kept
+    gc.collect()
+    for i in range(3 * ir_ops._UCACHE_MIN): UOp(Ops.CONST, dtypes.int32, (x,), i)   # the middle generation's check
+    assert key not in ir_ops._ucache
 
 
 def test_view_list_is_pruned_and_live_views_still_see_writes():
