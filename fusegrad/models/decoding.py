@@ -28,11 +28,11 @@ class Decoder(Protocol):
 class KVCache:
     """Keys and values of one attention layer for every position so far: two (B, H, L, D) buffers (each head's
     positions contiguous: a decode step reads them as one stream per head, which the prefetchers follow, where
-    (B, L, H, D) strided through the cache), written at [start_pos, start_pos + T) and read as [0, start_pos + T). The capacity L grows with the context, in steps of
-    `STEP` positions and at least doubling, up to `max_len`: a short generation with a long-context model holds only
-    what it uses. L stays constant between growths, so a symbolic start_pos keeps the buffers' shapes constant and
-    TinyJit replays one capture for every step; a growth counts in `allocations`, which tells Generator to capture
-    again. (Slotted: get_state_dict doesn't see the caches.)
+    (B, L, H, D) strided through the cache), written at [start_pos, start_pos + T) and read as [0, start_pos + T).
+    The capacity L grows with the context, in steps of `STEP` positions and at least doubling, up to `max_len`: a
+    short generation with a long-context model holds only what it uses. L stays constant between growths, so a
+    symbolic start_pos keeps the buffers' shapes constant and TinyJit replays one capture for every step; a growth
+    counts in `allocations`, which tells Generator to capture again. (Slotted: get_state_dict doesn't see the caches.)
 
     >>> cache = KVCache(max_len=8)
     >>> keys, values = cache.update(Tensor.ones(1, 3, 2, 4), Tensor.ones(1, 3, 2, 4), start_pos=0)

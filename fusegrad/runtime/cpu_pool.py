@@ -27,7 +27,8 @@ import os
 import threading
 from typing import Any
 
-SPIN_NS = int(os.environ.get("CPU_POOL_SPIN_US", "200")) * 1000   # a worker spins this long for the next chunk, then sleeps
+# a worker spins this long for the next chunk, then sleeps
+SPIN_NS = int(os.environ.get("CPU_POOL_SPIN_US", "200")) * 1000
 
 POOL_C = r"""
 #include <pthread.h>

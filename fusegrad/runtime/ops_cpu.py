@@ -414,7 +414,8 @@ class CPUAllocator(Allocator):
         hp = self.huge_page
         length = -(-nbytes // 4096) * 4096
         raw = self.mmap(None, length + hp, PROT_READ_WRITE, MAP_PRIVATE_ANONYMOUS, -1, 0)
-        if raw is None or raw == ctypes.c_void_p(-1).value: raise MemoryError(f"CPU allocation of {nbytes} bytes failed")
+        if raw is None or raw == ctypes.c_void_p(-1).value:
+            raise MemoryError(f"CPU allocation of {nbytes} bytes failed")
         start = -(-raw // hp) * hp
         if start > raw: self.munmap(raw, start - raw)
         if raw + length + hp > start + length: self.munmap(start + length, raw + hp - start)

@@ -6,8 +6,8 @@ are then the same for every value of a variable, so one compiled kernel serves t
 ScheduleItems and are passed to the program at launch (`prg(*bufs, vals=...)`). A variable bound to several values in
 one realize keeps its first value; each further value gets an alias, a variable of its own with the same range (named
 `alias_name(name, k)`), so `x[:v.bind(2)]` and `x[:v.bind(3)]` become different nodes read by different kernel
-arguments; so does a second variable of the same name with another range (a kernel argument per name). The aliases are made in walk order, so the same graph structure gives the same aliases (the schedule cache
-key holds them).
+arguments; so does a second variable of the same name with another range (a kernel argument per name). The aliases
+are made in walk order, so the same graph structure gives the same aliases (the schedule cache key holds them).
 
 A symbolic slice bound may hold only for some values of its variables (`t[:, :v]` with v's maximum past the axis, as
 tinygrad allows): the Unbinder checks such bounds against this realize's values (BoundsError, an IndexError and

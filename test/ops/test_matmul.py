@@ -232,7 +232,8 @@ def test_column_panels_are_two_vectors_wide():
         xn = rng.integers(-4, 5, (m, k)).astype(np.float32)
         x = Tensor(xn).realize()
         sched = (x @ w).schedule()
-        assert len(sched) == (2 if m == 64 else 1)   # the panel copy (made once), the product reading (n/p, k, p) panels
+        # the panel copy (made once), the product reading (n/p, k, p) panels
+        assert len(sched) == (2 if m == 64 else 1)
         assert to_program(sched[-1].ast, Device["CPU"].renderer).name == f"r_{m}_{n // p}_{p}_{k}"
         np.testing.assert_array_equal((x @ w).numpy(), xn @ wn)
         GlobalCounters.reset()

@@ -114,7 +114,8 @@ CLAIM_CHILD = textwrap.dedent(r"""
     from fusegrad.runtime.ops_cpu import cpu_compiler, load_shared_object
     src = (
         "#include <sys/syscall.h>\n#include <unistd.h>\nlong who[8];\n"
-        "void task(void *ctx, int start, int end) { for (int i = start; i < end; i++) who[i] = syscall(SYS_gettid); }\n")
+        "void task(void *ctx, int start, int end) {\n"
+        "  for (int i = start; i < end; i++) who[i] = syscall(SYS_gettid);\n}\n")
     lib = load_shared_object(cpu_compiler().compile_cached(src))
     run = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p)(
         cpu_pool.pool_run())

@@ -1,7 +1,8 @@
 """Software prefetch of streamed rows (renderer/cstyle.py `prefetch_streams`): a CPU kernel whose outermost loop reads
 one contiguous region of a buffer per trip (a matvec's rows of weights) prefetches the next trip's region at the top
 of each trip. Checked: which buffers a matvec, a quantized matvec and a matmul stream, with their strides and offsets
-worked out by hand; kernels that must not prefetch (no reduce, a variable in the index); the C the CPU renders; and the results, equal to NumPy's, split over threads or not."""
+worked out by hand; kernels that must not prefetch (no reduce, a variable in the index); the C the CPU renders; and
+the results, equal to NumPy's, split over threads or not."""
 import os
 import subprocess
 import sys
@@ -86,7 +87,8 @@ def test_prefetching_kernels_equal_numpy_across_threads(threads):
     """The last trip of each chunk prefetches past its chunk (and the last past the buffer): a prefetch never faults,
     and the values don't depend on it."""
     code = ("import numpy as np; from fusegrad import Tensor; r = np.random.default_rng(1); "
-            "x = r.standard_normal((2, 768)).astype(np.float32); w = r.standard_normal((5000, 768)).astype(np.float32); "
+            "x = r.standard_normal((2, 768)).astype(np.float32); "
+            "w = r.standard_normal((5000, 768)).astype(np.float32); "
             "o = (Tensor(x) @ Tensor(w).T).numpy(); print(float(np.abs(o - x @ w.T).max()))")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                        env={**os.environ, "CPU_THREADS": threads})

@@ -72,7 +72,8 @@ def test_a_strided_slice_keeps_the_whole_loop_and_the_values():
 @given(st.data())
 def test_slice_writes_equal_numpy(data):
     """Random shapes, slices (start/stop/step, ints) and a bound variable start on one axis (its bounds the axis's or
-    past them): every write, narrowed or not, leaves the buffer equal to NumPy's after the same writes in the same order."""
+    past them): every write, narrowed or not, leaves the buffer equal to NumPy's after the same writes in the same
+    order."""
     nd = data.draw(st.integers(1, 3))
     shape = tuple(data.draw(st.integers(1, 6)) for _ in range(nd))
     ref = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
