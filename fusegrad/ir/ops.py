@@ -337,17 +337,18 @@ def _sweep(whole: bool = False, _remove: Any = _remove_dead_weakref) -> None:
     its key's new node stays where it was, in whichever generation that is: swept with it.
 
     A key hashes through DType.__hash__, a Python call, so the dead ones are found by iterating the items, which hashes
-    nothing. Other threads may make nodes meanwhile (codegen in the compile pool): an iteration that sees the table
-    change starts over on a snapshot, and `_remove_dead_weakref` deletes an entry only while it is still a dead
+    nothing. Nodes may be made meanwhile, by other threads (codegen in the compile pool) or by this one (the tuples the
+    iteration makes can start a garbage collection, which runs callbacks and finalizers): an iteration that sees the
+    table change starts over on a copy, and `_remove_dead_weakref` deletes an entry only while it is still a dead
     reference (not a newer node's). `whole=True` checks every entry now."""
     global _ucache_limit
     young = len(_ucache) - _gen["swept"]
     tail = young + _gen["middle"] if _gen["middle"] + young > _UCACHE_MIN else young
     whole = whole or _gen["old_added"] > max(_gen["old_live"], _UCACHE_MIN)
     try: items = list(_ucache.items() if whole else islice(reversed(_ucache.items()), tail))
-    except RuntimeError:   # (the table changed size during the iteration)
-        items = list(_ucache.items())
-        if not whole: items = items[-tail:]
+    except RuntimeError:   # the table changed size during the iteration: check a copy (dict.copy runs no Python code)
+        snap = _ucache.copy()
+        items = list(snap.items() if whole else islice(reversed(snap.items()), tail))
     dead = [k for k, r in items if r() is None]
     for k in dead: _remove(_ucache, k)
     survivors = len(items) - len(dead)

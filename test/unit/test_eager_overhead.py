@@ -80,6 +80,26 @@ def test_a_survivor_of_the_young_sweep_dying_later_is_swept_with_the_middle_gene
     assert key not in ir_ops._ucache
 
 
+def test_a_sweep_survives_nodes_made_while_it_iterates():
+    """The items a sweep iterates are tuples it makes, which can start a garbage collection, whose callbacks may make
+    nodes (the WebGPU tests' did: "dictionary changed size during iteration" from inside UOp())."""
+    x = UOp(Ops.DEVICE, arg="test-sweep-gc")
+    made: list[UOp] = []
+    def make_one(phase, info):
+        if phase == "start" and len(made) < 200: made.append(UOp(Ops.CONST, dtypes.int32, (x,), 10**6 + len(made)))
+    for i in range(2000): UOp(Ops.CONST, dtypes.int32, (x,), i)   # dead entries for the sweep to find
+    old = gc.get_threshold()
+    gc.callbacks.append(make_one)
+    gc.set_threshold(1)
+    try:
+        ir_ops._sweep(whole=True)
+        ir_ops._sweep()
+    finally:
+        gc.set_threshold(*old)
+        gc.callbacks.remove(make_one)
+    assert made and all(UOp(Ops.CONST, dtypes.int32, (x,), 10**6 + i) is m for i, m in enumerate(made))
+
+
 def test_view_list_is_pruned_and_live_views_still_see_writes():
     base = Tensor.zeros(4).contiguous().realize()
     kept = base.reshape(2, 2)
