@@ -17,8 +17,22 @@ PyConst = Union[float, int, bool]
 ConstType = PyConst
 
 
+# every dtype made, by its fields: equal dtypes are one object (`_Interned`). A plain dict (setdefault is atomic under
+# the GIL, so two compile threads can't make two copies of one dtype); dtypes are few (a pointer dtype per buffer size)
+_interned: dict[tuple, "DType"] = {}
+
+
+class _Interned(type):
+    """Constructing a DType equal to an existing one returns that one, so equality is identity and a dtype hashes by
+    identity, in C: dtypes are hashed and compared in every graph node built (the hash-consing key) and every key of
+    the schedule cache, where a Python-level __hash__ was a call per node."""
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        d = super().__call__(*args, **kwargs)
+        return _interned.setdefault(d._key, d)
+
+
 @dataclass(frozen=True, eq=False)
-class DType:
+class DType(metaclass=_Interned):
     """A scalar (count=1) or vector (count>1) element type. `fmt` is the struct/memoryview format, if any."""
     priority: int
     itemsize: int
@@ -27,20 +41,17 @@ class DType:
     count: int = 1
     _scalar: "DType | None" = None
 
-    def __post_init__(self) -> None:
-        key = tuple(getattr(self, f) for f in self.__dataclass_fields__)
-        object.__setattr__(self, "_key", (type(self), key))
-        object.__setattr__(self, "_hash", hash(self._key))
+    def __post_init__(self) -> None:   # (the interning key: the class and every field)
+        object.__setattr__(self, "_key", (type(self), tuple(getattr(self, f) for f in self.__dataclass_fields__)))
 
-    # equality is structural but cheap: dtypes are compared in every graph operation
-    def __eq__(self, other: object) -> bool:
-        return self is other or (isinstance(other, DType) and self._hash == other._hash and self._key == other._key)
+    # equal dtypes are one object (interned): equality is identity, the hash is object's (C-level). (__eq__ is spelled
+    # out so that `dtype == np.float32` is False without asking the other side)
+    def __eq__(self, other: object) -> bool: return self is other
+    def __ne__(self, other: object) -> bool: return self is not other
+    __hash__ = object.__hash__
 
-    def __ne__(self, other: object) -> bool: return not self.__eq__(other)
-    def __hash__(self) -> int: return self._hash
-
-    # pickled by name (`dtypes.float` loads as that very object) or rebuilt through the constructor, never with its
-    # state: the cached `_hash` of a str key differs from process to process
+    # pickled by name (`dtypes.float` loads as that very object) or rebuilt through the constructor (which interns
+    # it), never with its state
     def __reduce__(self) -> tuple:
         if type(self) is DType and getattr(dtypes, self.name, None) == self: return getattr, (dtypes, self.name)
         return type(self), tuple(getattr(self, f) for f in self.__dataclass_fields__)

@@ -178,38 +178,48 @@ def run_schedule(items: list[ScheduleItem]) -> None:
                              and (k := (si.ast, si.bufs[0].device)) not in _programs))
     if len(new) > 1: _prepare_runners(new)
     show = DEBUG >= 2   # (flags read once, not per item: each read is a Python call)
-    for si in items:
-        bufs = si.bufs
-        dev = bufs[0].device
-        t0 = time.perf_counter()
-        if (is_copy := si.ast.op is copy_op):
-            dst, src = bufs
-            dst.copy_from(src)
-            et = time.perf_counter() - t0
-            name, ops, mem = f"copy {src.nbytes:8d} bytes {src.device} -> {dst.device}", 0, src.nbytes
-            GlobalCounters.copy_time_s += et
-            GlobalCounters.copy_bytes += src.nbytes
-        else:
-            if (prg := _programs.get((si.ast, dev))) is None: prg = get_runner(si.ast, dev)
-            spec = prg.spec
-            # an allocated buffer's address without the `opaque` property's two calls
-            et = prg(*[b._opaque if b._opaque is not None else b.opaque for b in bufs],
-                     vals=var_values(spec, si.var_vals) if spec.vars else (), wait=True) or 0.0
-            name, ops, mem = spec.display_name, spec.ops, spec.mem
-            kernels += 1
-        if traced:
-            from fusegrad.viz.recorder import record_item
-            record_item(si, et, name, ops, mem)
-        GlobalCounters.kernel_count += 0 if is_copy else 1
-        GlobalCounters.global_ops += ops
-        GlobalCounters.global_mem += mem
-        GlobalCounters.time_sum_s += et
-        for hook in item_hooks: hook(si)
-        if show:
-            gflops = ops / et * 1e-9 if et > 0 else 0
-            gbs = mem / et * 1e-9 if et > 0 else 0
-            label = colored(f'{name:30s}', 'green' if is_copy else None)
-            print(f"*** {dev:7s} {GlobalCounters.kernel_count:4d} {label} bufs {len(bufs):2d}  tm {et * 1e6:9.2f} us"
-                  f"  {gflops:8.2f} GFLOPS  {gbs:7.2f} GB/s")
+    # the counters are added up here and moved to GlobalCounters once (each `GlobalCounters.x += v` is a class
+    # attribute read and write per item), also when an item raises
+    n_ops = n_mem = 0
+    n_time = 0.0
+    try:
+        for si in items:
+            bufs = si.bufs
+            dev = bufs[0].device
+            if (is_copy := si.ast.op is copy_op):
+                t0 = time.perf_counter()
+                dst, src = bufs
+                dst.copy_from(src)
+                et = time.perf_counter() - t0
+                name, ops, mem = f"copy {src.nbytes:8d} bytes {src.device} -> {dst.device}", 0, src.nbytes
+                GlobalCounters.copy_time_s += et
+                GlobalCounters.copy_bytes += src.nbytes
+            else:
+                if (prg := _programs.get((si.ast, dev))) is None: prg = get_runner(si.ast, dev)
+                spec = prg.spec
+                # an allocated buffer's address without the `opaque` property's two calls (most items have a buffer
+                # allocated here, on first use: their output)
+                et = prg(*[b._opaque if b._opaque is not None else b.opaque for b in bufs],
+                         vals=var_values(spec, si.var_vals) if spec.vars else (), wait=True) or 0.0
+                name, ops, mem = spec.display_name, spec.ops, spec.mem
+                kernels += 1
+            if traced:
+                from fusegrad.viz.recorder import record_item
+                record_item(si, et, name, ops, mem)
+            n_ops += ops
+            n_mem += mem
+            n_time += et
+            for hook in item_hooks: hook(si)
+            if show:
+                gflops = ops / et * 1e-9 if et > 0 else 0
+                gbs = mem / et * 1e-9 if et > 0 else 0
+                label = colored(f'{name:30s}', 'green' if is_copy else None)
+                print(f"*** {dev:7s} {GlobalCounters.kernel_count + kernels:4d} {label} bufs {len(bufs):2d}  "
+                      f"tm {et * 1e6:9.2f} us  {gflops:8.2f} GFLOPS  {gbs:7.2f} GB/s")
+    finally:
+        GlobalCounters.kernel_count += kernels
+        GlobalCounters.global_ops += n_ops
+        GlobalCounters.global_mem += n_mem
+        GlobalCounters.time_sum_s += n_time
     if DEBUG >= 1 and items:
         print(f"realized {len(items)} items ({kernels} kernels) in {(time.perf_counter() - st) * 1e3:.2f} ms")

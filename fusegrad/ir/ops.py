@@ -268,7 +268,7 @@ class OpMixin:
 
 # ---------------------------------------------------------------------------------------------------------------------
 
-# (op, dtype, ids of src, arg) -> a weak reference to the node (the key: UOpMetaClass.__call__). A plain dict of plain
+# (op, dtype, arg, ids of src...) -> a weak reference to the node (the key: UOpMetaClass.__call__). A plain dict of plain
 # references, without callbacks: weakref.WeakValueDictionary costs a quarter of building a node (Python-level get, set
 # and keyed references), and a callback per reference that drops its entry costs a Python call per node that dies
 # (every node of every eager graph, after its realize) and a partial per node made. An entry whose node died stays
@@ -283,6 +283,7 @@ _gen = {"swept": 0, "middle": 0, "old_added": 0, "old_live": 0}   # `_sweep`'s g
 _CONST, _DETACH, _ASSIGN, _DEVICE, _COPY, _MULTI = Ops.CONST, Ops.DETACH, Ops.ASSIGN, Ops.DEVICE, Ops.COPY, Ops.MULTI
 _RESHAPE, _EXPAND = Ops.RESHAPE, Ops.EXPAND
 _new, _ref = object.__new__, weakref.ref
+_CUSTOM = object()   # in a custom backward's key (a DETACH with a GradFn) where a plain DETACH has its arg, None
 # every live ASSIGN node: a realize with none pending anywhere skips looking for writes in its graph (views.py)
 live_assigns: "weakref.WeakSet[UOp]" = weakref.WeakSet()
 
@@ -296,12 +297,15 @@ class UOpMetaClass(type):
         # them would keep them alive from this global, and through them anything they reach: a custom backward's
         # closure holds tensors (a BatchNorm module, its weight), whose graphs (an optimizer step's pending write)
         # hold the nodes above it, and so on, so a whole finished training program stayed in memory.
-        # (Sources' ids spelled out for the usual one or two: `tuple(map(id, src))` costs three times as much.)
-        ids = (id(src[0]),) if (ns := len(src)) == 1 else (id(src[0]), id(src[1])) if ns == 2 else \
-            tuple(map(id, src)) if ns else ()
-        if op is _CONST: key = (op, dtype, ids, arg, zero_signs(arg))
-        elif op is _DETACH and arg is not None: key = (op, dtype, ids, None, id(arg))
-        else: key = (op, dtype, ids, arg)
+        # The sources' ids are the key's last items (their count is the key's length less 3: less 4 for a CONST, which
+        # has the signs of its zeros, and for a custom backward, its id), not a tuple of their own: one object fewer
+        # per node made, for the allocator and for the garbage collector, which counts every tuple until a
+        # collection finds it holds no container. (Spelled out for the usual one or two sources.)
+        if op is _CONST: key = (op, dtype, arg, zero_signs(arg), *map(id, src))
+        elif op is _DETACH and arg is not None: key = (op, dtype, _CUSTOM, id(arg), *map(id, src))
+        elif (ns := len(src)) == 1: key = (op, dtype, arg, id(src[0]))
+        elif ns == 2: key = (op, dtype, arg, id(src[0]), id(src[1]))
+        else: key = (op, dtype, arg, *map(id, src))
         if (ref := _ucache.get(key)) is not None and (ret := ref()) is not None: return ret
         # (UOp.__init__'s work without its Python frame: one per node built)
         ret = _new(cls)
@@ -336,11 +340,11 @@ def _sweep(whole: bool = False, _remove: Any = _remove_dead_weakref) -> None:
     check (amortized O(1) per node made, and rare: few nodes outlive two sweeps). A dead entry overwritten in place by
     its key's new node stays where it was, in whichever generation that is: swept with it.
 
-    A key hashes through DType.__hash__, a Python call, so the dead ones are found by iterating the items, which hashes
-    nothing. Nodes may be made meanwhile, by other threads (codegen in the compile pool) or by this one (the tuples the
-    iteration makes can start a garbage collection, which runs callbacks and finalizers): an iteration that sees the
-    table change starts over on a copy, and `_remove_dead_weakref` deletes an entry only while it is still a dead
-    reference (not a newer node's). `whole=True` checks every entry now."""
+    The dead ones are found by iterating the items, which hashes nothing. Nodes may be made meanwhile, by other
+    threads (codegen in the compile pool) or by this one (the tuples the iteration makes can start a garbage
+    collection, which runs callbacks and finalizers): an iteration that sees the table change starts over on a copy,
+    and `_remove_dead_weakref` deletes an entry only while it is still a dead reference (not a newer node's).
+    `whole=True` checks every entry now."""
     global _ucache_limit
     young = len(_ucache) - _gen["swept"]
     tail = young + _gen["middle"] if _gen["middle"] + young > _UCACHE_MIN else young

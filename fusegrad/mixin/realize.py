@@ -105,7 +105,10 @@ class RealizeMixin:
         # the buffers each target's graph reads (for the result cache and autograd history), walked now: after the
         # kernels ran, the graph is out of the CPU caches and the same walk takes about twice as long
         # (all of them for autograd histories; the direct ones, not through an ASSIGN, for the result cache)
-        split = {id(u): storage.reads_split(u) for u in uops if u.op is not Ops.ASSIGN and id(u) not in snap_ids}
+        # (the scheduler's walk gives them for a graph it saw whole: ScheduleResults.reads)
+        known = results.reads
+        split = {id(u): known[u] if u in known else storage.reads_split(u)
+                 for u in uops if u.op is not Ops.ASSIGN and id(u) not in snap_ids}
         reads = {k: v[0] for k, v in split.items()}
         direct = {k: v[1] for k, v in split.items()}
         engine.run_schedule(sched)

@@ -28,14 +28,14 @@ from fusegrad.schedule.multi import has_multi, lower_multi
 from fusegrad.schedule.recompute import RecomputePolicy
 from fusegrad.schedule.split import split_reduces
 from fusegrad.ir.shape import smax
-from fusegrad.storage import CACHED_VALUE_FILTER, buffer_uop, buffer_view, cached_value, executed, realized, \
-    relayout_source, target_buffer
+from fusegrad.storage import CACHED_VALUE_FILTER, buffer_uop, buffer_view, buffers, cached_value, executed, \
+    realized, relayout_source, target_buffer
 
 
 _COPY = Ops.COPY   # (bound once: `Ops.X` is a Python-level call in Python 3.11; asked per item of every schedule)
 
 
-@dataclass
+@dataclass(slots=True)   # (slots: one made per kernel of every realize, and its fields read per launch)
 class ScheduleItem:
     """One kernel (ast is a SINK) or copy (ast is a COPY node); bufs[0] is written, the rest are read."""
     ast: UOp
@@ -50,12 +50,24 @@ class ScheduleItem:
     def is_copy(self) -> bool: return self.ast.op is _COPY
 
 
+class ScheduleResults(dict):
+    """create_schedule's second value: per target, the node of the buffer holding its result. `reads`: per target,
+    when the scheduler's walk saw its whole graph as it is (one target, nothing cached, no custom backward or ASSIGN
+    in it), the buffers that graph reads, as `storage.reads_split` gives them (all, direct): the realize needs them for
+    the result cache and autograd history, and they come free with the key walk instead of a second walk."""
+    __slots__ = ("reads",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: dict[UOp, tuple[list[Buffer], list[Buffer]]] = {}
+
+
 def _is_buffer_view(u: UOp) -> bool:
     while u.op is Ops.RESHAPE: u = u.src[0]
     return u.op is Ops.BUFFER
 
 
-def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
+def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], ScheduleResults]:
     """Schedule the computation of `targets`. Returns the items in execution order and, per target, the node of the
     buffer holding its result (BUFFER reshaped to the target's shape; MULTI of those for a multi-device target).
     Graphs on several devices are first lowered to one graph per device (multi.py), graphs that read DISK tensors to
@@ -71,7 +83,7 @@ def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, U
     whole = [p for lv in assigns.values() if not isinstance(lv, UOp) for p in lv.parts]
     flat = list(dict.fromkeys([p for lv in lowered for p in ((lv,) if isinstance(lv, UOp) else lv.parts)] + whole))
     items, res = _schedule_disk(flat)
-    results: dict[UOp, UOp] = {}
+    results = ScheduleResults()
     for orig, lv in zip(targets, lowered):
         if isinstance(lv, UOp): results[orig] = res[lv]
         else: results[orig] = UOp(Ops.MULTI, orig.dtype, tuple(res[p] for p in lv.parts), lv.axis)
@@ -88,7 +100,7 @@ def create_schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, U
     return items, results
 
 
-def _schedule_disk(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
+def _schedule_disk(targets: list[UOp]) -> tuple[list[ScheduleItem], ScheduleResults]:
     """create_schedule for graphs on one device each: reads of DISK tensors become copies of their byte ranges first
     (only once a DISK device was opened in this process: no extra walk otherwise)."""
     if not ops_disk.opened: return _schedule(targets)
@@ -97,10 +109,12 @@ def _schedule_disk(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UO
     lowered = lower_disk(memo[sink])
     if lowered is memo[sink]: return _schedule(targets)
     items, res = _schedule(list(dict.fromkeys(lowered.src)))
-    return items, {orig: res[new] for orig, new in zip(targets, lowered.src)}
+    results = ScheduleResults()
+    results.update((orig, res[new]) for orig, new in zip(targets, lowered.src))
+    return items, results
 
 
-def _schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
+def _schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], ScheduleResults]:
     """create_schedule for graphs on one device and without DISK reads: the schedule cache's path."""
     st = time.perf_counter()
     # one walk: nodes computed by an earlier realize are read from their buffers, custom backwards stripped, variables
@@ -115,7 +129,8 @@ def _schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
         tpl = _plan(nz.graph())
         if use_cache: schedule_cache.put(key, tpl)
     bufs = fill_slots(tpl.slots, leaves)
-    items = [ScheduleItem(ast, [bufs[i] for i in slots], list(ops), inplace, var_vals, nz.checks, nz.aliases)
+    pick = bufs.__getitem__   # (`map` of it: no list comprehension's frame per item)
+    items = [ScheduleItem(ast, list(map(pick, slots)), list(ops), inplace, var_vals, nz.checks, nz.aliases)
              for ast, slots, ops, inplace in tpl.items]
     if DEBUG >= 1 and items:
         print(f"scheduled {len(items)} items in {(time.perf_counter() - st) * 1e3:.2f} ms "
@@ -124,7 +139,11 @@ def _schedule(targets: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
         for i, it in enumerate(items):
             print(f"schedule item {i}: {'copy' if it.is_copy else 'kernel'} <- tensor ops {', '.join(it.tensor_ops)}")
 
-    results: dict[UOp, UOp] = {}
+    results = ScheduleResults()
+    if nz.as_is and len(targets) == 1:   # the walk saw the whole graph: its leaves are what it reads (cache.py)
+        got = buffers.get
+        read = [b for n in leaves if (b := got(n)) is not None]
+        results.reads[targets[0]] = (read, read)
     for orig, slot in zip(targets, tpl.results):
         if slot == SAME: results[orig] = _read_cached(orig)
         elif slot == ASSIGNED:   # the target's buffer now holds the value

@@ -64,6 +64,9 @@ class Normalized:
     aliases: dict[UOp, UOp]        # a variable standing for a further value of another -> that one (variables.py)
     checks: tuple[tuple, ...]      # slice bounds that hold for some values only (variables.py), unbound
     assigns: list[UOp]             # the real ASSIGN nodes the graph still has to run
+    # the walk read the graph as it is: no node replaced by a value computed before, no custom backward stripped, no
+    # ASSIGN. Then the real BUFFER nodes below the SINK are exactly `leaves` (what storage.reads_split walks for)
+    as_is: bool = True
 
     def graph(self) -> list[UOp]:
         """The normalized graph's nodes in key order, the SINK last (built on a miss only; see `normalize` for why
@@ -97,6 +100,9 @@ def _always(_: Any) -> bool: return True
 
 
 _ALL_OPS = frozenset(Ops)
+_EXPANDED = object()   # normalize's stack marker: the node below it has had its sources pushed
+# ops whose arg the key takes as it is (normalize's last branch): none of the kinds the walk looks at more closely
+_ARG_AS_IS = _ALL_OPS - GroupOp.Movement - _SPECIAL_ARGS - {Ops.BUFFER, Ops.DETACH}
 
 
 def normalize(sink: UOp, cached: Callable[[UOp], UOp | None], executed: Any,
@@ -119,9 +125,10 @@ def normalize(sink: UOp, cached: Callable[[UOp], UOp | None], executed: Any,
     leaves: list[UOp] = []
     assigns: list[UOp] = []
     uniq = 0
+    as_is = True
 
     def one(x: UOp) -> None:   # x's sources have positions already
-        nonlocal uniq
+        nonlocal uniq, as_is
         if x.op is Ops.BUFFER:
             pos[x] = len(enc)
             enc.append((BUFFER, x.dtype, (-1 - len(leaves), x.arg[1], x.src[0].arg), ()))
@@ -129,6 +136,7 @@ def normalize(sink: UOp, cached: Callable[[UOp], UOp | None], executed: Any,
             return
         if x.op is Ops.DETACH and x.arg is not None:   # a custom backward: only its value is computed
             pos[x] = pos[x.src[0]]
+            as_is = False
             return
         arg = x.arg
         if x.op is Ops.ASSIGN or (x.op is Ops.CONTIGUOUS and type(arg) is int):
@@ -148,14 +156,18 @@ def normalize(sink: UOp, cached: Callable[[UOp], UOp | None], executed: Any,
     plain_get = plain.get
     rget, cached_ops, cached_src_ops, wref = \
         (maybe_cached if maybe_cached is not None else (_always, _ALL_OPS, _ALL_OPS)) + (weakref.ref,)
-    contiguous_op, const_op, plain_consts = Ops.CONTIGUOUS, Ops.CONST, _PLAIN_CONSTS
-    push, pop, append = (stack := [(sink, False)]).append, stack.pop, enc.append
+    contiguous_op, const_op, plain_consts, as_they_are = Ops.CONTIGUOUS, Ops.CONST, _PLAIN_CONSTS, _ARG_AS_IS
+    # the stack holds nodes to visit; a node whose sources were pushed sits below the marker `_EXPANDED`, so when the
+    # marker comes back up its sources have positions and the node is encoded (no (node, flag) tuple made and unpacked
+    # per push)
+    expanded_mark = _EXPANDED
+    push, pop, append = (stack := [sink]).append, stack.pop, enc.append
     while stack:
-        n, expanded = pop()
-        if n in pos: continue
-        if expanded:
+        if (n := pop()) is expanded_mark:   # (a DAG: a node is expanded once, and nothing below it gives it a position)
+            n = pop()
             op, src = n.op, n.src
-            if op in movement:
+            if op in as_they_are: arg = n.arg   # (the most common kinds: ALU ops, reduces, casts, ... one set lookup)
+            elif op in movement:
                 if (arg := plain_get(n.arg)) is None:   # (a hash of ints, in C; has_uop is a Python call per node)
                     if has_uop(arg := n.arg):
                         one(n)
@@ -174,14 +186,16 @@ def normalize(sink: UOp, cached: Callable[[UOp], UOp | None], executed: Any,
             append((op._value_, n.dtype, arg, (pos[src[0]],) if (ns := len(src)) == 1 else
                     (pos[src[0]], pos[src[1]]) if ns == 2 else tuple([pos[s] for s in src])))
             continue
+        if n in pos: continue
+        op, src = n.op, n.src
         # computed before: read its buffer. (`cached` is called only where `maybe_cached` can't rule a node out)
-        if n is not sink and (rget(wref(n)) is not None or (n.op in cached_ops and n.src[0].op in cached_src_ops)) \
+        if n is not sink and (rget(wref(n)) is not None or (op in cached_ops and src[0].op in cached_src_ops)) \
                 and (r := cached(n)) is not None:
+            as_is = False
             for x in r.toposort(gate=gate):
                 if x not in pos: one(x)
             pos[n] = pos[r]
             continue
-        op = n.op
         if op is buffer_op:   # a leaf: nothing below it to walk
             one(n)
             continue
@@ -191,12 +205,21 @@ def normalize(sink: UOp, cached: Callable[[UOp], UOp | None], executed: Any,
                                    "in-place write has changed since: its old value is gone. Realize (or .clone()) a "
                                    "value before writing to the memory it depends on")
             assigns.append(n)
-        push((n, True))
-        for s in reversed(n.src[:1] if op is detach_op and n.arg is not None else n.src):
-            if s not in pos: push((s, False))
+            as_is = False
+        push(n)
+        push(expanded_mark)
+        # (one and two sources spelled out: no iterator made for them)
+        if (ns := len(src)) == 1:
+            if (s := src[0]) not in pos: push(s)
+        elif ns == 2 and op is not detach_op:   # (a custom backward's DETACH walks its first source only)
+            if (s := src[1]) not in pos: push(s)
+            if (s := src[0]) not in pos: push(s)
+        else:
+            for s in reversed(src[:1] if op is detach_op and n.arg is not None else src):
+                if s not in pos: push(s)
     ub.check_bound()
     return Normalized(tuple(enc), leaves, pos, ub.var_vals, {a: v for (v, _), a in ub.aliases.items()},
-                      tuple(ub.checks), assigns)
+                      tuple(ub.checks), assigns, as_is)
 
 
 def leaf_index(placeholder: UOp) -> int:

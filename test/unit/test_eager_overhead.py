@@ -7,6 +7,7 @@ import gc
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from fusegrad import Tensor, dtypes
 from fusegrad.dtype import least_upper_dtype
@@ -18,7 +19,7 @@ def test_hash_consing_returns_one_node_and_forgets_dead_ones():
     gc.collect()
     a = UOp(Ops.DEVICE, arg="test-eager-overhead")
     assert UOp(Ops.DEVICE, arg="test-eager-overhead") is a
-    key = (Ops.DEVICE, dtypes.void, (), "test-eager-overhead")
+    key = (Ops.DEVICE, dtypes.void, "test-eager-overhead")   # (op, dtype, arg, ids of the sources...)
     assert ir_ops._ucache[key]() is a
     ida = id(a)
     del a
@@ -70,7 +71,7 @@ def test_a_survivor_of_the_young_sweep_dying_later_is_swept_with_the_middle_gene
     ir_ops._sweep(whole=True)
     x = UOp(Ops.DEVICE, arg="test-middle")
     kept = [UOp(Ops.CONST, dtypes.int32, (x,), -1 - i) for i in range(1000)]
-    key = (Ops.CONST, dtypes.int32, (id(x),), -1, None)
+    key = (Ops.CONST, dtypes.int32, -1, None, id(x))
     assert ir_ops._ucache[key]() is kept[0]
     for i in range(ir_ops._UCACHE_MIN + 10): UOp(Ops.CONST, dtypes.int32, (x,), i)   # a young sweep: kept survives
     assert key in ir_ops._ucache
@@ -388,3 +389,119 @@ def test_shapes_stored_by_builders_are_the_inferred_ones(shape, dtype):
             assert stored[0] == "unset" or stored[0] == want[0], (n.op, stored, want)
             assert stored[1] == "unset" or stored[1] == want[1], (n.op, stored, want)
     np.testing.assert_equal((x * y + 1).numpy(), np.full(shape, 4, dtype=np.float32).astype(x.numpy().dtype))
+
+
+def test_equal_dtypes_are_one_object_however_made():
+    """DTypes are interned (equality is identity, hashing is C-level): every way of making a dtype gives the one
+    object, so identity-based equality never calls two equal dtypes different."""
+    import copy
+    import pickle
+    import threading
+    from fusegrad.dtype import DType, PtrDType
+    v = dtypes.float32.vec(4)
+    assert dtypes.float32.vec(4) is v and v == dtypes.float32.vec(4) and hash(v) == hash(dtypes.float32.vec(4))
+    assert DType(13, 4, "float", "f") is dtypes.float32
+    assert pickle.loads(pickle.dumps(v)) is v and copy.deepcopy(v) is v and copy.copy(dtypes.half) is dtypes.half
+    p = dtypes.int8.ptr(123, "local")
+    assert dtypes.int8.ptr(123, "local") is p and pickle.loads(pickle.dumps(p)) is p
+    assert isinstance(p, PtrDType) and p != dtypes.int8.ptr(123) and p != dtypes.int8.ptr(124, "local")
+    assert dtypes.float32 != dtypes.int32 and dtypes.float32.vec(4) != dtypes.float32.vec(8)
+    assert dtypes.float32 != np.float32 and dtypes.float32 != "float"   # no other type is asked
+    made: list = []
+    ts = [threading.Thread(target=lambda: made.extend(dtypes.uint16.vec(k) for k in range(2, 40))) for _ in range(4)]
+    for t in ts: t.start()
+    for t in ts: t.join()
+    assert all(d is dtypes.uint16.vec(d.count) for d in made)
+
+
+_held: list = []
+
+
+def _realized_below(a: Tensor, b: Tensor) -> Tensor:
+    x = a * 3
+    y = (x + b).sum()   # holds x's node, which the result cache serves once x is realized
+    x.realize()
+    _held.append(x)   # (the cache keeps a result while a tensor holds it)
+    return y
+
+
+def _reads_cases() -> list:
+    a, b = Tensor([1.0, 2.0, 3.0, 4.0]).realize(), Tensor([5.0, 6.0, 7.0, 8.0]).realize()
+    c = (a * 2).realize()
+    w = Tensor([1.0, 1.0, 1.0, 1.0]).contiguous().realize()
+    return [("two buffers", lambda: (a + b) * a), ("one buffer read twice", lambda: a * a + a.reshape(2, 2).sum()),
+            ("a constant", lambda: Tensor.ones(4).contiguous() + 1),
+            ("a cached value below", lambda: _realized_below(a, b)),   # not a plain walk
+            ("a pending write below", lambda: w.assign(w + a) * 3), ("custom backward", lambda: c.relu() + b),
+            ("copied", lambda: c.to("PYTHON").to(c.device) + b)]
+
+
+@pytest.mark.parametrize("i", range(7))
+def test_reads_from_the_key_walk_are_the_reads_walk(i):
+    """The buffers the schedule's key walk hands the realize (ScheduleResults.reads: one target, nothing cached, no
+    write or custom backward in the graph) are those `storage.reads_split` finds; elsewhere none are handed over."""
+    from fusegrad import schedule, storage
+    name, make = _reads_cases()[i]
+    t = make()
+    _, results = schedule.create_schedule([t.uop])
+    want = storage.reads_split(t.uop)
+    if (got := results.reads.get(t.uop)) is None:
+        assert name in ("a cached value below", "a pending write below"), name
+        return
+    assert name not in ("a cached value below", "a pending write below"), name
+    assert {id(b) for b in got[0]} == {id(b) for b in want[0]} and len(got[0]) == len(want[0])
+    assert {id(b) for b in got[1]} == {id(b) for b in want[1]} and len(got[1]) == len(want[1])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["add", "mul", "relu", "sum", "flip", "realize", "cached", "assign"]),
+                          st.integers(0, 3)), min_size=1, max_size=8))
+def test_reads_from_the_key_walk_match_the_reads_walk_and_torch(steps):
+    """Random programs over a few realized buffers (some steps realize an intermediate and keep it, so later graphs
+    are served it from the result cache; some write a buffer in place): whenever the key walk hands the realize the
+    buffers a graph reads, they are the ones `storage.reads_split` finds, and every value equals torch's."""
+    import torch
+    from fusegrad import schedule, storage
+    init = [np.arange(4, dtype=np.float32) + 4 * k for k in range(4)]
+    bufs = [Tensor(v).contiguous().realize() for v in init]
+    ref = [torch.tensor(v) for v in init]
+    cur, tcur, held = bufs[0] * 1, ref[0] * 1, []
+    for op, k in steps:
+        if op == "add": cur, tcur = cur + bufs[k], tcur + ref[k]
+        elif op == "mul": cur, tcur = cur * bufs[k], tcur * ref[k]
+        elif op == "relu": cur, tcur = cur.relu(), tcur.relu()
+        elif op == "sum": cur, tcur = cur.sum().reshape(1).expand(4) + bufs[k], tcur.sum().reshape(1).expand(4) + ref[k]
+        elif op == "flip": cur, tcur = cur.flip(0), tcur.flip(0)
+        elif op == "realize": cur.realize()
+        elif op == "cached":   # an intermediate realized on its own and kept: later graphs read its buffer
+            part = cur * 2
+            cur, tcur = part + 1, tcur * 2 + 1
+            part.realize()
+            held.append(part)
+        else:   # a pending write of a buffer that later graphs read
+            bufs[k].assign(bufs[k] + 1)
+            ref[k] = ref[k] + 1
+        _, results = schedule.create_schedule([cur.uop])
+        if (got := results.reads.get(cur.uop)) is not None:
+            want = storage.reads_split(cur.uop)
+            assert sorted(map(id, got[0])) == sorted(map(id, want[0]))
+            assert sorted(map(id, got[1])) == sorted(map(id, want[1]))
+        np.testing.assert_allclose(cur.numpy(), tcur.numpy(), rtol=1e-6)
+    for b, r in zip(bufs, ref): np.testing.assert_allclose(b.numpy(), r.numpy(), rtol=1e-6)
+
+
+@pytest.mark.parametrize("n_inputs", [1, 2])
+def test_key_walk_does_not_walk_a_custom_backwards_inputs(n_inputs):
+    """A custom backward (DETACH with a GradFn) is its forward value: the key walk reads its first source only, also
+    when it has exactly two (the walk spells out one and two sources), so buffers only its backward's inputs read are
+    no placeholders of the key."""
+    from fusegrad.autograd import custom_grad
+    from fusegrad.schedule.cache import normalize
+    from fusegrad.storage import CACHED_VALUE_FILTER, cached_value, executed
+    a = Tensor([1.0, 2.0]).realize()
+    others = [Tensor([3.0, 4.0]).realize() * (k + 2) for k in range(n_inputs)]
+    y = custom_grad(a * 5, others, lambda g, *xs: [g for _ in xs], "test") + 1
+    assert len(y.uop.src[0].src) == 1 + n_inputs
+    nz = normalize(UOp(Ops.SINK, src=(y.uop,)), cached_value, executed, CACHED_VALUE_FILTER)
+    assert nz.leaves == [a.uop.base] and not nz.as_is
+    assert y.tolist() == [6.0, 11.0]
