@@ -32,8 +32,8 @@ from fusegrad.runtime import cpu_pool
 from fusegrad.runtime.machine import Machine, cpu_march, host_machine, machine
 
 CPU_POOL = int(os.getenv("CPU_POOL", "1"))   # 0: split kernels run their chunks through the Python thread pool
-# 1: transparent huge pages for big buffers (off by default: with khugepaged's default max_ptes_none, partly used
-# advised ranges are filled in, and a training loop's RSS crept 10-30 MB inside the test suite; docs/performance.md)
+# 1: transparent huge pages for big buffers (off by default: little gain on two cores, and a first touch may wait for
+# the kernel to compact memory; docs/performance.md, "Big buffers on huge pages")
 CPU_HUGE_PAGES = int(os.getenv("CPU_HUGE_PAGES", "0"))
 MADV_HUGEPAGE, PROT_READ_WRITE, MAP_PRIVATE_ANONYMOUS = 14, 3, 0x22   # <sys/mman.h> on Linux
 
