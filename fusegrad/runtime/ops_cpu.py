@@ -371,9 +371,8 @@ class CPUAllocator(Allocator):
     pages (`huge_page_bytes`, 2 MiB on x86-64 Linux) is a mapping of its own, aligned to a huge page, that asks for
     them (madvise MADV_HUGEPAGE, as NumPy does from 4 MiB): a 2048 x 2048 matmul's loop touches more 4 KiB pages (a
     panel of b 8 KiB per row, six rows of a) than the first-level TLB holds, and with 4 KiB pages it ran 10-15%
-    slower. A mapping of its own, unmapped when freed: advice on the C library's heap outlived the buffer, and the
-    kernel's khugepaged later filled those heap ranges into whole huge pages (an eager training loop's RSS crept
-    10 MB in 300 steps)."""
+    slower. A mapping of its own, unmapped when freed: advice given to the C library's heap outlives the buffer,
+    and the kernel's khugepaged may later fill those heap ranges into whole huge pages. Opt-in (CPU_HUGE_PAGES=1)."""
 
     def __init__(self, huge_page: int | None = None) -> None:
         super().__init__()
@@ -418,7 +417,7 @@ class CPUAllocator(Allocator):
             raise MemoryError(f"CPU allocation of {nbytes} bytes failed")
         start = -(-raw // hp) * hp
         if start > raw: self.munmap(raw, start - raw)
-        if raw + length + hp > start + length: self.munmap(start + length, raw + hp - start)
+        self.munmap(start + length, raw + hp - start)   # (start < raw + hp: the mapping's tail is never empty)
         self.madvise(start, nbytes // hp * hp, MADV_HUGEPAGE)   # (advice only: where the OS refuses, small pages stay)
         self.mapped[start] = length
         return start

@@ -22,11 +22,11 @@ def fds() -> int:
 
 
 def no_huge_pages() -> None:
-    """Keep the kernel's khugepaged away from this process (prctl PR_SET_THP_DISABLE, Linux): it fills any 2 MiB range
-    advised for huge pages (NumPy advises its arrays from 4 MiB; glibc heap ranges keep the advice after a free) that
-    has one touched page into a whole huge page, whenever it gets to it. In a test process that ran half the suite
-    first, that grew RSS by 10 MB during these 300 steps (this machine's khugepaged collapsed 150 ranges during two
-    suite runs), memory the loop never allocated."""
+    """Keep the kernel's khugepaged away from this process (prctl PR_SET_THP_DISABLE, Linux), so RSS counts what the
+    loop allocates: khugepaged fills any 2 MiB range advised for huge pages (NumPy advises its arrays from 4 MiB;
+    glibc heap ranges keep the advice after a free) that has one touched page into a whole huge page, whenever it
+    gets to it. (A guard, not the cause of the suite's old failure here: that was the hash-consing table's sweep,
+    test/unit/test_eager_overhead.py.)"""
     import ctypes
     try: ctypes.CDLL(None).prctl(41, 1, 0, 0, 0)   # PR_SET_THP_DISABLE
     except (OSError, AttributeError): pass          # not Linux: no khugepaged either

@@ -67,8 +67,8 @@ def test_a_freed_huge_page_buffer_is_unmapped():
 
 
 def test_huge_pages_are_opt_in():
-    """The device's allocator gives no huge pages unless CPU_HUGE_PAGES=1: with them, khugepaged grew partly used
-    buffers into whole huge pages while later work ran (test/engine/test_memory.py's RSS check failed in the suite)."""
+    """The device's allocator gives no huge pages unless CPU_HUGE_PAGES=1 (they gained little on two cores, and a
+    first touch may wait for the kernel to compact memory: docs/performance.md)."""
     import os
     import subprocess
     import sys
