@@ -173,6 +173,8 @@ def vectorize_range(ast: UOp, rng: UOp, width: int, masked_loads: bool = False) 
             if kind in ("vector", "masked"):
                 new[n] = UOp(Ops.LOAD, n.dtype.vec(width), (UOp(Ops.INDEX, n.dtype.vec(width), (buf, ixs[0], *gates),
                                                                  ixs[1].arg if kind == "masked" else None),))
+            elif kind == "scalar":   # one address for all lanes (and one gate, the same in every lane): read once
+                new[n] = broadcast(UOp(Ops.LOAD, n.dtype, (UOp(Ops.INDEX, n.dtype, (buf, ixs[0], *gates)),)), width)
             else:
                 loads = [UOp(Ops.LOAD, n.dtype, (UOp(Ops.INDEX, n.dtype, (buf, ix, *gates[i:i + 1])),))
                          for i, ix in enumerate(ixs)]

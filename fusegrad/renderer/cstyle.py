@@ -247,6 +247,8 @@ def _const(c: CStyleLanguage, k: TextKernel, u: UOp) -> str:
 
 
 def _vectorize(c: CStyleLanguage, k: TextKernel, u: UOp) -> str:
+    # one source per lane: C's `(float_x8){v}` would set lane 0 and zero the rest, a quietly wrong vector
+    if len(u.src) != u.dtype.count: raise RuntimeError(f"VECTORIZE of {u.dtype} has {len(u.src)} sources, not one per lane")
     expr = c.render_lanes(u.dtype, [k.r[x] for x in u.src])
     return expr if k.single_use(u) else k.bind(expr, u.dtype, "vec")
 

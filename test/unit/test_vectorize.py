@@ -38,6 +38,15 @@ B = rng.standard_normal((48, 64)).astype(np.float32)
 X = rng.standard_normal((2, 3, 12, 16)).astype(np.float32)
 W = rng.standard_normal((8, 3, 3, 3)).astype(np.float32)
 
+R = rng.standard_normal((8, 16)).astype(np.float32)
+RS = rng.uniform(0.5, 2.0, (8, 1)).astype(np.float32)
+RW = rng.standard_normal((1, 16)).astype(np.float32)
+
+
+def rotate_half(x):  # RoPE's (-x2, x1): each half of the last axis is a pad of the other's values (gated loads)
+    return x[:, 8:].neg().cat(x[:, :8], dim=1) if isinstance(x, Tensor) else np.concatenate([-x[:, 8:], x[:, :8]], 1)
+
+
 S = np.array([np.nan, np.inf, -np.inf, 0, -0.0, 128, -126, -149, -149.5, -150, -151, 127.99, 3.3, -7.25, 0.5, 1e-3] * 4,
              np.float32).reshape(4, 16)
 
@@ -53,6 +62,10 @@ CASES = {
     "layernorm": (lambda: Tensor(A).layernorm(), lambda: (A - A.mean(1, keepdims=True)) / np.sqrt(A.var(1, keepdims=True) + 1e-5)),
     "where_exp": (lambda: (Tensor(A) @ Tensor(B)).exp2().minimum(3.0).sqrt(), lambda: np.sqrt(np.minimum(np.exp2(A @ B), 3.0))),
     "conv_pad": (lambda: Tensor(X).conv2d(Tensor(W), padding=1), None),
+    # the halves' gates are the same in all 8 lanes of a half (r*8 + l < 8 is r < 1), so the row's scalar read under the
+    # gate is one load for all lanes: it must be broadcast to them, not put in lane 0 only (`(float_x8){v}`)
+    "rotate_half_scaled_sum": (lambda: (rotate_half(Tensor(R) / Tensor(RS).sqrt()) * Tensor(RW)).sum(1),
+                               lambda: (rotate_half(R / np.sqrt(RS)) * RW).sum(1)),
     "int_sum": (lambda: Tensor((A * 10).astype(np.int32)).sum(1), lambda: (A * 10).astype(np.int32).sum(1)),
 }
 
