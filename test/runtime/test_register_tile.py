@@ -38,9 +38,14 @@ def stack_vector_accesses(loop: list[str]) -> list[str]:
     return [ln.strip() for ln in loop if VREG.search(ln) and STACK.search(ln)]
 
 
+# read before any test replaces `host_flags` (`target` does: with None the check passes everything, and AVX-512 code ran
+# on an AVX2 host, killing the pytest worker with SIGILL)
+HOST_FLAGS = machine_mod.host_flags()
+
+
 def runnable(march: str) -> bool:
     """Whether this host has the instructions code built for `march` uses."""
-    try: machine_mod.check_host(machine_mod.target_macros(CC, march), march, machine_mod.host_flags())
+    try: machine_mod.check_host(machine_mod.target_macros(CC, march), march, HOST_FLAGS)
     except RuntimeError: return False
     return True
 
@@ -54,6 +59,13 @@ def target(march: str, monkeypatch) -> tuple[CPUCompiler, ClangRenderer]:
     ren.threads, ren.machine = 2, comp.machine
     ren.simd_bytes, ren.cache_bytes = comp.machine.vector_bytes, comp.machine.l2_bytes
     return comp, ren
+
+
+def test_runnable_asks_the_host_even_after_target_replaced_its_flags(monkeypatch):
+    """On an AVX2 host, x86-64-v4 code is not runnable, also once `target` has switched the device's check off."""
+    target("x86-64-v4", monkeypatch)
+    assert runnable("x86-64-v4") == (HOST_FLAGS is None or "avx512f" in HOST_FLAGS)
+    assert runnable("x86-64-v3") == (HOST_FLAGS is None or "avx2" in HOST_FLAGS)
 
 
 def matmul_ast(m: int, k: int, n: int):
