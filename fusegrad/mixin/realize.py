@@ -5,6 +5,7 @@ Mixed into `Tensor`; `realize()` is the one place the frontend calls into the lo
 """
 from __future__ import annotations
 
+import gc
 import struct
 from typing import Any, Sequence, TYPE_CHECKING
 
@@ -72,6 +73,18 @@ class RealizeMixin:
 
     @classmethod
     def _realize_all(cls: "type[Tensor]", tensors: Sequence["Tensor"]) -> None:
+        # no garbage collection while scheduling and running (tinygrad's realize does the same): the temporaries of a
+        # realize die by reference counting before it returns, but a collection in the middle finds them alive with
+        # the graph they walk and moves them all to an older generation, where they count toward the next full
+        # collection (0.3 s with torch imported). Eager MiniLM 2x13, 150 calls: 795 -> 661 young and 4 -> 3 full
+        # collections. Nothing is lost: a cycle made meanwhile is collected after.
+        if not gc.isenabled(): return cls._realize_some(tensors)
+        gc.disable()
+        try: cls._realize_some(tensors)
+        finally: gc.enable()
+
+    @classmethod
+    def _realize_some(cls: "type[Tensor]", tensors: Sequence["Tensor"]) -> None:
         todo = [t for t in tensors if not is_realized(t.uop)]
         if not todo: return
         if VIZ or PROFILE:  # fusegrad/viz records this realize as one context (schedule, kernels, timeline)

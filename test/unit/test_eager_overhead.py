@@ -505,3 +505,46 @@ def test_key_walk_does_not_walk_a_custom_backwards_inputs(n_inputs):
     nz = normalize(UOp(Ops.SINK, src=(y.uop,)), cached_value, executed, CACHED_VALUE_FILTER)
     assert nz.leaves == [a.uop.base] and not nz.as_is
     assert y.tolist() == [6.0, 11.0]
+
+
+def test_realize_runs_no_garbage_collection_and_leaves_the_collector_as_it_found_it():
+    phases: list[str] = []
+    cb = lambda phase, info: phases.append(phase)   # noqa: E731
+    old = gc.get_threshold()
+    gc.callbacks.append(cb)
+    try:
+        gc.set_threshold(1)   # a collection at nearly every allocation of a container (dozens in a realize)
+        x = (Tensor(np.arange(12.0, dtype=np.float32).reshape(3, 4)) * 2 + 1).sum(1)
+        phases.clear()
+        x.realize()   # (realize's own argument list may start one, before it turns the collector off)
+        assert len(phases) <= 2 and gc.isenabled(), phases
+        y = Tensor(np.arange(5.0, dtype=np.float32)) * 3
+        y.realize()
+        assert gc.isenabled()
+        gc.disable()   # a caller that turned it off keeps it off
+        (Tensor([1.0]) + 1).realize()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+        gc.set_threshold(*old)
+        gc.callbacks.remove(cb)
+    np.testing.assert_allclose(x.numpy(), (np.arange(12.0).reshape(3, 4) * 2 + 1).sum(1))
+
+
+def test_a_sweep_allocates_no_object_per_entry():
+    """The sweep reads the table as two lists, not a (key, value) tuple per entry: 16k tuples per sweep started garbage
+    collections (a full one, 0.3 s with torch imported, every few sweeps)."""
+    phases: list[str] = []
+    cb = lambda phase, info: phases.append(phase)   # noqa: E731
+    keep = [UOp.const(dtypes.int32, i) for i in range(20_000, 20_100)]
+    for i in range(30_000): UOp.const(dtypes.float32, float(i) + 0.5)   # dead at once
+    old = gc.get_threshold()
+    gc.callbacks.append(cb)
+    try:
+        gc.set_threshold(100)   # a tuple per entry: hundreds of collections
+        ir_ops._sweep(whole=True)
+    finally:
+        gc.set_threshold(*old)
+        gc.callbacks.remove(cb)
+    assert len(phases) <= 2 * 4, phases
+    assert all(UOp.const(dtypes.int32, 20_000 + i) is k for i, k in enumerate(keep))
