@@ -1,6 +1,7 @@
 """VECTORIZE: SIMD lanes for output and reduce ranges, checked against NumPy with forced optimization lists."""
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import fusegrad.codegen as codegen
 from fusegrad import Context, Device, Tensor, dtypes
@@ -221,3 +222,33 @@ def test_tiled_matmul_small_cache_matches_numpy(monkeypatch, shape):
     ref = an.astype(np.float64) @ bn.astype(np.float64)
     tol = 2e-2 if dt is np.float16 else 1e-4
     np.testing.assert_allclose(out.astype(np.float64), ref, rtol=tol, atol=tol * 8)
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.sampled_from([8, 16, 24, 32]), data=st.data())
+def test_gated_row_scalars_vectorize_at_every_width(n, data):
+    """A rotation or a pad of the last axis of x / sqrt(s) (s one scalar per row, read under the pad's gate), times a
+    weight row, summed or not, with VECTORIZE forced on each range at every width that divides it: a gate can be the
+    same in all lanes at one width (a scalar load, to be broadcast) and differ between lanes at another. Against
+    NumPy."""
+    seed, a = data.draw(st.integers(0, 2**16)), data.draw(st.integers(1, n - 1))
+    rotate, reduce = data.draw(st.booleans()), data.draw(st.booleans())
+    lo = 0 if rotate else data.draw(st.integers(0, n - a))
+    r = np.random.default_rng(seed)
+    x, s, w = (r.standard_normal((4, n)).astype(np.float32), r.uniform(0.5, 2.0, (4, 1)).astype(np.float32),
+               r.standard_normal((1, n)).astype(np.float32))
+
+    def make():
+        y = Tensor(x) / Tensor(s).sqrt()
+        z = y[:, a:].neg().cat(y[:, :a], dim=1) if rotate else y[:, :a].pad(((0, 0), (lo, n - a - lo)))
+        out = z * Tensor(w)
+        return out.sum(1) if reduce else out
+    y = x / np.sqrt(s)
+    z = np.concatenate([-y[:, a:], y[:, :a]], 1) if rotate else np.pad(y[:, :a], ((0, 0), (lo, n - a - lo)))
+    expect = (z * w).sum(1) if reduce else z * w
+    with pytest.MonkeyPatch.context() as mp:
+        for rid, (size, _) in ranges_of(make()).items():
+            for width in (4, 8, 16):
+                if size % width == 0:
+                    got = run_forced(mp, make, [Opt("VECTORIZE", rid, width)])
+                    np.testing.assert_allclose(got, expect, rtol=1e-5, atol=1e-5, err_msg=f"range {rid} width {width}")
