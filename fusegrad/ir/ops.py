@@ -340,10 +340,10 @@ def _sweep(whole: bool = False, _remove: Any = _remove_dead_weakref) -> None:
     check (amortized O(1) per node made, and rare: few nodes outlive two sweeps). A dead entry overwritten in place by
     its key's new node stays where it was, in whichever generation that is: swept with it.
 
-    The dead ones are found by iterating the items, which hashes nothing. Nodes may be made meanwhile, by other
-    threads (codegen in the compile pool) or by this one (the tuples the iteration makes can start a garbage
-    collection, which runs callbacks and finalizers): an iteration that sees the table change starts over on a copy,
-    and `_remove_dead_weakref` deletes an entry only while it is still a dead reference (not a newer node's).
+    The dead ones are found by reading the keys and the values as two lists (`_last_entries`), which hashes nothing.
+    Nodes may be made meanwhile, by other threads (codegen in the compile pool) or by this one (a list made can start
+    a garbage collection, which runs callbacks and finalizers): a read that sees the table change starts over on a
+    copy, and `_remove_dead_weakref` deletes an entry only while it is still a dead reference (not a newer node's).
     `whole=True` checks every entry now."""
     global _ucache_limit
     young = len(_ucache) - _gen["swept"]
