@@ -130,9 +130,9 @@ FUSE_ARANGE = ContextVar("FUSE_ARANGE", 0)
 MERGE_RANGES = ContextVar("MERGE_RANGES", 1)   # 0: keep every loop of a kernel as its shape gives it (codegen/merge.py)
 VIZ = ContextVar("VIZ", 0)
 CHECK_OOB = ContextVar("CHECK_OOB", 0)  # debug aid: realize tensor indices, raise IndexError for out-of-range ones
-Q8_ACTIVATIONS = ContextVar("Q8_ACTIVATIONS", 0)  # quantized matvecs on 8-bit activations: 1 on, 0 off (default: a
-                                                 # net loss in wall time so far), -1 where the device has 8-bit dot
-                                                 # products (models/quantized.py)
+Q8_ACTIVATIONS = ContextVar("Q8_ACTIVATIONS", -1)  # quantized matvecs on 8-bit activations: 1 on, 0 off (float
+                                                  # activations, transformers' numerics), -1 (default) where the
+                                                  # device has 8-bit dot products (models/quantized.py)
 PROFILE = ContextVar("PROFILE", 0)  # write the timeline as Chrome trace-event JSON (fusegrad/viz)
 FUSE_OPTIM = ContextVar("FUSE_OPTIM", 0)  # the optimizers' `fused=` default: one flat update over all parameters
 CAPTURE_PROCESS_REPLAY = ContextVar("CAPTURE_PROCESS_REPLAY", 0)  # record every compiled kernel (fusegrad/replay)

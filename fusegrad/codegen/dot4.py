@@ -15,6 +15,10 @@ become one lane of Ops.DOT4 and the float vector has w/4 lanes:
 
     S * float(DOT4(DOT4(0, a_1, b_1), a_2, b_2))
 
+Two terms of w lanes each (a 4- or 5-bit block's low and high nibble halves, 16 bytes each) are paired where the
+renderer has twice the lanes: one DOT4 of 2 * w/4 lanes on both halves side by side (`concat`), so a 32-value block is
+one 256-bit dot product instead of two 128-bit ones.
+
 The integer sums are exact either way; the float sum is reassociated (S times the sum of 4 products instead of the sum
 of the 4 products times S), as any vectorized float reduce is. Without such an instruction nothing changes: the
 products are int32 vector multiplies (widen.py), correct on every backend.
@@ -95,19 +99,29 @@ class _Contract:
         n = w // 4
         if x.op is Ops.ADD:
             a, b = self(x.src[0]), self(x.src[1])
-            return None if a is None or b is None else UOp(Ops.ADD, x.dtype.scalar().vec(n), (a, b))
+            if a is None or b is None or a.dtype != b.dtype: return None   # (both halves paired, or neither)
+            return UOp(Ops.ADD, a.dtype, (a, b))
         if x.op is Ops.MUL and dtypes.is_float(x.dtype):
             for s, v in ((x.src[0], x.src[1]), (x.src[1], x.src[0])):
                 if (one := _uniform(s)) is not None and (c := self(v)) is not None:
-                    return UOp(Ops.MUL, c.dtype, (UOp(Ops.VECTORIZE, c.dtype, (one,) * n), c))
+                    return UOp(Ops.MUL, c.dtype, (UOp(Ops.VECTORIZE, c.dtype, (one,) * c.dtype.count), c))
             return None
         if x.op is Ops.CAST and dtypes.is_float(x.dtype) and x.src[0].dtype.scalar() == dtypes.int32:
             terms = self.products(x.src[0])
             if not terms: return None
+            if len(terms) % 2 == 0 and 2 * n in self.lanes:   # two terms' bytes side by side: one instruction
+                terms = [(concat(a1, a2), concat(b1, b2)) for (a1, b1), (a2, b2) in zip(terms[::2], terms[1::2])]
+                n *= 2
             acc = UOp(Ops.VECTORIZE, dtypes.int32.vec(n), (UOp.const(dtypes.int32, 0),) * n)
             for a, b in terms: acc = UOp(Ops.DOT4, acc.dtype, (acc, a, b))
             return UOp(Ops.CAST, x.dtype.scalar().vec(n), (acc,))
         return None
+
+
+def concat(a: UOp, b: UOp) -> UOp:
+    """The vector of a's lanes then b's (a VECTORIZE of their GEPs; the C renderer makes it one shuffle)."""
+    lanes = [UOp(Ops.GEP, x.dtype.scalar(), (x,), i) for x in (a, b) for i in range(x.dtype.count)]
+    return UOp(Ops.VECTORIZE, a.dtype.scalar().vec(len(lanes)), tuple(lanes))
 
 
 def _sum_leaves(t: UOp, users: dict[UOp, int]) -> tuple[list[UOp], list[UOp]]:

@@ -262,6 +262,13 @@ SKINNY_CACHE_SHARE = 4               # ... and takes the skinny tile when w is l
 SWAP_ROW_BLOCKS = 64                 # the column loop goes outermost when the rows make at most this many blocks
 
 
+def quantized_matvec(glob: list[UOp], vec_rng: UOp | None, loads: list[UOp]) -> bool:
+    """Whether a kernel is one output row's dot products against a weight stored in bytes: one output range (of more
+    than one iteration), vectorized along the reduce, and a 1-byte buffer read along that output range."""
+    return len(glob) == 1 and vec_rng is not None and vec_rng.arg[1] == "reduce" and \
+        any(a.src[0].dtype.itemsize == 1 and _stride(a.src[1], glob[0]) not in (0, None) for a in loads)
+
+
 def _param_bytes(access: UOp) -> int:
     """The bytes of the buffer an INDEX reads (its PARAM: dtype.size elements)."""
     return access.src[0].dtype.size * access.src[0].dtype.itemsize
@@ -462,6 +469,12 @@ def hand_coded_opts(ast: UOp, renderer: Renderer | None = None) -> list[Opt]:
         rows, cols, sk, big_w = skinny
         if sk is not None and sk[0] > dict(zip(picked, tile)).get(rows, 1):
             picked, tile, skinny_applied = [rows, cols], sk, True
+    # one row against a weight of bytes (a decoded token's quantized matvec, x @ w.T read along the reduce): no register
+    # tile. A tile of 8 rows reads w as 8 strands a row apart, which the hardware prefetchers streamed slower than one
+    # row at a time (SmolLM2's 49152 x 576 Q8_0 head 5.8 against 3.7 ms, its 1536 x 576 Q4_1 matvecs 103 against
+    # 93 us on AVX2, docs/performance.md); the row's x, the shared input, stays in L1 either way. (A float32 w loses
+    # either way, so its tile stays.)
+    if quantized_matvec(glob, vec_rng, loads): picked, tile = [], []
     for r, k in zip(picked, tile):
         if k > 1:
             opts.append(Opt("UPCAST", r.arg[0], k))

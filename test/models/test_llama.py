@@ -316,3 +316,20 @@ def _modules(obj, seen=None):
     yield obj
     for v in (vars(obj).values() if hasattr(obj, "__dict__") else obj if isinstance(obj, (list, tuple)) else ()):
         if hasattr(v, "__dict__") or isinstance(v, (list, tuple)): yield from _modules(v, seen)
+
+
+def test_attention_hands_o_proj_a_buffer_of_the_attention_shape(saved):
+    """LlamaLayer.attention: o_proj's input is a view of a buffer shaped (B, KV, G, T, D). An 8-bit o_proj copies its
+    input (models/quantized.py quantize_q8); a copy through the (B, T, H * D) reshape merged G and D into one range,
+    a scalar loop down V's columns (SmolLM2 on AVX2: 70-90 us per layer and token, against ~15 vectorized)."""
+    from fusegrad.ir.ops import Ops
+    d, ref = saved
+    ours = Llama.from_pretrained(d)
+    layer, seen = ours.model.layers[0], []
+    o_proj = layer.self_attn.o_proj
+    layer.self_attn.o_proj = lambda x: (seen.append(x), o_proj(x))[1]
+    got = ours.forward(Tensor([PROMPTS[0]]), 0).numpy()[0]
+    base = seen[0].uop.base
+    assert base.op is Ops.CONTIGUOUS and base.shape == (1, 2, 2, len(PROMPTS[0]), 16), (base.op, base.shape)
+    want = ref_logits(ref, PROMPTS[0])
+    assert np.abs(got - want).max() / np.abs(want).max() < 1e-4

@@ -23,7 +23,8 @@ from fusegrad.models.quantized import PLANES, Q8_OFFSET, QuantizedLinear, quanti
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "runtime"))
 from asm_loops import hot_loop
 
-NP = {dtypes.uint8: np.uint8, dtypes.int8: np.int8, dtypes.uint32: np.uint32, dtypes.float32: np.float32}
+NP = {dtypes.uint8: np.uint8, dtypes.int8: np.int8, dtypes.uint32: np.uint32, dtypes.float32: np.float32,
+      dtypes.float16: np.float16}
 
 
 def q8_reference(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -56,12 +57,13 @@ def random_layer(t: int, n_in: int, n_out: int, rng, int_scales: bool) -> Quanti
     lin = QuantizedLinear(n_in, n_out, t)
     for name, (shape, dt) in PLANES[t].items():
         full = (n_out, n_in // 32, *shape)
-        if dt == dtypes.float32:
+        if dtypes.is_float(dt):
             if int_scales:
                 v = np.ones(full, np.float32) if name == "d" else rng.integers(-9, 9, full).astype(np.float32)
             else: v = (rng.random(full) * 0.02 - (0.01 if name == "m" else 0)).astype(np.float32)
+            v = v.astype(NP[dt])
         else: v = rng.integers(0, 1 << (8 * dt.itemsize), full, dtype=np.uint64).astype(NP[dt])
-        setattr(lin, name, Tensor(v.view(NP[dt]) if dt != dtypes.float32 else v).contiguous().realize())
+        setattr(lin, name, Tensor(v.view(NP[dt]) if not dtypes.is_float(dt) else v).contiguous().realize())
     return lin
 
 
@@ -139,9 +141,46 @@ def test_q8_hot_loop_instructions(march, vnni, t, monkeypatch):
     hot_loop(asm, spec.name)   # (it has a vector loop)
     def count(op: str) -> int: return sum(op in ln for ln in body)
     assert count("vcvtsi2ss") == 0, "\n".join(body)
-    if vnni: assert count("vpdpbusd") >= 2 and count("vpmulld") == 0, "\n".join(body)
-    elif dot4: assert count("vpmaddubsw") >= 2 and count("vpmaddwd") >= 2 and count("vpdpbusd") == 0, "\n".join(body)
+    if vnni: assert count("vpdpbusd") >= 1 and count("vpmulld") == 0, "\n".join(body)
+    elif dot4: assert count("vpmaddubsw") >= 1 and count("vpmaddwd") >= 1 and count("vpdpbusd") == 0, "\n".join(body)
     else: assert count("vpdpbusd") == 0 and count("vpmaddubsw") == 0
+    if t == 3:   # a block's low and high nibbles side by side: one 256-bit dot product per block, not two 128-bit ones
+        dots = [ln for ln in body if "vpdpbusd" in ln or "vpmaddubsw" in ln]
+        assert all("%ymm" in ln for ln in dots), "\n".join(body)
+
+
+@pytest.mark.parametrize("t", [3, 8])
+def test_q8_block_pairs_concatenated_in_one_dot(t, monkeypatch):
+    """codegen/dot4.py: a block's two 16-byte halves (Q4_1's nibbles) become one 32-byte DOT4 operand (a VECTORIZE of
+    both halves' lanes, rendered as one shuffle); Q8_0's 32 bytes are one operand already. Exact either way
+    (test_q8_matvec_exact_on_integers)."""
+    from test_register_tile import CC, target
+    if CC is None: pytest.skip("no C compiler")
+    _, ren = target("alderlake", monkeypatch)    # AVX-VNNI: DOT4 of 4 and 8 lanes for both types
+    lin = random_layer(t, 576, 64, np.random.default_rng(0), int_scales=False)
+    with Context(Q8_ACTIVATIONS=1): out = lin(Tensor.empty(1, 576).realize())
+    ast = out.schedule()[-1].ast
+    spec = to_program(ast, ren, hand_coded_opts(ast, ren))
+    dots = [u for u in spec.uops if u.op is Ops.DOT4]
+    assert dots and all(u.dtype.count == 8 for u in dots)
+    pairs = [u.src[1] for u in dots if u.src[1].op is Ops.VECTORIZE and all(s.op is Ops.GEP for s in u.src[1].src)]
+    assert bool(pairs) == (t == 3)
+    if t == 3: assert "__builtin_shufflevector" in spec.src
+
+
+@pytest.mark.parametrize("t", [3, 8])
+def test_a_quantized_matvec_reads_one_row_at_a_time(t):
+    """codegen/opt.py `quantized_matvec`: one row against a weight of bytes gets no register tile (its rows would be
+    read as 8 strands at once, slower to stream), on both paths; a float32 weight's matvec keeps its tile."""
+    from fusegrad.device import Device
+    ren = Device["CPU"].renderer
+    lin = random_layer(t, 576, 64, np.random.default_rng(0), int_scales=False)
+    for q8 in (0, 1):
+        with Context(Q8_ACTIVATIONS=q8): out = lin(Tensor.empty(1, 576).realize())
+        ast = out.schedule()[-1].ast
+        assert not any(o.op == "UPCAST" for o in hand_coded_opts(ast, ren)), (q8, hand_coded_opts(ast, ren))
+    ast = (Tensor.empty(1, 576) @ Tensor.empty(64, 576).T).schedule()[-1].ast
+    assert any(o.op == "UPCAST" for o in hand_coded_opts(ast, ren))
 
 
 @pytest.mark.parametrize("march", ["x86-64-v3", "native"])
