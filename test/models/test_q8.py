@@ -181,6 +181,9 @@ def test_a_quantized_matvec_reads_one_row_at_a_time(t):
         assert not any(o.op == "UPCAST" for o in hand_coded_opts(ast, ren)), (q8, hand_coded_opts(ast, ren))
     ast = (Tensor.empty(1, 576) @ Tensor.empty(64, 576).T).schedule()[-1].ast
     assert any(o.op == "UPCAST" for o in hand_coded_opts(ast, ren))
+    # bytes summed 4 at a time into words (a bitcast uint8 -> float32) are no quantized block: they keep the tile
+    (si,) = Tensor(np.arange(64, dtype=np.uint8)).realize().bitcast(dtypes.float32).schedule()
+    assert any(o.op == "UPCAST" for o in hand_coded_opts(si.ast, ren)), hand_coded_opts(si.ast, ren)
 
 
 @pytest.mark.parametrize("march", ["x86-64-v3", "native"])
