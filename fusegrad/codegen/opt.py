@@ -262,15 +262,15 @@ SKINNY_CACHE_SHARE = 4               # ... and takes the skinny tile when w is l
 SWAP_ROW_BLOCKS = 64                 # the column loop goes outermost when the rows make at most this many blocks
 
 
+QUANTIZED_BLOCK = 32   # the values of ggml's smallest quantized block
+
+
 def quantized_matvec(glob: list[UOp], vec_rng: UOp | None, loads: list[UOp], reduce_len: int) -> bool:
     """Whether a kernel is one output row's dot products against a weight stored in bytes: one output range (of more
     than one iteration), vectorized along a reduce of at least QUANTIZED_BLOCK values (`reduce_len`: a bitcast of
     bytes to words sums 4), and a 1-byte buffer read along that output range."""
     return len(glob) == 1 and vec_rng is not None and vec_rng.arg[1] == "reduce" and reduce_len >= QUANTIZED_BLOCK \
         and any(a.src[0].dtype.itemsize == 1 and _stride(a.src[1], glob[0]) not in (0, None) for a in loads)
-
-
-QUANTIZED_BLOCK = 32   # the values of ggml's smallest quantized block
 
 
 def _param_bytes(access: UOp) -> int:
@@ -476,8 +476,8 @@ def hand_coded_opts(ast: UOp, renderer: Renderer | None = None) -> list[Opt]:
     # one row against a weight of bytes (a decoded token's quantized matvec, x @ w.T read along the reduce): no register
     # tile. A tile of 8 rows reads w as 8 strands a row apart, which the hardware prefetchers streamed slower than one
     # row at a time (SmolLM2's 49152 x 576 Q8_0 head 5.8 against 3.7 ms, its 1536 x 576 Q4_1 matvecs 103 against
-    # 93 us on AVX2, docs/performance.md); the row's x, the shared input, stays in L1 either way. (A float32 w loses
-    # either way, so its tile stays.)
+    # 93 us on AVX2, docs/performance.md); the row's x, the shared input, stays in L1 either way. (Untiled, a float32
+    # w's matvecs went both ways, so its tile stays.)
     reduce_len = width * prod(n for r, n in sizes.items() if r.arg[1] == "reduce")
     if quantized_matvec(glob, vec_rng, loads, reduce_len): picked, tile = [], []
     for r, k in zip(picked, tile):
