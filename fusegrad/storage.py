@@ -126,7 +126,7 @@ def buffer_view(bu: UOp, shape: tuple[Any, ...]) -> UOp:
 def is_contiguous_buffer(u: UOp, _multi: Ops = Ops.MULTI, _reshape: Ops = Ops.RESHAPE, _shrink: Ops = Ops.SHRINK,
                          _buffer: Ops = Ops.BUFFER) -> bool:
     """A whole buffer (under reshapes), or one per device: reading it needs no kernel. (Asked of every new tensor's
-    node: the ops are bound as defaults, `Ops.X` being a Python-level call in Python 3.11.)"""
+    node: the ops are bound as defaults, locals instead of an attribute lookup per test.)"""
     if (op := u.op) is _multi: return all(is_contiguous_buffer(s) for s in u.src)   # one buffer per device
     while op is _reshape: op = (u := u.src[0]).op
     if op is _shrink and u.src[0].op is _buffer and u.arg[0][0] == 0 and isinstance(u.arg[0][1], UOp):

@@ -97,7 +97,7 @@ Variable = UOp.variable  # `from fusegrad.tensor import Variable` as in tinygrad
 
 # every live tensor: backward() fills .grad for those in the graph that require a gradient
 _all_tensors = storage.live_tensors   # every live Tensor (weakly)
-_CONTIGUOUS = Ops.CONTIGUOUS   # (bound once: `Ops.X` is a Python-level call in Python 3.11)
+_CONTIGUOUS = Ops.CONTIGUOUS   # (bound once: a global instead of an attribute lookup per use)
 
 
 def _make_unique(u: UOp) -> UOp:

@@ -311,9 +311,10 @@ def realize_readers(mems: set[int]) -> None:
     write. One pass over the live tensors: the common realized ones cost one test."""
     if not mems: return
     lazy = []
-    for t in storage.live_tensors:
+    buffer, reshape = Ops.BUFFER, Ops.RESHAPE   # (bound once: a model has hundreds of live tensors, and TinyJit
+    for t in storage.live_tensors:              # replays of an LLM's decode step ask this on every token)
         u = t.uop
-        if u.op is Ops.BUFFER or (u.op is Ops.RESHAPE and u.src[0].op is Ops.BUFFER): continue
+        if (op := u.op) is buffer or (op is reshape and u.src[0].op is buffer): continue
         if is_realized(u) or (t._view is not None and view_chain(u, t._view[1]) is not None): continue
         if any(storage.memory_of(b) in mems for b in storage.buffers_read(u)):
             # (a gradient nobody asked for is dropped instead: storage.drop_unrequested; refs: minus the iterated

@@ -12,7 +12,6 @@ Tensor per step (the frontend wraps only the result: mixin/alu.py `on_nodes`).
 """
 from __future__ import annotations
 
-import enum
 import functools
 import hashlib
 import math
@@ -64,85 +63,133 @@ class _cached_from_src(_cached_property):
         return val
 
 
-class Ops(enum.Enum):
+class _Auto:
+    """A member of `Ops` still to be made (`auto()` in the class body; numbered in order, from 1)."""
+
+
+def auto() -> Any: return _Auto()
+
+
+class OpsType(type):
+    """`Ops`' metaclass: an enumeration like `enum.Enum` (iteration, `Ops["ADD"]`, `Ops(value)`, `len`, members
+    that are instances, singletons and read-only), whose members are plain class attributes. On Python 3.11,
+    `enum.EnumType` defines `__getattr__`, which turns every class attribute lookup such as `Ops.ADD` into a
+    Python-level call (~120 ns against ~20 ns): graph building, scheduling and codegen make hundreds of thousands of
+    them (an eager MiniLM call spent about a quarter of its time there)."""
+    def __new__(mcs, name: str, bases: tuple, ns: dict[str, Any]) -> "OpsType":
+        cls = super().__new__(mcs, name, bases, ns)
+        members: dict[str, Any] = {}
+        for key, v in ns.items():
+            if isinstance(v, _Auto):
+                m = object.__new__(cls)
+                object.__setattr__(m, "name", key)
+                object.__setattr__(m, "value", len(members) + 1)
+                members[key] = m
+                type.__setattr__(cls, key, m)
+        type.__setattr__(cls, "_members", members)
+        type.__setattr__(cls, "_by_value", {m.value: m for m in members.values()})
+        return cls
+
+    def __iter__(cls) -> Iterator[Any]: return iter(cls._members.values())
+    def __len__(cls) -> int: return len(cls._members)
+    def __contains__(cls, x: Any) -> bool: return isinstance(x, cls)
+    def __getitem__(cls, name: str) -> Any: return cls._members[name]
+    def __call__(cls, value: Any) -> Any:
+        if isinstance(value, cls): return value
+        try: return cls._by_value[value]
+        except (KeyError, TypeError): raise ValueError(f"{value!r} is not a valid {cls.__name__}") from None
+    def __setattr__(cls, key: str, value: Any) -> None:
+        if key in cls.__dict__.get("_members", ()): raise AttributeError(f"cannot reassign member {key!r}")
+        super().__setattr__(key, value)
+    def __delattr__(cls, key: str) -> None:
+        if key in cls.__dict__.get("_members", ()): raise AttributeError(f"cannot delete member {key!r}")
+        super().__delattr__(key)
+
+
+class Ops(metaclass=OpsType):
     # --- tensor graph (never reach a kernel) ---
-    SINK = enum.auto()          # groups roots: src = roots
-    DEVICE = enum.auto()        # arg = device name; source of a BUFFER/CONST/IOTA on the tensor level
-    BUFFER = enum.auto()        # a 1-d buffer of arg[1] elements: arg = (unique id, size), src = (DEVICE,)
-    COPY = enum.auto()          # copy src to device arg
-    CONTIGUOUS = enum.auto()    # ask for src to be materialized
-    DETACH = enum.auto()        # stop gradients
-    IOTA = enum.auto()          # 0, 1, ..., arg-1 (the tensor-level view of an index); src = (DEVICE,)
-    REDUCE_AXIS = enum.auto()   # arg = (reduce op, axes); reduced axes keep size 1
-    ASSIGN = enum.auto()        # src = (target buffer view, value), arg = unique id: write value into target's memory
-    GATHER = enum.auto()        # src = (x, idx), arg = axis: out[I] = x[I with I[axis] = idx[I]]; 0 where out of range
-    MULTI = enum.auto()         # one tensor on several devices: src = one shard per device, arg = the sharded axis
+    SINK = auto()               # groups roots: src = roots
+    DEVICE = auto()             # arg = device name; source of a BUFFER/CONST/IOTA on the tensor level
+    BUFFER = auto()             # a 1-d buffer of arg[1] elements: arg = (unique id, size), src = (DEVICE,)
+    COPY = auto()               # copy src to device arg
+    CONTIGUOUS = auto()         # ask for src to be materialized
+    DETACH = auto()             # stop gradients
+    IOTA = auto()               # 0, 1, ..., arg-1 (the tensor-level view of an index); src = (DEVICE,)
+    REDUCE_AXIS = auto()        # arg = (reduce op, axes); reduced axes keep size 1
+    ASSIGN = auto()             # src = (target buffer view, value), arg = unique id: write value into target's memory
+    GATHER = auto()             # src = (x, idx), arg = axis: out[I] = x[I with I[axis] = idx[I]]; 0 where out of range
+    MULTI = auto()              # one tensor on several devices: src = one shard per device, arg = the sharded axis
                                 # (None: every src holds the whole tensor); schedule/multi.py lowers it per device
 
     # --- movement: views, folded into index math at codegen ---
-    RESHAPE = enum.auto()
-    PERMUTE = enum.auto()
-    EXPAND = enum.auto()
-    PAD = enum.auto()
-    SHRINK = enum.auto()
-    FLIP = enum.auto()
+    RESHAPE = auto()
+    PERMUTE = auto()
+    EXPAND = auto()
+    PAD = auto()
+    SHRINK = auto()
+    FLIP = auto()
 
     # --- kernel structure ---
-    PARAM = enum.auto()         # kernel argument buffer; arg = slot
-    DEFINE_VAR = enum.auto()    # a symbolic integer; arg = (name, min, max)
-    BIND = enum.auto()          # a variable bound to a value, in tensor shapes: src = (DEFINE_VAR, CONST value)
-    DEFINE_REG = enum.auto()    # a register array (accumulators); arg = id
-    DEFINE_LOCAL = enum.auto()  # workgroup-shared memory; arg = id
-    RANGE = enum.auto()         # a loop index; src = (size,), arg = (id, kind)
-    SPECIAL = enum.auto()       # a hardware index (thread/group id); src = (size,), arg = name
-    REDUCE = enum.auto()        # src = (value, *ranges), arg = the ALU op that accumulates
-    INDEX = enum.auto()         # src = (buffer, index) or (buffer, index, gate): the address of one element
-    LOAD = enum.auto()          # src = (INDEX,) [, alt value when gated]
-    STORE = enum.auto()         # src = (INDEX, value)
-    END = enum.auto()           # closes the RANGE in src[1] (linear program)
-    IF = enum.auto()
-    ENDIF = enum.auto()
-    BARRIER = enum.auto()
-    VECTORIZE = enum.auto()     # build a vector from scalars
-    GEP = enum.auto()           # get element arg of a vector
+    PARAM = auto()              # kernel argument buffer; arg = slot
+    DEFINE_VAR = auto()         # a symbolic integer; arg = (name, min, max)
+    BIND = auto()               # a variable bound to a value, in tensor shapes: src = (DEFINE_VAR, CONST value)
+    DEFINE_REG = auto()         # a register array (accumulators); arg = id
+    DEFINE_LOCAL = auto()       # workgroup-shared memory; arg = id
+    RANGE = auto()              # a loop index; src = (size,), arg = (id, kind)
+    SPECIAL = auto()            # a hardware index (thread/group id); src = (size,), arg = name
+    REDUCE = auto()             # src = (value, *ranges), arg = the ALU op that accumulates
+    INDEX = auto()              # src = (buffer, index) or (buffer, index, gate): the address of one element
+    LOAD = auto()               # src = (INDEX,) [, alt value when gated]
+    STORE = auto()              # src = (INDEX, value)
+    END = auto()                # closes the RANGE in src[1] (linear program)
+    IF = auto()
+    ENDIF = auto()
+    BARRIER = auto()
+    VECTORIZE = auto()          # build a vector from scalars
+    GEP = auto()                # get element arg of a vector
 
     # --- values ---
-    CONST = enum.auto()
-    CAST = enum.auto()
-    BITCAST = enum.auto()
+    CONST = auto()
+    CAST = auto()
+    BITCAST = auto()
 
     # --- ALU: the primitive math every backend renders ---
-    NEG = enum.auto()
-    RECIPROCAL = enum.auto()
-    SQRT = enum.auto()
-    EXP2 = enum.auto()
-    LOG2 = enum.auto()
-    SIN = enum.auto()
-    TRUNC = enum.auto()
-    ADD = enum.auto()
-    MUL = enum.auto()
-    IDIV = enum.auto()          # integer division, truncating toward zero (C semantics)
-    MOD = enum.auto()           # integer remainder with the sign of the dividend (C semantics)
-    MAX = enum.auto()           # NaN-propagating maximum
-    CMPLT = enum.auto()
-    CMPNE = enum.auto()
-    AND = enum.auto()
-    OR = enum.auto()
-    XOR = enum.auto()
-    SHL = enum.auto()
-    SHR = enum.auto()
-    WHERE = enum.auto()
-    MULACC = enum.auto()        # a*b+c
+    NEG = auto()
+    RECIPROCAL = auto()
+    SQRT = auto()
+    EXP2 = auto()
+    LOG2 = auto()
+    SIN = auto()
+    TRUNC = auto()
+    ADD = auto()
+    MUL = auto()
+    IDIV = auto()               # integer division, truncating toward zero (C semantics)
+    MOD = auto()                # integer remainder with the sign of the dividend (C semantics)
+    MAX = auto()                # NaN-propagating maximum
+    CMPLT = auto()
+    CMPNE = auto()
+    AND = auto()
+    OR = auto()
+    XOR = auto()
+    SHL = auto()
+    SHR = auto()
+    WHERE = auto()
+    MULACC = auto()             # a*b+c
     # 8-bit dot products (codegen/dot4.py makes them, only for a renderer that has them: `Renderer.dot4_lanes`):
     # src = (acc int32 x n, a uint8 x 4n, b int8 x 4n); lane i = acc[i] + sum over k < 4 of a[4i+k] * b[4i+k]
-    DOT4 = enum.auto()
+    DOT4 = auto()
+
+    __slots__ = ("name", "value")
 
     def __repr__(self) -> str: return f"Ops.{self.name}"
-    # hashed by identity (each member is a singleton), in C: Enum's own __hash__ is a Python call, and every graph
-    # operation looks ops up in the GroupOp sets and in rule tables
-    __hash__ = object.__hash__
+    __str__ = __repr__
+    def __setattr__(self, key: str, value: Any) -> None: raise AttributeError(f"Ops.{self.name} is read-only")
+    # hashed and compared by identity (each member is a singleton), in C: every graph operation looks ops up in the
+    # GroupOp sets and in rule tables
     # pickled by name, not by the auto() number, so a pickle stays valid when ops are added or reordered
-    def __reduce_ex__(self, protocol: Any) -> tuple: return getattr, (self.__class__, self._name_)
+    def __reduce_ex__(self, protocol: Any) -> tuple: return getattr, (Ops, self.name)
+    def __copy__(self) -> "Ops": return self
+    def __deepcopy__(self, memo: Any) -> "Ops": return self
 
 
 class GroupOp:
@@ -279,7 +326,7 @@ _ucache: dict[tuple, "weakref.ref[UOp]"] = {}
 _UCACHE_MIN = 1 << 14   # new entries between two sweeps (and the size of the middle generation, see `_sweep`)
 _ucache_limit = _UCACHE_MIN
 _gen = {"swept": 0, "middle": 0, "old_added": 0, "old_live": 0}   # `_sweep`'s generation sizes
-# (ops the per-node paths test, bound once: `Ops.X` is a Python-level call in Python 3.11, EnumType's __getattr__ hook)
+# (ops the per-node paths test, bound once: a global instead of a global and an attribute lookup per test)
 _CONST, _DETACH, _ASSIGN, _DEVICE, _COPY, _MULTI = Ops.CONST, Ops.DETACH, Ops.ASSIGN, Ops.DEVICE, Ops.COPY, Ops.MULTI
 _RESHAPE, _EXPAND = Ops.RESHAPE, Ops.EXPAND
 _new, _ref = object.__new__, weakref.ref

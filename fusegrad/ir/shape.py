@@ -172,8 +172,7 @@ def broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
 @functools.cache
 def _ops() -> tuple[Any, Any, tuple[Any, ...]]:
     """(Ops, GroupOp, the ops infer_shape tests first): ir/ops.py imports this module, so they are looked up on first
-    use (once, not per node). Bound to locals, as `Ops.X` is a Python-level call in Python 3.11 (EnumType's
-    __getattr__ hook): about 0.1 us each, several per node."""
+    use (once, not per node), and bound to locals: several are tested per node."""
     from fusegrad.ir.ops import GroupOp, Ops
     return Ops, GroupOp, (frozenset(GroupOp.ALU), Ops.BUFFER, Ops.IOTA, Ops.CONST, frozenset({Ops.SINK, Ops.DEVICE}),
                           Ops.RESHAPE, Ops.EXPAND)

@@ -32,7 +32,7 @@ from fusegrad.storage import CACHED_VALUE_FILTER, buffer_uop, buffer_view, buffe
     realized, relayout_source, target_buffer
 
 
-_COPY = Ops.COPY   # (bound once: `Ops.X` is a Python-level call in Python 3.11; asked per item of every schedule)
+_COPY = Ops.COPY   # (bound once: asked per item of every schedule)
 
 
 @dataclass(slots=True)   # (slots: one made per kernel of every realize, and its fields read per launch)

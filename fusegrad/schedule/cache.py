@@ -51,8 +51,7 @@ class Template:
 
 
 SAME, ASSIGNED = -1, -2
-BUFFER = Ops.BUFFER.value   # ops are keyed by value: an int hashes in C, an Enum member in Python (the key is
-                            # hashed whole on every lookup)
+BUFFER = Ops.BUFFER.value   # ops are keyed by their number: plain data like the rest of the key (see normalize)
 
 
 @dataclass
@@ -145,8 +144,8 @@ def normalize(sink: UOp, cached: Callable[[UOp], UOp | None], executed: Any,
         elif (x.op in GroupOp.Movement or x.op in (Ops.CONST, Ops.IOTA)) and has_uop(arg): arg = ub.node_arg(x)
         pos[x] = len(enc)
         if x.op is Ops.CONST and (signs := zero_signs(arg)) is not None:   # -0.0 == 0.0: the sign goes in the key too
-            enc.append((x.op._value_, x.dtype, arg, tuple(pos[s] for s in x.src), signs))
-        else: enc.append((x.op._value_, x.dtype, arg, tuple(pos[s] for s in x.src)))
+            enc.append((x.op.value, x.dtype, arg, tuple(pos[s] for s in x.src), signs))
+        else: enc.append((x.op.value, x.dtype, arg, tuple(pos[s] for s in x.src)))
 
     # the loop below runs for every node of every graph realized: locals instead of globals and attribute lookups,
     # and the common node kinds encoded inline (`one` keeps the rare ones)
@@ -183,7 +182,7 @@ def normalize(sink: UOp, cached: Callable[[UOp], UOp | None], executed: Any,
             else: arg = n.arg
             pos[n] = len(enc)
             # (one and two sources spelled out: a list comprehension is a frame of its own in Python 3.11)
-            append((op._value_, n.dtype, arg, (pos[src[0]],) if (ns := len(src)) == 1 else
+            append((op.value, n.dtype, arg, (pos[src[0]],) if (ns := len(src)) == 1 else
                     (pos[src[0]], pos[src[1]]) if ns == 2 else tuple([pos[s] for s in src])))
             continue
         if n in pos: continue

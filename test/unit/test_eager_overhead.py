@@ -548,3 +548,31 @@ def test_a_sweep_allocates_no_object_per_entry():
         gc.callbacks.remove(cb)
     assert len(phases) <= 2 * 4, phases
     assert all(UOp.const(dtypes.int32, 20_000 + i) is k for i, k in enumerate(keep))
+
+
+def test_ops_members_are_plain_class_attributes():
+    # `Ops.X` is looked up hundreds of thousands of times per model call: no Python-level hook on the class's
+    # attribute lookup (enum.EnumType's __getattr__ made each one a Python call on Python 3.11)
+    for klass in type(Ops).__mro__:
+        assert "__getattr__" not in vars(klass) and ("__getattribute__" not in vars(klass) or klass is type
+                                                     or klass is object)
+    assert vars(Ops)["ADD"] is Ops.ADD
+
+
+def test_ops_behaves_as_an_enumeration():
+    import copy
+    import pickle
+    members = list(Ops)
+    assert len(members) == len(Ops) == len({m.name for m in members}) and members[0] is Ops.SINK
+    assert [m.value for m in members] == list(range(1, len(members) + 1))   # numbered in order, as enum.auto()
+    for m in members:
+        assert isinstance(m, Ops) and m in Ops and Ops[m.name] is m and Ops(m.value) is m and Ops(m) is m
+        assert getattr(Ops, m.name) is m and repr(m) == str(m) == f"Ops.{m.name}"
+        assert pickle.loads(pickle.dumps(m)) is m and copy.copy(m) is m and copy.deepcopy(m) is m
+    assert {Ops.ADD: 1}[Ops.ADD] == 1 and Ops.ADD is not Ops.MUL and Ops.ADD != Ops.MUL
+    with pytest.raises(ValueError, match="not a valid Ops"): Ops(10 ** 6)
+    with pytest.raises(KeyError): Ops["NOT_AN_OP"]
+    with pytest.raises(AttributeError, match="reassign"): Ops.ADD = Ops.MUL
+    with pytest.raises(AttributeError, match="delete"): del Ops.ADD
+    with pytest.raises(AttributeError, match="read-only"): Ops.ADD.name = "MUL"
+    assert Ops.ADD.name == "ADD"
