@@ -7,6 +7,8 @@ among the output loops, so k of r's iterations reuse what the loops between them
 VECTORIZE(r, w): w consecutive iterations of r become the lanes of SIMD vectors (see vectorize.py).
 UNROLL(r, k): split reduce range r of size n into an outer range of n/k and k unrolled copies of the body, combined
 with the reduce op, so each loop iteration does k accumulations.
+UNROLL_SUM(r, k): UNROLL whose k copies are combined first and their result added to the accumulator once: one
+dependent add per loop trip instead of k (for a kernel with a single accumulator, whose chain of adds is its latency).
 GROUP(r, k): GPU-style targets only: k work-items of a workgroup share reduce range r, combining their partial results
 through shared memory (see group.py).
 """
@@ -28,14 +30,17 @@ from fusegrad.codegen.vectorize import close_reduce, interval_gate, vectorize_ra
 
 @dataclass(frozen=True)
 class Opt:
-    op: str          # "UPCAST" (output range), "UNROLL" (reduce range), "VECTORIZE" (any range: SIMD lanes), "SWAP",
+    op: str          # "UPCAST" (output range), "UNROLL", "UNROLL_SUM" (reduce range), "VECTORIZE" (any range: SIMD
+                     # lanes), "SWAP", "TILE",
                      # "GROUP" (reduce range, GPU-style targets)
     axis: int        # which range, by its id
     amount: int
 
 
-def unroll_reduces(ast: UOp, ranges: tuple[UOp, ...], rng: UOp, amount: int, next_id: int) -> UOp:
-    """Every REDUCE(v(r), ..., r) over `ranges` -> REDUCE(v(ro*k+0) op ... op v(ro*k+k-1), ..., ro), ro of size n/k."""
+def unroll_reduces(ast: UOp, ranges: tuple[UOp, ...], rng: UOp, amount: int, next_id: int, fold: bool = True) -> UOp:
+    """Every REDUCE(v(r), ..., r) over `ranges` -> REDUCE(v(ro*k+0) op ... op v(ro*k+k-1), ..., ro), ro of size n/k.
+    `fold`: the copies' combining nodes are marked UNROLLED, so the linearizer adds them to the accumulator one by one
+    (UNROLL); else they are plain nodes and the accumulator takes their result (UNROLL_SUM)."""
     size = int(rng.src[0].arg)
     assert size % amount == 0
     outer = UOp.range(size // amount, next_id, "reduce") if size // amount > 1 else None
@@ -46,7 +51,7 @@ def unroll_reduces(ast: UOp, ranges: tuple[UOp, ...], rng: UOp, amount: int, nex
         if red.op is not Ops.REDUCE or red.src[1:] != ranges: continue
         parts = substitute_each(red.src[0], rng, [base + i for i in range(amount)])
         acc = parts[0]
-        for p in parts[1:]: acc = UOp(red.arg, red.dtype, (acc, p), UNROLLED)   # added one by one (linearize.py)
+        for p in parts[1:]: acc = UOp(red.arg, red.dtype, (acc, p), UNROLLED if fold else None)   # (linearize.py)
         mapping[red] = UOp(Ops.REDUCE, red.dtype, (acc,) + new_rngs, red.arg) if new_rngs else \
             close_reduce(red.arg, acc)   # no loop accumulator left
     return substitute(ast, mapping)
@@ -128,11 +133,11 @@ def apply_opt(ast: UOp, opt: Opt, masked_loads: bool = False) -> UOp:
     if opt.op == "GROUP":  # GPU-style targets: the workgroup's lanes share the reduce (codegen/group.py)
         if rng.arg[1] != "reduce": raise ValueError(f"{opt}: GROUP needs a reduce range, {opt.axis} is an output")
         return group_reduce(ast, rng, opt.amount)
-    if opt.op == "UNROLL":
-        if rng.arg[1] != "reduce": raise ValueError(f"{opt}: UNROLL needs a reduce range, {opt.axis} is an output")
+    if opt.op in ("UNROLL", "UNROLL_SUM"):
+        if rng.arg[1] != "reduce": raise ValueError(f"{opt}: {opt.op} needs a reduce range, {opt.axis} is an output")
         next_id = max(n.arg[0] for n in ast.toposort() if n.op is Ops.RANGE) + 1
         for key in dict.fromkeys(n.src[1:] for n in ast.toposort() if n.op is Ops.REDUCE and rng in n.src[1:]):
-            ast = unroll_reduces(ast, key, rng, opt.amount, next_id)
+            ast = unroll_reduces(ast, key, rng, opt.amount, next_id, fold=opt.op == "UNROLL")
         return ast
     raise ValueError(f"unknown optimization {opt.op!r}")
 
@@ -263,6 +268,8 @@ SWAP_ROW_BLOCKS = 64                 # the column loop goes outermost when the r
 
 
 QUANTIZED_BLOCK = 32   # the values of ggml's smallest quantized block
+QUANTIZED_UNROLL = 6   # a quantized matvec's block loops sum up to this many blocks per trip (UNROLL_SUM; 3 and 9 were
+                       # within a few % of 6, 1 was 8-25% slower)
 
 
 def quantized_matvec(glob: list[UOp], vec_rng: UOp | None, loads: list[UOp], reduce_len: int) -> bool:
@@ -479,7 +486,8 @@ def hand_coded_opts(ast: UOp, renderer: Renderer | None = None) -> list[Opt]:
     # 93 us on AVX2, docs/performance.md); the row's x, the shared input, stays in L1 either way. (Untiled, a float32
     # w's matvecs went both ways, so its tile stays.)
     reduce_len = width * prod(n for r, n in sizes.items() if r.arg[1] == "reduce")
-    if quantized_matvec(glob, vec_rng, loads, reduce_len): picked, tile = [], []
+    qmv = quantized_matvec(glob, vec_rng, loads, reduce_len)
+    if qmv: picked, tile = [], []
     for r, k in zip(picked, tile):
         if k > 1:
             opts.append(Opt("UPCAST", r.arg[0], k))
@@ -507,11 +515,22 @@ def hand_coded_opts(ast: UOp, renderer: Renderer | None = None) -> list[Opt]:
             (dot or sizes[rows] <= SWAP_ROW_BLOCKS) and \
             sizes[cols] >= 2 * max(renderer.threads if renderer is not None else 1, 1):
         opts.append(Opt("SWAP", rows.arg[0], cols.arg[0]))
+    # the quantized matvec's one row has one accumulator per sum (the dot products', and the 8-bit path's minimums
+    # times the activation's block sums): a chain of dependent adds, one per block, that was its time. Its block
+    # loops sum QUANTIZED_UNROLL blocks first and add the result to the accumulator once (UNROLL_SUM). On AVX2,
+    # in one process: the SmolLM2 49152 x 576 Q8_0 head (float path) 3.7-4.0 -> 2.8-3.1 ms, 1536 x 576 Q4_1 (8-bit
+    # path) 70-88 -> 64-79 us (docs/performance.md)
+    if qmv:
+        for key in dict.fromkeys(n.src[1:] for n in nodes if n.op is Ops.REDUCE):
+            for r in key:
+                if r is vec_rng or sizes.get(r, 1) <= 1 or any(o.axis == r.arg[0] for o in opts): continue
+                k = max(d for d in range(1, QUANTIZED_UNROLL + 1) if sizes[r] % d == 0)
+                if k > 1: opts.append(Opt("UNROLL_SUM", r.arg[0], k))
     for key in dict.fromkeys(n.src[1:] for n in nodes if n.op is Ops.REDUCE):
         r = key[-1]
         if r is vec_rng or r not in sizes or sizes[r] <= 1 or (r is window and not unroll_window): continue
         unroll = sizes[r] if sizes[r] <= 8 else 4 if sizes[r] % 4 == 0 and vec_rng is None and budget > 4 else 1
-        if unroll > 1 and not any(o.op == "UNROLL" and o.axis == r.arg[0] for o in opts):
+        if unroll > 1 and not any(o.op in ("UNROLL", "UNROLL_SUM") and o.axis == r.arg[0] for o in opts):
             opts.append(Opt("UNROLL", r.arg[0], unroll))
     return opts
 

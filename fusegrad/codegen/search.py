@@ -87,6 +87,7 @@ def actions(ast: UOp, renderer: Any) -> list[Opt]:
         else:
             out += [Opt("UNROLL", r.arg[0], k) for k in (2, 4, 8) if size % k == 0 and k <= size]
             if 1 < size <= 16 and size not in (2, 4, 8): out.append(Opt("UNROLL", r.arg[0], size))
+            out += [Opt("UNROLL_SUM", r.arg[0], k) for k in (2, 3, 4, 6) if size % k == 0 and k < size]
         if vec_ok:
             out += [Opt("VECTORIZE", r.arg[0], w) for w in (4, 8, 16) if size % w == 0 and w * item <= renderer.simd_bytes]
     return out

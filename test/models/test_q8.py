@@ -17,7 +17,7 @@ from fusegrad.codegen import to_program
 from fusegrad.codegen.opt import hand_coded_opts
 from fusegrad.dtype import dtypes
 from fusegrad.helpers import Context
-from fusegrad.ir.ops import Ops
+from fusegrad.ir.ops import Ops, UOp
 from fusegrad.models.quantized import PLANES, Q8_OFFSET, QuantizedLinear, quantize_q8
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "runtime"))
@@ -184,6 +184,35 @@ def test_a_quantized_matvec_reads_one_row_at_a_time(t):
     # bytes summed 4 at a time into words (a bitcast uint8 -> float32) are no quantized block: they keep the tile
     (si,) = Tensor(np.arange(64, dtype=np.uint8)).realize().bitcast(dtypes.float32).schedule()
     assert any(o.op == "UPCAST" for o in hand_coded_opts(si.ast, ren)), hand_coded_opts(si.ast, ren)
+
+
+@pytest.mark.parametrize("t", [3, 8])
+def test_a_quantized_matvec_sums_blocks_before_its_accumulator(t):
+    """codegen/opt.py: a quantized matvec's block loops (18 blocks of 32 here) take UNROLL_SUM(6), on both paths, so
+    each loop trip adds one sum of 6 blocks to its accumulator: in the linear program every accumulator update inside
+    a loop is acc + x with x not reading an accumulator (one dependent add per trip, not 6)."""
+    from fusegrad.device import Device
+    ren = Device["CPU"].renderer
+    lin = random_layer(t, 576, 64, np.random.default_rng(0), int_scales=False)
+    for q8 in (0, 1):
+        with Context(Q8_ACTIVATIONS=q8): out = lin(Tensor.empty(1, 576).realize())
+        ast = out.schedule()[-1].ast
+        opts = hand_coded_opts(ast, ren)
+        sums = [o for o in opts if o.op == "UNROLL_SUM"]
+        assert sums and all(o.amount == 6 for o in sums) and not any(o.op == "UNROLL" for o in opts), (q8, opts)
+        uops = to_program(ast, ren, opts).uops
+        regs = {u for u in uops if u.op is Ops.DEFINE_REG}
+        def reads_acc(x: UOp) -> bool:
+            return any(n.op is Ops.LOAD and n.src[0].src[0] in regs for n in x.toposort())
+        depth, updates = 0, 0
+        for u in uops:
+            depth += (u.op is Ops.RANGE) - (u.op is Ops.END)
+            if u.op is Ops.STORE and u.src[0].src[0] in regs and depth > 1:   # inside the row loop and a block loop
+                v = u.src[1]
+                assert v.op is Ops.ADD and sum(reads_acc(s) for s in v.src) == 1, (q8, v)
+                assert not reads_acc(next(s for s in v.src if not (s.op is Ops.LOAD and s.src[0].src[0] in regs)))
+                updates += 1
+        assert updates == 1 + q8, (q8, updates)   # the dot products' (and the 8-bit path's minimums')
 
 
 @pytest.mark.parametrize("march", ["x86-64-v3", "native"])

@@ -87,6 +87,29 @@ def test_unrolled_copies_add_in_the_loop_order(monkeypatch):
     np.testing.assert_array_equal(run(comp, unrolled, [a, b], (8, 8)), run(comp, plain, [a, b], (8, 8)))
 
 
+def test_unroll_sum_adds_the_copies_sum_to_the_accumulator_once(monkeypatch):
+    """UNROLL_SUM(k) combines its k products first and adds the result to the accumulator once per trip (a single
+    accumulator's chain of dependent adds is k times shorter): the loop holds one add into the accumulator and the
+    k products' sum beside it; the result is the product's (a reassociated float sum: close, not bit for bit)."""
+    comp, ren = target("x86-64-v3", monkeypatch)
+    ast = matmul_ast(8, 512, 8)
+    red = next(r.arg[0] for r in ast.toposort() if r.op is Ops.RANGE and r.arg[1] == "reduce")
+    spec = to_program(ast, ren, [Opt("UNROLL_SUM", red, 8)])
+    (acc,) = [u for u in spec.uops if u.op is Ops.DEFINE_REG]
+    updates = [u.src[1] for u in spec.uops if u.op is Ops.STORE and u.src[0].src[0] is acc and
+               not (u.src[1].op is Ops.CONST)]
+    assert len(updates) == 1 and updates[0].op is Ops.ADD
+    inner = [s for s in updates[0].src if not (s.op is Ops.LOAD and s.src[0].src[0] is acc)]
+    assert len(inner) == 1 and not any(n.op is Ops.LOAD and n.src[0].src[0] is acc for n in inner[0].toposort())
+    assert sum(n.op is Ops.MUL and n.dtype == inner[0].dtype for n in inner[0].toposort()) == 8   # the 8 copies' products, summed off the chain
+    with pytest.raises(ValueError, match="UNROLL_SUM needs a reduce range"):
+        to_program(ast, ren, [Opt("UNROLL_SUM", next(r.arg[0] for r in ast.toposort() if r.op is Ops.RANGE), 2)])
+    if not runnable("x86-64-v3"): pytest.skip("this host can't run x86-64-v3 code (the program was checked)")
+    rng = np.random.default_rng(4)
+    a, b = rng.standard_normal((8, 512)).astype(np.float32), rng.standard_normal((512, 8)).astype(np.float32)
+    np.testing.assert_allclose(run(comp, spec, [a, b], (8, 8)), a @ b, rtol=1e-4, atol=1e-4)
+
+
 def avx2_device(mp: pytest.MonkeyPatch) -> object:
     """This process's CPU device told it has AVX2's 8-lane vectors and 16 registers (the heuristic then picks AVX2's
     tiles; the code runs on any x86 host, it only uses fewer registers), with no program built before reused."""
