@@ -41,7 +41,7 @@ def _fma_hazard(u: UOp, limit: int = 4096) -> bool:
     return False
 
 
-def _merges_permuted(u: UOp) -> bool:
+def merges_permuted(u: UOp) -> bool:
     """u is a reshape of a permute whose last axis merges several axes of the permute's output that aren't adjacent
     in the permute's source, in order (so a matmul's reduce over it would stride through memory)."""
     if u.op is not Ops.RESHAPE or u.src[0].op is not Ops.PERMUTE: return False
@@ -56,7 +56,12 @@ def _merges_permuted(u: UOp) -> bool:
     if n != k: return False
     merged = [a for a in range(i, len(ps)) if ps[a] != 1]
     order = [p.arg[a] for a in merged]
-    return len(merged) > 1 and order != list(range(order[0], order[0] + len(order)))
+    if len(merged) < 2: return False
+    # in memory order when they are consecutive among the source's axes of size > 1 (an axis of size 1 between two
+    # of them, a decode step's T in (B, H, T, D) read as (B, T, H * D), moves nothing)
+    src = [a for a, n in enumerate(p.src[0].shape) if n != 1]
+    at = src.index(order[0]) if order[0] in src else -1
+    return at < 0 or order != src[at:at + len(order)]
 
 
 def _panel_dot_nodes(x: "Tensor", wp: "Tensor") -> "Tensor":
@@ -241,7 +246,7 @@ class ReduceMixin:
         # an operand whose reduce axis merges axes that a permute separated in memory (`a.transpose(1, 2).reshape(B,
         # T, H)`: heads back into the hidden axis) would be read with div/mod index math and strides inside the reduce
         # loop; a contiguous copy costs one pass (usually none: the copy is the store of the kernel computing `a`)
-        if _merges_permuted(x.uop): x = x.contiguous()
+        if merges_permuted(x.uop): x = x.contiguous()
         # `x @ b.T` (a Linear layer's weight, stored (out, in)) reads b along its rows in the reduce: the kernel then
         # forms dot products (vectorized along k, lanes summed per output), 2-3x slower on the CPU than the outer-
         # product form a row-major w gives (vectorized along the output columns, a register tile of accumulators).

@@ -15,6 +15,7 @@ import numpy as np
 from fusegrad.device import Device
 from fusegrad.dtype import DType, dtypes
 from fusegrad.helpers import Q8_ACTIVATIONS
+from fusegrad.mixin.reduce import merges_permuted
 from fusegrad.tensor import Tensor
 
 # ggml type id -> (name, values per block, bytes per block); only these stay quantized
@@ -276,6 +277,10 @@ class QuantizedLinear:
     def __call__(self, x: Tensor) -> Tensor:
         if x.shape[-1] != self.in_features:
             raise ValueError(f"input has {x.shape[-1]} features, the layer takes {self.in_features}")
+        # an input whose features merge axes that a permute separated (a prompt's attention output, heads back into
+        # the hidden axis) is copied first, as Tensor.dot does: read as it is, the reduce's index math is divisions and
+        # the product scalar (SmolLM2's o_proj on an 82-token prompt: 9.0 against 1.1 ms for q_proj's same shape)
+        if merges_permuted(x.uop): x = x.contiguous()
         rows = int(np.prod(x.shape[:-1])) if all(isinstance(d, int) for d in x.shape) else Q8_MAX_ROWS + 1
         if self.q8 and self.ggml_type in Q8_OFFSET and rows <= Q8_MAX_ROWS and q8_enabled(x.device, self.ggml_type):
             return self._q8_call(x).contiguous()

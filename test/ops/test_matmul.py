@@ -103,13 +103,13 @@ def test_matmul_of_merged_heads_reads_a_contiguous_copy():
     # separated in memory. The operand is made contiguous first; the copy is the store of the kernel computing ctx
     # (no extra kernel), and the values and gradients stay torch's
     from fusegrad import GlobalCounters
-    from fusegrad.mixin.reduce import _merges_permuted
+    from fusegrad.mixin.reduce import merges_permuted
     rng = np.random.default_rng(0)
     att, v, wo = (rng.standard_normal(s, dtype=np.float32) for s in ((2, 3, 5, 5), (2, 3, 5, 4), (12, 7)))
     ta, tv, tw = (torch.tensor(a, requires_grad=True) for a in (att, v, wo))
     fa, fv, fw = (Tensor(a, requires_grad=True) for a in (att, v, wo))
     ctx = (fa @ fv).transpose(1, 2).reshape(2, 5, 12)
-    assert _merges_permuted(ctx.uop)
+    assert merges_permuted(ctx.uop)
     GlobalCounters.reset()
     out = (ctx @ fw).realize()
     assert GlobalCounters.kernel_count == 2
@@ -120,8 +120,12 @@ def test_matmul_of_merged_heads_reads_a_contiguous_copy():
     for f, t in ((fa, ta), (fv, tv), (fw, tw)):
         np.testing.assert_allclose(f.grad.numpy(), t.grad.numpy(), rtol=1e-4, atol=1e-5)
     x = Tensor(rng.standard_normal((2, 3, 4), dtype=np.float32))
-    assert not _merges_permuted(x.reshape(2, 12).uop) and not _merges_permuted(x.permute(2, 0, 1).reshape(4, 6).uop)
-    assert _merges_permuted(x.permute(1, 0, 2).reshape(3, 8).uop)   # (2, 4) of (2, 3, 4): strides 12 and 1
+    assert not merges_permuted(x.reshape(2, 12).uop) and not merges_permuted(x.permute(2, 0, 1).reshape(4, 6).uop)
+    assert merges_permuted(x.permute(1, 0, 2).reshape(3, 8).uop)   # (2, 4) of (2, 3, 4): strides 12 and 1
+    # an axis of size 1 between the merged ones moves nothing: (B, H, 1, D) read as (B, 1, H * D), a decode step's
+    y = Tensor(rng.standard_normal((2, 3, 1, 4), dtype=np.float32))
+    assert not merges_permuted(y.permute(0, 2, 1, 3).reshape(2, 1, 12).uop)
+    assert merges_permuted(Tensor.empty(2, 3, 5, 4).permute(0, 2, 1, 3).reshape(2, 5, 12).uop)
 
 
 def test_matmul_transposed_weight_reads_a_row_major_copy():
