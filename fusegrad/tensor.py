@@ -160,7 +160,7 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
     [3.0, 6.0]
     """
     __slots__ = ("uop", "grad", "requires_grad", "_derived", "_used", "is_param", "_weak", "_no_graph", "_view", "_views",
-                 "__weakref__")
+                 "_settled", "__weakref__")
     no_grad: ClassVar[bool] = False
     _seed: ClassVar[int] = 0
     _rng_states: ClassVar[dict[str, "Tensor"]] = {}
@@ -227,6 +227,7 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
         self._no_graph = False
         self._view: tuple[Tensor, UOp] | None = None   # (base tensor, its node this view's movement ops start from)
         self._views: ViewRefs | None = None   # live views (they see its writes)
+        self._settled: UOp | None = None   # views.realize_readers: the node it last found to be a plain buffer view
         self._weak = dt is None and isinstance(data, (int, float)) and not isinstance(data, bool)
         if requires_grad: self.uop = _make_unique(self.uop)
         _all_tensors.add(self)
@@ -259,7 +260,8 @@ class Tensor(CreationMixin, ALUMixin, MathMixin, ReduceMixin, MovementMixin, NNM
         elif needs_grad: t.requires_grad, t._derived, t._no_graph = True, True, False
         # (computed from a tensor without an autograd graph: none either)
         else: t.requires_grad, t._derived, t._no_graph = None, False, has_no_graph
-        t.uop, t.grad, t.is_param, t._weak, t._used, t._view, t._views = u, None, False, False, False, None, None
+        t.uop, t.grad, t.is_param, t._weak, t._used, t._view, t._views, t._settled = \
+            u, None, False, False, False, None, None, None
         # (a view is marked by the movement method that makes it, `_view_apply`: an op whose result merely happens to
         # be a movement of its input, such as a sum over size-1 axes, makes a new tensor, as in torch)
         _all_tensors.add(t)

@@ -362,3 +362,25 @@ def test_tinyjit_replay_write_keeps_old_value_of_earlier_lazy_reads():
         step(Tensor(np.ones(6, np.float32)))
         np.testing.assert_array_equal(before.numpy(), wn * 10)
         wn = wn + 1
+
+
+def test_tinyjit_replay_keeps_old_values_of_a_tensor_made_lazy_after_a_replay_saw_it_realized():
+    # views.realize_readers remembers the node of a tensor it found to be a plain buffer view (`_settled`) and skips
+    # it while the node is the same: a tensor that becomes lazy again afterwards (an assign, a replace) has another
+    # node, so the next replay still realizes it first and it keeps the value it was built with
+    wn = np.arange(6, dtype=np.float32)
+    w = Tensor(wn).contiguous().realize()
+    held = Tensor(np.zeros(6, np.float32)).contiguous().realize()   # realized: the replays below settle it
+
+    @TinyJit
+    def step(x):
+        w.assign(w + x).realize()
+        return (w * 1).realize()
+    for i in range(5):
+        step(Tensor(np.ones(6, np.float32)))
+        wn = wn + 1
+        if i % 2: held.assign(w * 10)                 # lazy again, reading w, which the next replay writes
+        else: held.replace(w * 10)
+        step(Tensor(np.ones(6, np.float32)))
+        np.testing.assert_array_equal(held.numpy(), wn * 10)
+        wn = wn + 1
