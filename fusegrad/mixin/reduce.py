@@ -59,9 +59,9 @@ def merges_permuted(u: UOp) -> bool:
     if len(merged) < 2: return False
     # in memory order when they are consecutive among the source's axes of size > 1 (an axis of size 1 between two
     # of them, a decode step's T in (B, H, T, D) read as (B, T, H * D), moves nothing)
-    src = [a for a, n in enumerate(p.src[0].shape) if n != 1]
-    at = src.index(order[0]) if order[0] in src else -1
-    return at < 0 or order != src[at:at + len(order)]
+    src = [a for a, n in enumerate(p.src[0].shape) if n != 1]   # (order's axes are among them: same sizes)
+    at = src.index(order[0])
+    return order != src[at:at + len(order)]
 
 
 def _panel_dot_nodes(x: "Tensor", wp: "Tensor") -> "Tensor":

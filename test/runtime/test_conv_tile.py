@@ -101,7 +101,8 @@ def test_unroll_sum_adds_the_copies_sum_to_the_accumulator_once(monkeypatch):
     assert len(updates) == 1 and updates[0].op is Ops.ADD
     inner = [s for s in updates[0].src if not (s.op is Ops.LOAD and s.src[0].src[0] is acc)]
     assert len(inner) == 1 and not any(n.op is Ops.LOAD and n.src[0].src[0] is acc for n in inner[0].toposort())
-    assert sum(n.op is Ops.MUL and n.dtype == inner[0].dtype for n in inner[0].toposort()) == 8   # the 8 copies' products, summed off the chain
+    # the 8 copies' products, summed off the accumulator's chain
+    assert sum(n.op is Ops.MUL and n.dtype == inner[0].dtype for n in inner[0].toposort()) == 8
     with pytest.raises(ValueError, match="UNROLL_SUM needs a reduce range"):
         to_program(ast, ren, [Opt("UNROLL_SUM", next(r.arg[0] for r in ast.toposort() if r.op is Ops.RANGE), 2)])
     if not runnable("x86-64-v3"): pytest.skip("this host can't run x86-64-v3 code (the program was checked)")
