@@ -30,6 +30,12 @@ from typing import Any
 # a worker spins this long for the next chunk, then sleeps
 SPIN_NS = int(os.environ.get("CPU_POOL_SPIN_US", "200")) * 1000
 
+# the loop iterations (codegen.mark_thread_loop's measure) from which a kernel is split across threads when this pool
+# launches it: a launch costs about a microsecond, so a kernel of a few microseconds gains. (Through the Python pool,
+# 30-45 us a launch, the renderer's default 2^17 holds.) At 2^17 a decode step of SmolLM2 Q4_1 ran its 576 x 576 and
+# 192 x 576 matvecs (2^16 and 2^14.4 steps, 30 and 11 us) on one core while the other spun.
+MIN_WORK = int(os.environ.get("CPU_POOL_MIN_WORK", str(1 << 14)))
+
 POOL_C = r"""
 #include <pthread.h>
 #include <sched.h>

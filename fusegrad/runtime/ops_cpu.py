@@ -443,6 +443,9 @@ class CPUDevice(Compiled):
     def __init__(self, device: str):
         renderer, compiler = ClangRenderer(), CPUCompiler()
         renderer.threads = cpu_threads()
+        # the C pool launches a split kernel in about a microsecond: smaller kernels are worth splitting than through
+        # the Python pool (cpu_pool.MIN_WORK)
+        if renderer.threads > 1 and CPU_POOL: renderer.min_thread_work = cpu_pool.MIN_WORK
         # what the kernels are built for (runtime/machine.py): codegen's heuristics read it
         renderer.machine = compiler.machine
         renderer.simd_bytes = compiler.machine.vector_bytes
