@@ -199,7 +199,11 @@ def test_a_quantized_matvec_sums_blocks_before_its_accumulator(t):
         ast = out.schedule()[-1].ast
         opts = hand_coded_opts(ast, ren)
         sums = [o for o in opts if o.op == "UNROLL_SUM"]
-        assert sums and all(o.amount == 6 for o in sums) and not any(o.op == "UNROLL" for o in opts), (q8, opts)
+        vec = next(o for o in opts if o.op == "VECTORIZE")
+        # the block loop by 6; a block's vectors left after VECTORIZE (the float path's) all at once, first
+        assert [o.amount for o in sums if o.axis != vec.axis] == [6] * (1 + q8), (q8, opts)
+        assert all(o.amount * vec.amount * (2 if t == 3 else 1) == 32 for o in sums if o.axis == vec.axis), opts
+        assert not any(o.op == "UNROLL" for o in opts), (q8, opts)
         uops = to_program(ast, ren, opts).uops
         regs = {u for u in uops if u.op is Ops.DEFINE_REG}
         def reads_acc(x: UOp) -> bool:
@@ -213,6 +217,44 @@ def test_a_quantized_matvec_sums_blocks_before_its_accumulator(t):
                 assert not reads_acc(next(s for s in v.src if not (s.op is Ops.LOAD and s.src[0].src[0] in regs)))
                 updates += 1
         assert updates == 1 + q8, (q8, updates)   # the dot products' (and the 8-bit path's minimums')
+
+
+@pytest.mark.parametrize("t", [2, 8, 14])
+def test_a_float_path_matvec_scales_each_block_once(t):
+    """codegen/opt.py common_factor: on the float path (a tied head's), a block's vectors are summed first and its
+    scale multiplies that sum once: in the linear program every multiply by a broadcast scalar reads a sum, and there
+    are as many per loop trip as blocks (Q4_0 (d * (q - 8)), Q8_0 (d * q), Q6_K ((d * sc) * (q - 32)): pure products
+    of the scale). Before, each of a block's vectors was multiplied by it. Values against NumPy's float64 product."""
+    from fusegrad.device import Device
+    ren = Device["CPU"].renderer
+    rng = np.random.default_rng(t)
+    n_in = 512 if t == 14 else 576
+    lin = random_layer(t, n_in, 64, rng, int_scales=False) if t != 14 else None
+    if lin is None:   # a K block is 256 values (random_layer's planes are blocks of 32)
+        lin = QuantizedLinear(n_in, 64, t)
+        for name, (shape, dt) in PLANES[t].items():
+            full = (64, n_in // 256, *shape)
+            v = (rng.random(full) * 0.02).astype(np.float32) if dtypes.is_float(dt) else \
+                rng.integers(0, 1 << (8 * dt.itemsize), full, dtype=np.uint64).astype(NP[dt])
+            setattr(lin, name, Tensor(v).contiguous().realize())
+    x = rng.standard_normal((1, n_in)).astype(np.float32)
+    with Context(Q8_ACTIVATIONS=0):
+        out = lin(Tensor(x))
+        ast = out.schedule()[-1].ast
+        y = out.numpy()
+    ref = x.astype(np.float64) @ lin.dequantize().numpy().astype(np.float64).T
+    np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+    opts = hand_coded_opts(ast, ren)
+    vec = next(o for o in opts if o.op == "VECTORIZE")
+    assert any(o.op == "UNROLL_SUM" and o.axis == vec.axis for o in opts), opts
+    uops = to_program(ast, ren, opts).uops
+    def broadcast(u: UOp) -> bool: return u.op is Ops.VECTORIZE and len(set(u.src)) == 1 and u.src[0].op is not Ops.CONST
+    def const_vec(u: UOp) -> bool: return u.op is Ops.VECTORIZE and all(s.op is Ops.CONST for s in u.src)
+    scaled = [u for u in uops if u.op is Ops.MUL and u.dtype.count > 1 and any(broadcast(s) for s in u.src)]
+    assert scaled and all(any(s.op is Ops.ADD and not any(const_vec(a) for a in s.src) for s in u.src)
+                          for u in scaled), "a scale multiplies a single vector"
+    blocks = [o.amount for o in opts if o.op == "UNROLL_SUM" and o.axis != vec.axis]
+    if t != 14: assert len(scaled) == blocks[0], (len(scaled), opts)
 
 
 @pytest.mark.parametrize("march", ["x86-64-v3", "native"])
