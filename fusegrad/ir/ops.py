@@ -283,11 +283,13 @@ class OpMixin:
     def relu6(self) -> Any: return self.ge(6).where(6, self.relu())
 
     def sigmoid(self) -> Any:
-        # each branch only sees inputs where its exp can't overflow, so values and gradients never meet inf*0
+        # one exp of -|x| (it can't overflow, so values and gradients never meet inf*0): 1 / (1 + e) for x >= 0 and
+        # e / (1 + e) below, the same roundings as an exp and a division per branch (SiLU's kernels did both branches'
+        # exps and divisions for every value)
         x = self._float_or_self()
         pos = x.ge(0)
-        ep, en = (-pos.where(x, 0)).exp(), pos.where(0, x).exp()
-        return pos.where(1 / (1 + ep), en / (1 + en))
+        e = pos.where(-x, x).exp()
+        return pos.where(1, e) / (1 + e)
 
     def tanh(self) -> Any: return 2.0 * (2.0 * self._float_or_self()).sigmoid() - 1.0
 
