@@ -147,6 +147,10 @@ def test_q8_hot_loop_instructions(march, vnni, t, monkeypatch):
     if t == 3:   # a block's low and high nibbles side by side: one 256-bit dot product per block, not two 128-bit ones
         dots = [ln for ln in body if "vpdpbusd" in ln or "vpmaddubsw" in ln]
         assert all("%ymm" in ln for ln in dots), "\n".join(body)
+        # ... whose activation bytes, adjacent in memory, are one 32-byte load (dot4._adjacent_loads), not two
+        # 16-byte loads and a shuffle (10% of the kernel on AVX2)
+        acts = [u.src[2] for u in spec.uops if u.op is Ops.DOT4]
+        assert acts and all(a.op is Ops.LOAD and a.dtype.count == 32 for a in acts), [a.op for a in acts]
 
 
 @pytest.mark.parametrize("t", [3, 8])

@@ -147,3 +147,25 @@ def test_a_launch_does_not_wait_for_a_sleeping_worker():
     p = subprocess.run([sys.executable, "-c", CLAIM_CHILD], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0 and "mine " in p.stdout, (p.stdout[-2000:], p.stderr[-2000:])
     assert int(p.stdout.split("mine ")[1].split()[0]) >= 15, p.stdout[-2000:]   # (20 in every run seen)
+
+
+def test_small_kernels_split_when_the_c_pool_launches_them():
+    """A launch through the C pool costs about a microsecond, so kernels from cpu_pool.MIN_WORK (2^14) loop steps are
+    split (the Python pool's 2^17 kept SmolLM2's 576 x 576 decode matvec, 2^16 steps, 30 us, on one core); with
+    CPU_POOL=0 the threshold stays 2^17. Values against NumPy."""
+    from fusegrad.codegen import to_program
+    from fusegrad.renderer import Renderer
+    ren = Device["CPU"].renderer
+    if ren.threads < 2: pytest.skip("one CPU thread here (CPU_THREADS or the machine): nothing is split")
+    assert ren.min_thread_work == cpu_pool.MIN_WORK < Renderer.min_thread_work
+    w = rng.standard_normal((576, 576)).astype(np.float32)
+    x = rng.standard_normal((1, 576)).astype(np.float32)
+    out = Tensor(x) @ Tensor(w).T
+    spec = to_program(out.schedule()[-1].ast, ren)
+    assert spec.thread_size > 1, spec.src[:2000]
+    np.testing.assert_allclose(out.numpy(), x @ w.T, rtol=1e-4, atol=1e-4)
+    code = "from fusegrad import Device; from fusegrad.renderer import Renderer; " \
+           "print(Device['CPU'].renderer.min_thread_work == Renderer.min_thread_work)"
+    r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "CPU_POOL": "0"}, capture_output=True,
+                       text=True, timeout=120, check=False)
+    assert r.stdout.strip() == "True", r.stderr[-2000:]
