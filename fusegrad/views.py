@@ -317,7 +317,7 @@ def realize_readers(mems: set[int]) -> None:
         # a tensor whose node is the one found to be a plain buffer view before is one still (nodes are immutable):
         # no read of the node. (Right after an LLM's kernels streamed their weights through the caches, each node and
         # source read was a cache miss: the walk over ~775 tensors took 0.5-0.6 ms a decode step, 0.1 ms warm)
-        if u is getattr(t, "_settled", None): continue
+        if u is t._settled: continue
         if (op := u.op) is buffer or (op is reshape and u.src[0].op is buffer):
             t._settled = u
             continue

@@ -28,6 +28,7 @@ from __future__ import annotations
 from fusegrad.dtype import dtypes
 from fusegrad.ir.ops import Ops, UOp
 from fusegrad.ir.pattern import substitute
+from fusegrad.ir.symbolic import split_terms
 from fusegrad.renderer import Renderer
 
 
@@ -118,12 +119,6 @@ class _Contract:
         return None
 
 
-def _base_offset(idx: UOp) -> tuple[UOp, int]:
-    """An index as (base, constant offset): `x + c` -> (x, c), anything else (idx, 0)."""
-    if idx.op is Ops.ADD and idx.src[1].op is Ops.CONST: return idx.src[0], int(idx.src[1].arg)
-    return idx, 0
-
-
 def _adjacent_loads(a: UOp, b: UOp) -> UOp | None:
     """One load of a's and b's lanes when b is the ungated vector load right after a's from the same buffer (an
     activation block's two 16-byte halves: one 32-byte load instead of two loads and a shuffle, 10% of a Q4_1 matvec
@@ -132,8 +127,8 @@ def _adjacent_loads(a: UOp, b: UOp) -> UOp | None:
     ia, ib = a.src[0], b.src[0]
     if not (ia.op is ib.op is Ops.INDEX and len(ia.src) == len(ib.src) == 2 and ia.src[0] is ib.src[0]
             and ia.dtype == a.dtype and ib.dtype == b.dtype and a.dtype == b.dtype): return None
-    (xa, ca), (xb, cb) = _base_offset(ia.src[1]), _base_offset(ib.src[1])
-    if xa is not xb or cb - ca != a.dtype.count: return None
+    (ta, ca), (tb, cb) = split_terms(ia.src[1]), split_terms(ib.src[1])
+    if ta != tb or cb - ca != a.dtype.count: return None
     wide = a.dtype.scalar().vec(2 * a.dtype.count)
     return UOp(Ops.LOAD, wide, (UOp(Ops.INDEX, wide, ia.src),))
 
