@@ -26,22 +26,23 @@ QUANTIZED_TYPES: dict[int, tuple[str, int, int]] = {2: ("Q4_0", 32, 18), 3: ("Q4
                                                      14: ("Q6_K", 256, 210)}
 
 # ggml type id -> its planes: name -> (shape per block, dtype). A plane of shape () is (rows, blocks); the others are
-# (rows, blocks, *shape).
+# (rows, blocks, *shape). The scales stay the file's float16 (a Q4_1 block is its 20 bytes, not 24 with float32
+# scales: 17% less memory and less to read per token); the kernels convert them to float32, exactly, as they load them.
 PLANES: dict[int, dict[str, tuple[tuple[int, ...], DType]]] = {
-    2: {"d": ((), dtypes.float32), "qs": ((16,), dtypes.uint8)},
-    3: {"d": ((), dtypes.float32), "m": ((), dtypes.float32), "qs": ((16,), dtypes.uint8)},
-    6: {"d": ((), dtypes.float32), "qh": ((), dtypes.uint32), "qs": ((16,), dtypes.uint8)},
-    7: {"d": ((), dtypes.float32), "m": ((), dtypes.float32), "qh": ((), dtypes.uint32), "qs": ((16,), dtypes.uint8)},
-    8: {"d": ((), dtypes.float32), "qs": ((32,), dtypes.int8)},
-    10: {"d": ((), dtypes.float32), "dmin": ((), dtypes.float32), "sc": ((16,), dtypes.uint8),
+    2: {"d": ((), dtypes.float16), "qs": ((16,), dtypes.uint8)},
+    3: {"d": ((), dtypes.float16), "m": ((), dtypes.float16), "qs": ((16,), dtypes.uint8)},
+    6: {"d": ((), dtypes.float16), "qh": ((), dtypes.uint32), "qs": ((16,), dtypes.uint8)},
+    7: {"d": ((), dtypes.float16), "m": ((), dtypes.float16), "qh": ((), dtypes.uint32), "qs": ((16,), dtypes.uint8)},
+    8: {"d": ((), dtypes.float16), "qs": ((32,), dtypes.int8)},
+    10: {"d": ((), dtypes.float16), "dmin": ((), dtypes.float16), "sc": ((16,), dtypes.uint8),
          "qs": ((2, 32), dtypes.uint8)},
-    11: {"d": ((), dtypes.float32), "sc": ((16,), dtypes.int8), "qh": ((32,), dtypes.uint8),
+    11: {"d": ((), dtypes.float16), "sc": ((16,), dtypes.int8), "qh": ((32,), dtypes.uint8),
          "qs": ((2, 32), dtypes.uint8)},
-    12: {"d": ((), dtypes.float32), "dmin": ((), dtypes.float32), "sc": ((8,), dtypes.uint8),
+    12: {"d": ((), dtypes.float16), "dmin": ((), dtypes.float16), "sc": ((8,), dtypes.uint8),
          "mn": ((8,), dtypes.uint8), "qs": ((4, 32), dtypes.uint8)},
-    13: {"d": ((), dtypes.float32), "dmin": ((), dtypes.float32), "sc": ((8,), dtypes.uint8),
+    13: {"d": ((), dtypes.float16), "dmin": ((), dtypes.float16), "sc": ((8,), dtypes.uint8),
          "mn": ((8,), dtypes.uint8), "qh": ((32,), dtypes.uint8), "qs": ((4, 32), dtypes.uint8)},
-    14: {"d": ((), dtypes.float32), "sc": ((16,), dtypes.int8), "ql": ((2, 2, 32), dtypes.uint8),
+    14: {"d": ((), dtypes.float16), "sc": ((16,), dtypes.int8), "ql": ((2, 2, 32), dtypes.uint8),
          "qh": ((2, 32), dtypes.uint8)}}
 
 # ggml type id -> (pre, terms, post): a block's values in ggml's order, seen as (*pre, terms, *post); the kernel sums
@@ -126,7 +127,7 @@ def _k3_scales(s: np.ndarray) -> np.ndarray:
 
 def block_planes(raw: np.ndarray | bytes, ggml_type: int, rows: int, cols: int) -> dict[str, np.ndarray]:
     """The blocks of a (rows, cols) weight, `raw` uint8 bytes in ggml's layout, split into the planes PLANES lists:
-    float16 scales become float32 exactly (`d`, Q4_1's `m`, the K types' `dmin`), Q4_K/Q5_K's packed 6-bit sub-block
+    the float16 scales stay float16 (`d`, Q4_1's `m`, the K types' `dmin`), Q4_K/Q5_K's packed 6-bit sub-block
     scales and minimums become bytes (`sc`, `mn`), and the packed values keep their bytes (`qs`, `ql`, `qh`)."""
     if ggml_type not in QUANTIZED_TYPES: raise ValueError(f"ggml type {ggml_type} has no quantized kernel")
     name, block, nbytes = QUANTIZED_TYPES[ggml_type]
@@ -135,7 +136,7 @@ def block_planes(raw: np.ndarray | bytes, ggml_type: int, rows: int, cols: int) 
     b = np.frombuffer(raw, dtype=np.uint8)
     if b.size != rows * nb * nbytes: raise ValueError(f"{b.size} bytes don't hold a ({rows}, {cols}) {name} weight")
     b = b.reshape(rows, nb, nbytes)
-    f16 = lambda at: b[:, :, at:at + 2].copy().view(np.float16)[..., 0].astype(np.float32)
+    f16 = lambda at: b[:, :, at:at + 2].copy().view(np.float16)[..., 0]
     if ggml_type == 8: return {"d": f16(0), "qs": b[:, :, 2:34].copy().view(np.int8)}
     if ggml_type == 2: return {"d": f16(0), "qs": b[:, :, 2:18].copy()}
     if ggml_type == 3: return {"d": f16(0), "m": f16(2), "qs": b[:, :, 4:20].copy()}
@@ -188,8 +189,10 @@ class QuantizedLinear:
             setattr(self, plane, Tensor.zeros(out_features, nb, *shape, dtype=dt).contiguous())
 
     def _planes(self, rows: Tensor | None = None) -> dict[str, Tensor]:
-        """The planes, or only the rows `rows` (int (N,)) of each."""
-        return {k: getattr(self, k) if rows is None else getattr(self, k)[rows] for k in PLANES[self.ggml_type]}
+        """The planes, or only the rows `rows` (int (N,)) of each; the float16 scales as float32 (a cast the kernel
+        does as it loads them: exact, so every product is the one float32 scales gave)."""
+        out = {k: getattr(self, k) if rows is None else getattr(self, k)[rows] for k in PLANES[self.ggml_type]}
+        return {k: v.float() if v.dtype == dtypes.float16 else v for k, v in out.items()}
 
     def _terms(self, p: dict[str, Tensor]) -> list[Tensor]:
         """The dequantized weight (rows of planes `p`) as LAYOUT's terms, each (rows, nb, *pre, *post): Q8_0's 32
