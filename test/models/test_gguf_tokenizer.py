@@ -150,6 +150,18 @@ def test_errors():
     with pytest.raises(ValueError, match="token id 5 is not in the vocab"): GGUFTokenizer(base).decode([5])
 
 
+def test_merges_through_pieces_that_are_not_tokens():
+    """A merge may join pieces the vocab doesn't list (an intermediate "ab" on the way to the token "abc"): its rank
+    is kept under the pieces' text, where a token pair's rank is keyed by the two ids. Ranks follow the merge order
+    (the first listing of a pair wins), so "b c" (rank 2) loses to "a b" (rank 0) in "abc"."""
+    meta = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": ["a", "b", "c", "abc", "bc"],
+            "tokenizer.ggml.merges": ["a b", "ab c", "b c", "a b"]}
+    tok = GGUFTokenizer(meta)
+    assert tok.encode("abc") == [3] and tok.encode("bc") == [4] and tok.encode("cabc") == [2, 3]
+    assert tok._bpe_rank("a", "b") == 0 and tok._bpe_rank("ab", "c") == 1 and tok._bpe_rank("c", "a") is None
+    assert tok.encode("abcabc") == [3, 3]
+
+
 def naive_merge(parts: list[str], rank) -> list[str]:
     parts = list(parts)
     while True:
