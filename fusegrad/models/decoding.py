@@ -3,6 +3,7 @@ under TinyJit that read and write a KV cache at a symbolic position (a bound `Va
 step. Consumes a model with `forward(tokens, start_pos) -> logits`; produces token ids."""
 from __future__ import annotations
 
+import contextlib
 import time
 import types
 from collections.abc import Callable, Iterator, Sequence
@@ -186,6 +187,18 @@ class Generation:
         return len(rest) / sum(rest) if rest and sum(rest) else float("nan")
 
 
+@contextlib.contextmanager
+def inference() -> Iterator[None]:
+    """Tensor.no_grad inside the block (then the mode it was): generation builds its graphs without autograd, as
+    torch's generate runs under no_grad. A model's parameters require grad (nn's layers mark them), so without it
+    every realized KV cache and token kept its autograd history, and each eager step's history held the one before:
+    SmolLM2 with jit=False grew by 8.5 MB and 14k graph nodes a token. (Set around each step only, never across a
+    yield: the caller's code between tokens runs in its own mode.)"""
+    prev, Tensor.no_grad = Tensor.no_grad, True
+    try: yield
+    finally: Tensor.no_grad = prev
+
+
 def release_prefill_buffers(*outputs: Tensor) -> None:
     """After a prefill (its outputs computed): give the memory of its freed intermediates back (the allocator keeps
     freed buffers for reuse, but a prompt of another length asks for other sizes, and the decode steps for much
@@ -277,15 +290,16 @@ class Generator:
         if temperature < 0: raise ValueError(f"temperature must be >= 0, got {temperature}")
         if max_new <= 0: return
         host = sampling is not None and not sampling.on_device
-        self.reserve(len(prompt) + max_new)
-        logits = self.model.forward(Tensor([list(prompt)], dtype=dtypes.int32), 0)       # prefill: (1, V)
-        if host:
-            tok = logits
-        elif temperature == 0: tok = logits.argmax(-1).cast(dtypes.int32).reshape(1, 1)
-        else: tok = (logits / temperature).softmax(-1).multinomial(1).cast(dtypes.int32)
-        temp = Tensor([temperature]).realize()
-        self._recapture_if_new_caches()
-        release_prefill_buffers(logits, tok)
+        with inference():
+            self.reserve(len(prompt) + max_new)
+            logits = self.model.forward(Tensor([list(prompt)], dtype=dtypes.int32), 0)       # prefill: (1, V)
+            if host:
+                tok = logits
+            elif temperature == 0: tok = logits.argmax(-1).cast(dtypes.int32).reshape(1, 1)
+            else: tok = (logits / temperature).softmax(-1).multinomial(1).cast(dtypes.int32)
+            temp = Tensor([temperature]).realize()
+            self._recapture_if_new_caches()
+            release_prefill_buffers(logits, tok)
         history, rng = list(prompt), np.random.default_rng(sampling.seed if sampling is not None else None)
         for i in range(max_new):
             if host:
@@ -296,11 +310,13 @@ class Generator:
             yield t
             if i == max_new - 1 or (stop is not None and stop(t)): return
             pos = self.start_pos.bind(len(prompt) + i)
-            if host:
-                tok = (self._logits if self.jit else self._logits_step)(Tensor([[t]], dtype=dtypes.int32), pos)
-            elif temperature == 0: tok = (self._greedy if self.jit else self._greedy_step)(tok.contiguous(), pos)
-            else: tok = (self._sample if self.jit else self._sample_step)(tok.contiguous(), pos, temp)
+            with inference():
+                if host:
+                    tok = (self._logits if self.jit else self._logits_step)(Tensor([[t]], dtype=dtypes.int32), pos)
+                elif temperature == 0: tok = (self._greedy if self.jit else self._greedy_step)(tok.contiguous(), pos)
+                else: tok = (self._sample if self.jit else self._sample_step)(tok.contiguous(), pos, temp)
 
+    @inference()   # (a function, not a generator: the whole call)
     def generate_batch(self, prompts: Sequence[Sequence[int]], max_new: int, temperature: float = 0.0,
                        stop: Callable[[int], bool] | None = None, sampling: Sampling | None = None) -> list[list[int]]:
         """New token ids for several prompts at once, one row of a batch each (up to `max_new` per prompt; a row
@@ -367,4 +383,4 @@ class Generator:
         return out
 
 
-__all__ = ["Decoder", "Generation", "Generator", "KVCache", "Sampling", "causal_mask", "kv_caches"]
+__all__ = ["Decoder", "Generation", "Generator", "KVCache", "Sampling", "causal_mask", "inference", "kv_caches"]
