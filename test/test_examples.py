@@ -138,9 +138,12 @@ def test_quickstart_runs_and_prints_what_it_says():
 # ----- examples/llama.py: GGUF files, greedy tokens equal to transformers' on the same file, TinyJit on and off
 
 def run_llama(*args: str, jit: int = 1, timeout: int = 600, **env_vars: str) -> subprocess.CompletedProcess:
+    """examples/llama.py's run, its output decoded as UTF-8 exactly: text mode's universal newlines would turn a
+    generated carriage return into a newline (a tiny model's vocabulary, trained partly on docs/, has such tokens)."""
     env = {**os.environ, "JIT": str(jit), **env_vars}
-    return subprocess.run([sys.executable, str(ROOT / "examples" / "llama.py"), *args], capture_output=True,
-                          text=True, timeout=timeout, cwd=ROOT, env=env, check=False)
+    r = subprocess.run([sys.executable, str(ROOT / "examples" / "llama.py"), *args], capture_output=True,
+                       timeout=timeout, cwd=ROOT, env=env, check=False)
+    return subprocess.CompletedProcess(r.args, r.returncode, r.stdout.decode("utf-8"), r.stderr.decode("utf-8"))
 
 
 def shown_ids(r: subprocess.CompletedProcess) -> list[int]:
