@@ -18,6 +18,7 @@ from fusegrad.models.quantized import (
     block_planes,
     plane_names,
     plane_shape,
+    scale_dtype,
 )
 from fusegrad.models.weights import Renamed
 from fusegrad.tensor import Tensor
@@ -93,7 +94,8 @@ class GGUFWeights(Renamed):
         gg, gtype, _ = self.planes[k]
         if gg not in self._cache:
             rows, cols = self.sd.shape_of(gg)   # type: ignore[attr-defined]
-            planes = block_planes(self.sd.raw_bytes[gg](), gtype, rows, cols)   # type: ignore[attr-defined]  # copies
+            planes = block_planes(self.sd.raw_bytes[gg](), gtype, rows, cols,   # type: ignore[attr-defined]  # copies
+                                  scale_dtype())
             self.sd.release_bytes[gg]()   # type: ignore[attr-defined]  # the file's pages and the copies: not both
             planes = {n: self.reorder_rows(k, p) for n, p in planes.items()}
             self._cache[gg] = planes

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fusegrad.device import Device
+from fusegrad.device import Device, is_dtype_supported
 from fusegrad.dtype import DType, dtypes
 from fusegrad.helpers import Q8_ACTIVATIONS
 from fusegrad.mixin.reduce import merges_permuted
@@ -125,10 +125,19 @@ def _k3_scales(s: np.ndarray) -> np.ndarray:
     return ((low | (high << 4)).astype(np.int16) - 32).astype(np.int8)
 
 
-def block_planes(raw: np.ndarray | bytes, ggml_type: int, rows: int, cols: int) -> dict[str, np.ndarray]:
+def scale_dtype(device: str | None = None) -> DType:
+    """The dtype the planes hold the float16 block scales in on `device` (default: the default device): float16 where
+    the device computes with it, else float32 (exact too; PoCL's OpenCL has no cl_khr_fp16). `QuantizedLinear` makes
+    its planes so, and `block_planes(..., scales=)` gives them so."""
+    return dtypes.float16 if is_dtype_supported(dtypes.float16, device) else dtypes.float32
+
+
+def block_planes(raw: np.ndarray | bytes, ggml_type: int, rows: int, cols: int,
+                 scales: DType = dtypes.float16) -> dict[str, np.ndarray]:
     """The blocks of a (rows, cols) weight, `raw` uint8 bytes in ggml's layout, split into the planes PLANES lists:
-    the float16 scales stay float16 (`d`, Q4_1's `m`, the K types' `dmin`), Q4_K/Q5_K's packed 6-bit sub-block
-    scales and minimums become bytes (`sc`, `mn`), and the packed values keep their bytes (`qs`, `ql`, `qh`)."""
+    the float16 scales stay float16 (`d`, Q4_1's `m`, the K types' `dmin`; `scales=dtypes.float32`: converted,
+    exactly, for a device without float16, see scale_dtype), Q4_K/Q5_K's packed 6-bit sub-block scales and minimums
+    become bytes (`sc`, `mn`), and the packed values keep their bytes (`qs`, `ql`, `qh`)."""
     if ggml_type not in QUANTIZED_TYPES: raise ValueError(f"ggml type {ggml_type} has no quantized kernel")
     name, block, nbytes = QUANTIZED_TYPES[ggml_type]
     if cols % block: raise ValueError(f"{cols} columns are not whole {name} blocks of {block}")
@@ -136,7 +145,8 @@ def block_planes(raw: np.ndarray | bytes, ggml_type: int, rows: int, cols: int) 
     b = np.frombuffer(raw, dtype=np.uint8)
     if b.size != rows * nb * nbytes: raise ValueError(f"{b.size} bytes don't hold a ({rows}, {cols}) {name} weight")
     b = b.reshape(rows, nb, nbytes)
-    f16 = lambda at: b[:, :, at:at + 2].copy().view(np.float16)[..., 0]
+    sdt = np.float32 if scales == dtypes.float32 else np.float16
+    f16 = lambda at: b[:, :, at:at + 2].copy().view(np.float16)[..., 0].astype(sdt, copy=False)
     if ggml_type == 8: return {"d": f16(0), "qs": b[:, :, 2:34].copy().view(np.int8)}
     if ggml_type == 2: return {"d": f16(0), "qs": b[:, :, 2:18].copy()}
     if ggml_type == 3: return {"d": f16(0), "m": f16(2), "qs": b[:, :, 4:20].copy()}
@@ -186,6 +196,7 @@ class QuantizedLinear:
         if in_features % block: raise ValueError(f"{in_features} inputs are not whole {name} blocks of {block}")
         nb = in_features // block
         for plane, (shape, dt) in PLANES[ggml_type].items():
+            if dt == dtypes.float16: dt = scale_dtype()   # (float32 on a device without float16)
             setattr(self, plane, Tensor.zeros(out_features, nb, *shape, dtype=dt).contiguous())
 
     def _planes(self, rows: Tensor | None = None) -> dict[str, Tensor]:
@@ -321,4 +332,4 @@ class QuantizedEmbedding(QuantizedLinear):
 
 
 __all__ = ["LAYOUT", "PLANES", "Q8_OFFSET", "QUANTIZED_TYPES", "QuantizedEmbedding", "QuantizedLinear", "block_planes",
-           "plane_names", "plane_shape", "q8_enabled", "quantize_q8"]
+           "plane_names", "plane_shape", "q8_enabled", "quantize_q8", "scale_dtype"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fusegrad import Tensor
+from fusegrad import Tensor, dtypes
 from fusegrad.helpers import Context, GlobalCounters
 from fusegrad.models.quantized import LAYOUT, PLANES, QUANTIZED_TYPES, QuantizedEmbedding, QuantizedLinear, block_planes
 from fusegrad.nn.state import load_state_dict
@@ -96,6 +96,44 @@ def test_random_blocks_bit_exact(name):
     lin = quantized_linear(raw, int(qt), O, nb * block)
     np.testing.assert_array_equal(lin.dequantize().numpy(), w)
     check_product(lin, w, rng.standard_normal((3, nb * block)).astype(np.float32))
+
+
+def _cl_unavailable() -> str:
+    try:
+        from fusegrad import Device
+        Device["CL"]
+        return ""
+    except Exception as e: return f"CL unavailable: {str(e).splitlines()[0]}"
+
+
+@pytest.mark.parametrize("dev", ["CPU-no-float16", "CL"])
+def test_a_device_without_float16_keeps_float32_scales(dev, monkeypatch):
+    """On a device that has no float16 (PoCL's OpenCL: no cl_khr_fp16) the planes hold the scales as float32
+    (scale_dtype), converted exactly at load: the dequantized weight is gguf's bit for bit and the product its
+    float64 one's within float32 rounding. (With float16 planes the CL renderer had no type for them.) On the CPU
+    the same path is forced by making float16 unsupported."""
+    from fusegrad.helpers import Context
+    from fusegrad.models import quantized
+    if dev == "CL" and (why := _cl_unavailable()): pytest.skip(why)
+    if dev != "CL":
+        monkeypatch.setattr(quantized, "is_dtype_supported", lambda dt, device=None: dt != dtypes.float16)
+    rng = np.random.default_rng(3)
+    with Context(DEV="CL" if dev == "CL" else "CPU"):
+        for name in ("Q4_1", "Q8_0", "Q4_K", "Q6_K"):
+            qt = gguf.GGMLQuantizationType[name]
+            O, I = 8, (256 if BLOCK[name] == 256 else 64)
+            raw = quantize(rng.standard_normal((O, I)).astype(np.float32), name)
+            w = gguf.quants.dequantize(raw, qt)
+            assert quantized.scale_dtype() == dtypes.float32
+            lin = QuantizedLinear(I, O, int(qt))
+            planes = block_planes(raw.tobytes(), int(qt), O, I, quantized.scale_dtype())
+            assert planes["d"].dtype == np.float32 and lin.d.dtype == dtypes.float32, name
+            load_state_dict(lin, {k: Tensor(v) for k, v in planes.items()}, verbose=False)
+            np.testing.assert_array_equal(lin.dequantize().numpy(), w)
+            x = rng.standard_normal((3, I)).astype(np.float32)
+            with Context(Q8_ACTIVATIONS=0): got = lin(Tensor(x)).numpy()
+            x64, w64 = x.astype(np.float64), w.astype(np.float64)
+            assert (np.abs(got - x64 @ w64.T) <= 1e-5 * (np.abs(x64) @ np.abs(w64).T)).all(), name
 
 
 def test_planes_stay_near_file_size():
