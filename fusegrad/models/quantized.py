@@ -145,6 +145,8 @@ def block_planes(raw: np.ndarray | bytes, ggml_type: int, rows: int, cols: int,
     b = np.frombuffer(raw, dtype=np.uint8)
     if b.size != rows * nb * nbytes: raise ValueError(f"{b.size} bytes don't hold a ({rows}, {cols}) {name} weight")
     b = b.reshape(rows, nb, nbytes)
+    if scales not in (dtypes.float16, dtypes.float32):
+        raise ValueError(f"scales={scales}: the block scales are kept as float16 or float32")
     sdt = np.float32 if scales == dtypes.float32 else np.float16
     f16 = lambda at: b[:, :, at:at + 2].copy().view(np.float16)[..., 0].astype(sdt, copy=False)
     if ggml_type == 8: return {"d": f16(0), "qs": b[:, :, 2:34].copy().view(np.int8)}

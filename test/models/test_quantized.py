@@ -165,6 +165,7 @@ def test_bad_input():
     with pytest.raises(ValueError, match="288 inputs are not whole Q4_K blocks of 256"): QuantizedLinear(288, 2, 12)
     with pytest.raises(ValueError, match="don't hold a"): block_planes(b"\0" * 33, 8, 1, 32)
     with pytest.raises(ValueError, match="don't hold a"): block_planes(b"\0" * 209, 14, 1, 256)
+    with pytest.raises(ValueError, match="float16 or float32"): block_planes(b"\0" * 34, 8, 1, 32, dtypes.bfloat16)
     with pytest.raises(ValueError, match="input has 255 features, the layer takes 256"):
         QuantizedLinear(256, 2, 14)(Tensor.ones(1, 255))
 
