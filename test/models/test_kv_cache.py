@@ -101,8 +101,9 @@ def test_generation_keeps_no_autograd_history(jit):
 
     from fusegrad import storage
     from fusegrad.ir.ops import UOp
+    from fusegrad.nn.state import get_parameters
     m = tiny()
-    assert any(p.requires_grad for p in __import__("fusegrad").nn.state.get_parameters(m))
+    assert any(p.requires_grad for p in get_parameters(m))
     gen = Generator(m, jit=jit)
     gc.collect()
     histories = set(map(id, storage.lazy_of.keys()))   # (other tests' tensors that are still alive)
